@@ -1,0 +1,129 @@
+"""Where everything lives. Embedded defaults under VEIL_HOME; env vars and veil.toml override.
+
+Precedence (highest first): environment variables, `veil.toml` (in VEIL_HOME or the working
+directory, or the file named by VEIL_CONFIG), built-in defaults.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components.core.errors import VeilError
+
+# veil.toml key  ->  environment variable
+_KEYS = {
+    "home": "VEIL_HOME",
+    "mlflow_tracking_uri": "VEIL_MLFLOW_TRACKING_URI",
+    "mlflow_registry_uri": "VEIL_MLFLOW_REGISTRY_URI",
+    "prefect_api_url": "PREFECT_API_URL",
+    "device": "VEIL_DEVICE",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    mlflow_tracking_uri: str
+    mlflow_registry_uri: str
+    prefect_api_url: str | None = None  # None: Prefect's ephemeral API, PREFECT_HOME inside home
+    device: str = "auto"
+    sources: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.home / "catalog.duckdb"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.home / "snapshots"
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.home / "plans"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home / "cache"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.home / "prefect"
+
+    @property
+    def mlflow_artifacts_dir(self) -> Path:
+        return self.home / "mlflow-artifacts"
+
+    def ensure(self) -> "Settings":
+        for d in (self.home, self.snapshots_dir, self.plans_dir, self.runs_dir, self.models_dir,
+                  self.cache_dir, self.prefect_home, self.mlflow_artifacts_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def apply_environment(self) -> None:
+        """Point Prefect (ephemeral unless a server URL is set) and telemetry at our settings."""
+        os.environ.setdefault("PREFECT_HOME", str(self.prefect_home))
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        os.environ.setdefault("DO_NOT_TRACK", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        if self.prefect_api_url:
+            os.environ["PREFECT_API_URL"] = self.prefect_api_url
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise VeilError(f"{path}: not valid TOML ({e})") from None
+    veil = data.get("veil", data)
+    unknown = set(veil) - set(_KEYS)
+    if unknown:
+        raise VeilError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(_KEYS)}")
+    return veil
+
+
+def load_settings(home: str | Path | None = None, env: dict | None = None) -> Settings:
+    env = os.environ if env is None else env
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    candidates = []
+    if env.get("VEIL_CONFIG"):
+        candidates.append(Path(env["VEIL_CONFIG"]))
+    home_hint = Path(home or env.get("VEIL_HOME") or ".veil")
+    candidates += [home_hint / "veil.toml", Path("veil.toml")]
+    for c in candidates:
+        if c.is_file():
+            for k, v in _read_toml(c).items():
+                values[k] = str(v)
+                sources[k] = str(c)
+            break
+    for k, var in _KEYS.items():
+        if env.get(var):
+            values[k] = env[var]
+            sources[k] = f"${var}"
+    if home is not None:
+        values["home"], sources["home"] = str(home), "argument"
+    root = Path(values.get("home", ".veil")).expanduser().resolve()
+    default_db = f"sqlite:///{root / 'mlflow.db'}"  # absolute path -> sqlite://// + path
+    tracking = values.get("mlflow_tracking_uri", default_db)
+    return Settings(
+        home=root,
+        mlflow_tracking_uri=tracking,
+        mlflow_registry_uri=values.get("mlflow_registry_uri", tracking),
+        prefect_api_url=values.get("prefect_api_url"),
+        device=values.get("device", "auto"),
+        sources=sources,
+    )

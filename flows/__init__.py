@@ -1,0 +1,1 @@
+"""Orchestration: Prefect flows that run the stages of `components`, and the `veil` CLI."""

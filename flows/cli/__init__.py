@@ -1,0 +1,48 @@
+"""The `veil` command line. Each area registers its commands from its own module.
+
+User errors (`VeilError`) print one line to stderr and exit 2, never a traceback.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from components.core.errors import VeilError
+
+
+class _VeilGroup(TyperGroup):
+    """Turns VeilError (and malformed-input errors we name) into one line + exit 2."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except VeilError as e:
+            click.echo(f"error: {e}", err=True)
+            raise click.exceptions.Exit(2) from None
+
+
+app = typer.Typer(
+    name="veil",
+    cls=_VeilGroup,
+    help="Veil: fine-tune language models on your organization's text with provable privacy.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Registration order is the order of `veil --help`.
+from flows.cli import core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds  # noqa: E402
+
+for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds):
+    _module.register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except VeilError as e:  # raised outside a command (e.g. while loading settings)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

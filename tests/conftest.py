@@ -1,0 +1,47 @@
+"""Test environment: every test gets its own VEIL_HOME; nothing touches the network or ~/.
+
+Prefect's ephemeral server takes 20–30 s to start on 2 cores, so flow tests share one
+session-scoped harness (`prefect_harness`); everything else tests plain functions.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="veil-tests-"))
+os.environ.setdefault("PREFECT_HOME", str(_SESSION_TMP / "prefect"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@pytest.fixture
+def veil_home(tmp_path, monkeypatch) -> Path:
+    """A fresh VEIL_HOME for one test; returns its path."""
+    home = tmp_path / "veil-home"
+    home.mkdir()
+    monkeypatch.setenv("VEIL_HOME", str(home))
+    monkeypatch.delenv("VEIL_CONFIG", raising=False)
+    monkeypatch.delenv("VEIL_MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+@pytest.fixture
+def settings(veil_home):
+    from components.core.settings import load_settings
+
+    return load_settings(veil_home).ensure()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
