@@ -1,0 +1,115 @@
+"""Threshold-free attack metrics on user-level scores: ROC, AUROC, TPR at low FPR, user bootstrap.
+
+Conventions (the paper leaves them open; these are ours):
+- label 1 = member (held-in user), 0 = non-member (held-out user); a higher score means "member".
+- AUROC is the Mann–Whitney statistic P(S_in > S_out) + ½ P(S_in = S_out): ties count one half.
+- TPR at a target FPR is the largest TPR among the empirical ROC's operating points (deterministic
+  thresholds) whose FPR does not exceed the target. No interpolation between points, so the attack is
+  never credited with an operating point it did not reach; with n_out non-members the FPR resolution is
+  1/n_out, and below it the figure is the TPR at zero false positives (`resolved` says which).
+- Bootstrap: resample members and non-members with replacement *within* each group, 100 times with a
+  seeded generator; report mean ± std (as the paper) and the 2.5/97.5 percentiles.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import rankdata
+
+from components.core.errors import VeilError
+
+FPR_TARGETS: tuple[float, ...] = (0.001, 0.01, 0.1)
+
+
+def _split(scores, labels) -> tuple[np.ndarray, np.ndarray]:
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels).astype(bool)
+    if s.shape != y.shape or s.ndim != 1:
+        raise VeilError("scores, labels: need two 1-D arrays of the same length")
+    if not np.all(np.isfinite(s)):
+        raise VeilError("scores: contains NaN or infinite values")
+    return s[y], s[~y]
+
+
+def auroc_from_groups(pos: np.ndarray, neg: np.ndarray) -> float:
+    n1, n0 = len(pos), len(neg)
+    if n1 == 0 or n0 == 0:
+        raise VeilError(f"AUROC needs members and non-members; got {n1} members, {n0} non-members")
+    ranks = rankdata(np.concatenate([pos, neg]))  # average ranks: ties count one half
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    return float(u / (n1 * n0))
+
+
+def auroc(scores, labels) -> float:
+    """Mann–Whitney AUROC with ties counted one half."""
+    return auroc_from_groups(*_split(scores, labels))
+
+
+def roc_from_groups(pos: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Empirical ROC: one point per distinct threshold t (predict member iff score >= t), from (0,0)."""
+    thr = np.unique(np.concatenate([pos, neg]))[::-1]
+    ps, ns = np.sort(pos), np.sort(neg)
+    tpr = (len(ps) - np.searchsorted(ps, thr, side="left")) / len(ps)
+    fpr = (len(ns) - np.searchsorted(ns, thr, side="left")) / len(ns)
+    return (np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr]),
+            np.concatenate([[np.inf], thr]))
+
+
+def roc_curve(scores, labels):
+    """(fpr, tpr, thresholds), starting at (0, 0) with threshold +inf."""
+    return roc_from_groups(*_split(scores, labels))
+
+
+def tpr_at_fpr_from_roc(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    ok = fpr <= target + 1e-12
+    return float(tpr[ok].max())  # (0, 0) is always an operating point
+
+
+def tpr_at_fpr(scores, labels, targets: Sequence[float] = FPR_TARGETS) -> dict[float, float]:
+    fpr, tpr, _ = roc_curve(scores, labels)
+    return {t: tpr_at_fpr_from_roc(fpr, tpr, t) for t in targets}
+
+
+def bootstrap_metrics(scores, labels, *, n_boot: int = 100, seed: int = 0,
+                      targets: Sequence[float] = FPR_TARGETS) -> dict:
+    """Point estimates and user-bootstrap mean/std/percentiles of AUROC and TPR@FPR.
+
+    Only aggregates come back: no per-user score leaves this function.
+    """
+    pos, neg = _split(scores, labels)
+    if len(pos) == 0 or len(neg) == 0:
+        raise VeilError(f"audit needs members and non-members; got {len(pos)} and {len(neg)}")
+    if n_boot < 2:
+        raise VeilError(f"bootstrap: need at least 2 resamples, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    aucs = np.empty(n_boot)
+    tprs = np.empty((n_boot, len(targets)))
+    for b in range(n_boot):
+        p = pos[rng.integers(0, len(pos), len(pos))]
+        n = neg[rng.integers(0, len(neg), len(neg))]
+        aucs[b] = auroc_from_groups(p, n)
+        f, t, _ = roc_from_groups(p, n)
+        tprs[b] = [tpr_at_fpr_from_roc(f, t, x) for x in targets]
+    f, t, _ = roc_from_groups(pos, neg)
+    key = _fpr_key
+    return {
+        "auroc": float(aucs.mean()),
+        "auroc_std": float(aucs.std(ddof=1)),
+        "auroc_point": auroc_from_groups(pos, neg),
+        "auroc_ci95": [float(np.percentile(aucs, 2.5)), float(np.percentile(aucs, 97.5))],
+        "tpr_at_fpr": {key(x): float(tprs[:, i].mean()) for i, x in enumerate(targets)},
+        "tpr_at_fpr_std": {key(x): float(tprs[:, i].std(ddof=1)) for i, x in enumerate(targets)},
+        "tpr_at_fpr_point": {key(x): tpr_at_fpr_from_roc(f, t, x) for x in targets},
+        # TPR at a target below 1/n_out is the TPR at zero false positives, not a resolved figure.
+        "tpr_at_fpr_resolved": {key(x): bool(x >= 1.0 / len(neg)) for x in targets},
+        "fpr_resolution": 1.0 / len(neg),
+        "users_in": int(len(pos)),
+        "users_out": int(len(neg)),
+        "n_bootstrap": int(n_boot),
+        "bootstrap_seed": int(seed),
+    }
+
+
+def _fpr_key(x: float) -> str:
+    return format(x, "g") if x >= 1e-4 else repr(x)
