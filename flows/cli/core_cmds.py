@@ -1,6 +1,208 @@
-"""Commands of this area are registered here (see flows/cli/__init__.py)."""
+"""Pipeline commands: demo, demo-data, base-model, train, register, models, run, serve."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from components.core.errors import VeilError
+from components.core.settings import load_settings
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _settings():
+    s = load_settings().ensure()
+    s.apply_environment()
+    return s
+
+
+def _print_json(doc) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def _summary_table(result: dict, seconds: float) -> Table:
+    cert, reg, ing, tr = result["certificate"], result["registration"], result["ingest"], result["train"]
+    t = Table(title="Veil run", show_header=True, header_style="bold")
+    t.add_column("stage")
+    t.add_column("result")
+    t.add_row("ingest", f"snapshot {ing['snapshot_id']}: {ing['accepted']} records, {ing['users']} users "
+                        f"({ing['quarantined']} quarantined, {ing['duplicates']} duplicates dropped)")
+    p = result["plan"]
+    t.add_row("plan", f"{p['mechanism']} · q={p['sampling_rate']:.4g} · σ={p['noise_multiplier']:.4g} · "
+                      f"T={p['steps']} · C={p['clip_norm']} · target ε={p['target']['epsilon']} δ={p['target']['delta']:g}")
+    losses = tr.get("losses") or []
+    loss_txt = f" · loss {losses[0]:.3f} → {losses[-1]:.3f}" if len(losses) > 1 else ""
+    t.add_row("train", f"{tr['steps_run']} DP steps{loss_txt}")
+    t.add_row("certificate", f"{cert['privacy_unit']}-level ε={cert['epsilon']:.4f}, δ={cert['delta']:g} "
+                             f"({cert['accountant']['mechanism']}, PLD) · sha256 {cert['sha256'][:12]}…")
+    t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})")
+    aud = result.get("audit")
+    if aud:
+        t.add_row("audit", f"user-inference AUROC {aud['auroc']:.3f} ± {aud['auroc_std']:.3f} "
+                           f"(ceiling {aud['auroc_ceiling']:.3f}) · {'PASSED' if aud['passed'] else 'FAILED'}")
+    t.add_row("time", f"{seconds:.0f} s")
+    return t
+
+
+def demo(json_out: bool = typer.Option(False, "--json", help="print the run's result as JSON"),
+         prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="run through Prefect (default)"),
+         audit: bool = typer.Option(True, "--audit/--no-audit", help="audit the registered model")) -> None:
+    """The whole run on the demo organization: data → ingest → plan → DP fine-tune → certify → register → audit."""
+    s = _settings()
+    t0 = time.time()
+    if prefect:
+        from flows.pipeline import demo_flow
+
+        result = demo_flow(home=str(s.home), audit=audit)
+    else:
+        from flows import stages
+
+        org = stages.demo_data(s)
+        result = run_stages(s, str(stages.DEMO_POLICY), org["messages"], "jsonl", public_corpus=org["public"],
+                            model_name="veil-demo", audit=audit, truth=org["truth"])
+    if json_out:
+        _print_json(result)
+    else:
+        out.print(_summary_table(result, time.time() - t0))
+
+
+def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=None, model_name="veil",
+               mapping=None, audit=True, truth=None) -> dict:
+    """The pipeline without Prefect (same stages, same artifacts)."""
+    from flows import stages
+
+    ing = stages.ingest(s, source, fmt, policy=policy, progress=True, **(mapping or {}))
+    base = stages.base_model(s, public_corpus=public_corpus, base_model_dir=base_model_dir)
+    planned = stages.plan(s, policy, snapshot_id=ing["snapshot_id"])
+    trained = stages.train(s, planned["plan_path"], base)
+    cert = stages.certify(planned["plan_path"], trained)
+    reg = stages.register(s, name=model_name, certificate=cert, plan_path=planned["plan_path"], base_dir=base,
+                          adapter_dir=trained.get("adapter_dir") or trained.get("model_dir"))
+    aud = stages.audit(s, reg["model_uri"], policy=policy, truth=truth) if audit else None
+    return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
+            "certificate": aud["certificate"] if aud else cert, "registration": reg,
+            "audit": aud["summary"] if aud else None}
+
+
+def demo_data(out_dir: Optional[Path] = typer.Option(None, "--out", help="folder (default: $VEIL_HOME/demo-org)"),
+              seed: int = typer.Option(0, help="generator seed"),
+              json_out: bool = typer.Option(False, "--json")) -> None:
+    """Write the deterministic synthetic organization (messages, public corpus, planted-secret truth)."""
+    from flows import stages
+
+    org = stages.demo_data(_settings(), out_dir, seed=seed)
+    if json_out:
+        _print_json(org)
+    else:
+        out.print(f"demo organization written to {org['dir']}")
+        out.print(f"  messages: {org['messages']}\n  public corpus: {org['public']}\n  truth: {org['truth']}")
+
+
+def base_model(public_corpus: Path = typer.Argument(..., help="JSONL with a `text` field: public, secret-free"),
+               json_out: bool = typer.Option(False, "--json")) -> None:
+    """Train the tokenizer and a small causal LM from config on a public corpus (cached by its sha256)."""
+    from flows import stages
+
+    if not public_corpus.is_file():
+        raise VeilError(f"{public_corpus}: no such file")
+    path = stages.base_model(_settings(), public_corpus=public_corpus)
+    _print_json({"base_model": path}) if json_out else out.print(f"base model: {path}")
+
+
+def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `veil plan`"),
+          base_model: Path = typer.Option(..., "--base-model", help="any local HF causal-LM directory"),
+          json_out: bool = typer.Option(False, "--json")) -> None:
+    """Run a plan: DP fine-tuning exactly as planned (resumes from its last checkpoint)."""
+    from flows import stages
+
+    if not plan.is_file():
+        raise VeilError(f"{plan}: no such plan file")
+    s = _settings()
+    res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model))
+    cert = stages.certify(plan, res)
+    cert_path = Path(s.runs_dir) / plan_sha(plan)[:16] / "certificate.json"
+    cert_path.write_text(json.dumps(cert, indent=2, sort_keys=True))
+    doc = {"train": res, "certificate_path": str(cert_path), "epsilon": cert["epsilon"], "delta": cert["delta"]}
+    if json_out:
+        _print_json(doc)
+    else:
+        out.print(f"trained {res['steps_run']} steps · ε={cert['epsilon']:.4f} δ={cert['delta']:g} · "
+                  f"certificate {cert_path}")
+
+
+def plan_sha(plan: Path) -> str:
+    from components.planning import load_plan
+
+    return load_plan(plan).to_dict()["sha256"]
+
+
+def register_cmd(plan: Path = typer.Option(..., "--plan"),
+             base_model: Path = typer.Option(..., "--base-model"),
+             name: str = typer.Option("veil", "--name", help="registered model name"),
+             json_out: bool = typer.Option(False, "--json")) -> None:
+    """Register a trained run of PLAN in MLflow with its certificate (refused if ε exceeds the policy's)."""
+    from flows import stages
+
+    s = _settings()
+    run_dir = Path(s.runs_dir) / plan_sha(plan)[:16]
+    cert_file, res_file = run_dir / "certificate.json", run_dir / "train_result.json"
+    if not cert_file.is_file() or not res_file.is_file():
+        raise VeilError(f"{plan}: no finished training run in {run_dir}; run `veil train --plan {plan}` first")
+    res = json.loads(res_file.read_text())
+    reg = stages.register(s, name=name, certificate=json.loads(cert_file.read_text()), plan_path=plan,
+                          base_dir=base_model, adapter_dir=res.get("adapter_dir") or res.get("model_dir"))
+    _print_json(reg) if json_out else out.print(f"registered {reg['model_uri']}")
+
+
+def models(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Registered model versions with their certificates."""
+    from components.registry import list_models
+
+    rows = list_models(_settings())
+    if json_out:
+        _print_json(rows)
+        return
+    t = Table(title="Registered models")
+    for col in ("model", "aliases", "unit", "mechanism", "ε", "δ", "steps", "audit AUROC (ceiling)", "certificate"):
+        t.add_column(col)
+    for r in rows:
+        c = r["certificate"] or {}
+        a = c.get("audit") or {}
+        aud = f"{a['auroc']:.3f} ({a['auroc_ceiling']:.3f}) {'pass' if a.get('passed') else 'FAIL'}" if a else "—"
+        t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("privacy_unit", "?"),
+                  c.get("mechanism", "?"), f"{c['epsilon']:.4f}" if c else "?", f"{c['delta']:g}" if c else "?",
+                  str(c.get("steps", "?")), aud, r["certificate_status"])
+    out.print(t)
+
+
+def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Option(..., "--source"),
+        fmt: str = typer.Option("jsonl", "--format"),
+        base_model: Optional[Path] = typer.Option(None, "--base-model", help="local HF causal-LM directory"),
+        public_corpus: Optional[Path] = typer.Option(None, "--public-corpus", help="pretrain a base on this"),
+        name: str = typer.Option("veil", "--name"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """The whole pipeline on your own data, through Prefect."""
+    from flows.pipeline import pipeline_flow
+
+    s = _settings()
+    t0 = time.time()
+    result = pipeline_flow(str(policy), str(source), fmt, home=str(s.home),
+                           public_corpus=str(public_corpus) if public_corpus else None,
+                           base_model_dir=str(base_model) if base_model else None, model_name=name)
+    _print_json(result) if json_out else out.print(_summary_table(result, time.time() - t0))
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("demo")(demo)
+    app.command("demo-data")(demo_data)
+    app.command("base-model")(base_model)
+    app.command("run")(run)
+    app.command("train")(train)
+    app.command("register")(register_cmd)
+    app.command("models")(models)

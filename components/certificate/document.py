@@ -1,0 +1,194 @@
+"""Build, hash, verify and amend privacy certificates."""
+from __future__ import annotations
+
+import datetime as _dt
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from components.core.errors import VeilError
+from components.core.hashing import sha256_json
+
+SCHEMA = "veil.certificate/v1"
+
+# Training mechanism -> (accountant mechanism, privacy unit, neighbouring relation).
+_ACCOUNTING = {
+    "uls": ("uls", "user", "add_remove_user"),
+    "els": ("els", "user", "add_remove_user"),
+    "group": ("group-tight", "user", "add_remove_user"),
+    "record": ("record", "record", "add_remove_record"),
+}
+
+REQUIRED_FIELDS = (
+    "schema", "privacy_unit", "neighbouring", "epsilon", "delta", "accountant", "dp_event",
+    "noise_multiplier", "sampling_rate", "steps", "clip_norm", "contribution_bound", "dataset",
+    "policy", "plan_sha256", "code_version", "created_at", "sha256",
+)
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """A certificate document (a plain dict) with accessors for the numbers consumers check."""
+
+    doc: dict
+
+    @property
+    def sha256(self) -> str:
+        return self.doc["sha256"]
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.doc["epsilon"])
+
+    @property
+    def delta(self) -> float:
+        return float(self.doc["delta"])
+
+    def to_dict(self) -> dict:
+        return dict(self.doc)
+
+
+def _seal(doc: dict) -> dict:
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return {**body, "sha256": sha256_json(body)}
+
+
+def code_version(repo_dir: str | Path | None = None) -> str:
+    """`veil <version>+g<commit>[.dirty]` when run from a git checkout, else the package version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pkg = version("veil")
+    except PackageNotFoundError:  # running from a source tree without install
+        pkg = "0+unknown"
+    root = Path(repo_dir) if repo_dir else Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"veil {pkg}"
+    return f"veil {pkg}+g{commit}{'.dirty' if dirty else ''}"
+
+
+def _accounting_mechanism(mechanism: str) -> tuple[str, str, str]:
+    try:
+        return _ACCOUNTING[mechanism]
+    except KeyError:
+        raise VeilError(
+            f"mechanism {mechanism!r} has no user/record-level (ε, δ) certificate; "
+            f"certifiable mechanisms: {', '.join(_ACCOUNTING)}") from None
+
+
+def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,
+                      created_at: str | None = None, version: str | None = None) -> Certificate:
+    """Certify a finished training run against its plan.
+
+    ε is recomputed for `train_result["steps_run"]` with the σ and q training actually used; a
+    run whose σ or q differs from the plan's is refused rather than certified on the plan's word.
+    """
+    from components.accounting import epsilon as account
+
+    mechanism = plan["mechanism"]
+    acc_mech, unit, neighbouring = _accounting_mechanism(mechanism)
+    for key in ("noise_multiplier", "sampling_rate", "clip_norm"):
+        if abs(float(train_result[key]) - float(plan[key])) > 1e-12 * max(1.0, abs(float(plan[key]))):
+            raise VeilError(f"training used {key}={train_result[key]} but the plan says {plan[key]}: not certifiable")
+    if train_result.get("mechanism", mechanism) != mechanism:
+        raise VeilError(f"training ran {train_result['mechanism']!r} but the plan says {mechanism!r}")
+    steps = int(train_result["steps_run"])
+    if steps < 0:
+        raise VeilError(f"steps_run must be ≥ 0, got {steps}")
+    k = 1 if acc_mech in ("uls", "record") else int(plan["records_per_user"])
+    delta = float(plan["target"]["delta"])
+    if steps == 0:
+        eps_value, event, meta = 0.0, {"name": "NoOpDpEvent"}, {}
+    else:
+        res = account(acc_mech, sampling_rate=float(plan["sampling_rate"]),
+                      noise_multiplier=float(plan["noise_multiplier"]), steps=steps, delta=delta, k=k)
+        eps_value, event = float(res.epsilon), res.dp_event
+        meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
+                "discretization": res.discretization}
+    data = plan["data"]
+    doc = {
+        "schema": SCHEMA,
+        "privacy_unit": unit,
+        "neighbouring": neighbouring,
+        "mechanism": mechanism,
+        "epsilon": eps_value,
+        "delta": delta,
+        "target": dict(plan["target"]),
+        "within_target": eps_value <= float(plan["target"]["epsilon"]) + 1e-12,
+        "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": acc_mech,
+                       "library": "dp-accounting", **meta},
+        "dp_event": event,
+        "noise_multiplier": float(plan["noise_multiplier"]),
+        "sampling_rate": float(plan["sampling_rate"]),
+        "steps": steps,
+        "steps_planned": int(plan["steps"]),
+        "expected_batch_size": plan.get("expected_batch_size"),
+        "clip_norm": float(plan["clip_norm"]),
+        "contribution_bound": {
+            "records_per_user": plan.get("records_per_user"),
+            "selection": plan.get("selection"),
+            # ULS bounds a user's influence by clipping their averaged gradient, whatever their count.
+            "kind": "per-user clipped mean gradient" if mechanism == "uls" else "records per user",
+        },
+        "sampling": "poisson",
+        "releases": "all intermediate models (the accountant composes every step)",
+        "dataset": {"snapshot_id": data["snapshot_id"], "snapshot_sha256": data["snapshot_sha256"],
+                    "train_records_sha256": data.get("train_records_sha256"),
+                    "n_train_users": data.get("n_train_users"), "n_train_records": data.get("n_train_records")},
+        "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},
+        "plan_sha256": plan["sha256"],
+        "caveats": list(plan.get("caveats", [])),
+        "code_version": version or code_version(),
+        "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "audit": None,
+    }
+    return Certificate(_seal(doc))
+
+
+def verify_certificate(doc: Mapping[str, Any], *, expected_sha256: str | None = None) -> Certificate:
+    """Check schema, required fields and the self-hash; raise VeilError naming what is wrong."""
+    if not isinstance(doc, Mapping):
+        raise VeilError("certificate: expected a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise VeilError(f"certificate: schema {doc.get('schema')!r} is not {SCHEMA!r}")
+    missing = [f for f in REQUIRED_FIELDS if f not in doc]
+    if missing:
+        raise VeilError(f"certificate: missing field(s) {', '.join(missing)}")
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    actual = sha256_json(body)
+    if actual != doc["sha256"]:
+        raise VeilError(f"certificate: sha256 mismatch (document says {doc['sha256'][:12]}…, content hashes to {actual[:12]}…)")
+    if expected_sha256 is not None and expected_sha256 != doc["sha256"]:
+        raise VeilError(f"certificate: sha256 {doc['sha256'][:12]}… is not the registered {expected_sha256[:12]}…")
+    return Certificate(dict(doc))
+
+
+def recompute_epsilon(doc: Mapping[str, Any]) -> float:
+    """Recompute ε from the certificate's own parameters (a consumer's independent check)."""
+    from components.accounting import epsilon as account
+
+    if int(doc["steps"]) == 0:
+        return 0.0
+    acc_mech = doc["accountant"]["mechanism"]
+    k = 1 if acc_mech in ("uls", "record") else int(doc["contribution_bound"]["records_per_user"])
+    return float(account(acc_mech, sampling_rate=float(doc["sampling_rate"]),
+                         noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
+                         delta=float(doc["delta"]), k=k).epsilon)
+
+
+def attach_audit(doc: Mapping[str, Any], audit: Mapping[str, Any]) -> Certificate:
+    """A new certificate carrying the audit's aggregates; `supersedes` links the previous hash."""
+    verify_certificate(doc)
+    forbidden = {"scores", "per_user", "user_scores"} & set(audit)
+    if forbidden:
+        raise VeilError(f"audit section must hold aggregates only, got {', '.join(sorted(forbidden))}")
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    body["audit"] = dict(audit)
+    body["supersedes"] = doc["sha256"]
+    return Certificate(_seal(body))

@@ -1,0 +1,96 @@
+"""Prefect flows: the whole pipeline, the demo, and scheduled retraining.
+
+Tasks are thin wrappers over `flows.stages`; nothing is cached by Prefect (each stage's own
+artifacts are content-addressed already, and privacy spend must never be skipped silently).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from components.core.settings import load_settings
+from flows import stages
+
+_task = dict(cache_policy=NO_CACHE, retries=0)
+
+
+@task(name="ingest", **_task)
+def ingest_task(home, source, fmt, policy, mapping):
+    return stages.ingest(load_settings(home), source, fmt, policy=policy, **mapping)
+
+
+@task(name="base-model", **_task)
+def base_model_task(home, public_corpus, base_model_dir):
+    return stages.base_model(load_settings(home), public_corpus=public_corpus, base_model_dir=base_model_dir)
+
+
+@task(name="plan", **_task)
+def plan_task(home, policy, snapshot_id):
+    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id)
+
+
+@task(name="train", **_task)
+def train_task(home, plan_path, base_dir):
+    return stages.train(load_settings(home), plan_path, base_dir)
+
+
+@task(name="certify", **_task)
+def certify_task(plan_path, train_result):
+    return stages.certify(plan_path, train_result)
+
+
+@task(name="register", **_task)
+def register_task(home, name, certificate, plan_path, base_dir, adapter_dir):
+    return stages.register(load_settings(home), name=name, certificate=certificate, plan_path=plan_path,
+                           base_dir=base_dir, adapter_dir=adapter_dir)
+
+
+@task(name="audit", **_task)
+def audit_task(home, model_uri, policy, truth):
+    return stages.audit(load_settings(home), model_uri, policy=policy, truth=truth)
+
+
+@flow(name="veil-pipeline", log_prints=True)
+def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
+                  public_corpus: str | None = None, base_model_dir: str | None = None,
+                  model_name: str = "veil", mapping: dict | None = None, audit: bool = True,
+                  truth: str | None = None) -> dict:
+    """ingest → base model → plan → DP fine-tune → certificate → MLflow registration → audit."""
+    settings = load_settings(home).ensure()
+    home = str(settings.home)
+    log = get_run_logger()
+    ing = ingest_task(home, source, fmt, policy, mapping or {})
+    log.info("ingested %s: %s accepted, %s quarantined, %s duplicates", ing["snapshot_id"], ing["accepted"],
+             ing["quarantined"], ing["duplicates"])
+    base = base_model_task(home, public_corpus, base_model_dir)
+    planned = plan_task(home, policy, ing["snapshot_id"])
+    trained = train_task(home, planned["plan_path"], base)
+    cert = certify_task(planned["plan_path"], trained)
+    log.info("certificate %s: ε=%.4f δ=%g", cert["sha256"][:12], cert["epsilon"], cert["delta"])
+    reg = register_task(home, model_name, cert, planned["plan_path"], base,
+                        trained.get("adapter_dir") or trained.get("model_dir"))
+    aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None
+    return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
+            "certificate": aud["certificate"] if aud else cert, "registration": reg,
+            "audit": aud["summary"] if aud else None}
+
+
+@flow(name="veil-demo", log_prints=True)
+def demo_flow(home: str | None = None, audit: bool = True) -> dict:
+    """The demo organization through the whole pipeline on embedded defaults."""
+    settings = load_settings(home).ensure()
+    org = stages.demo_data(settings)
+    return pipeline_flow(str(stages.DEMO_POLICY), org["messages"], "jsonl", home=str(settings.home),
+                         public_corpus=org["public"], model_name="veil-demo", audit=audit, truth=org["truth"])
+
+
+def serve_retraining(policy: str, source: str, fmt: str, cron: str, *, home: str | None = None,
+                     base_model_dir: str | None = None, public_corpus: str | None = None,
+                     model_name: str = "veil") -> None:  # pragma: no cover - long-running server loop
+    """Scheduled retraining: serve the pipeline on a cron schedule (needs a Prefect API to schedule on)."""
+    pipeline_flow.serve(name=f"retrain-{model_name}", cron=cron,
+                        parameters={"policy": str(Path(policy).resolve()), "source": str(Path(source).resolve()),
+                                    "fmt": fmt, "home": home, "base_model_dir": base_model_dir,
+                                    "public_corpus": public_corpus, "model_name": model_name})

@@ -1,0 +1,167 @@
+"""The pipeline's stages as plain functions: catalog → plan → train → certify → register → audit.
+
+Each stage reads a hashed artifact and writes one. Prefect wraps these in `flows/pipeline.py`;
+tests call them directly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from components.core.errors import VeilError
+from components.core.hashing import sha256_file
+from components.core.settings import Settings
+
+DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.yaml"
+
+
+def demo_data(settings: Settings, out_dir: Path | None = None, seed: int = 0) -> dict:
+    from catalog.demo import write_demo_org
+
+    out = Path(out_dir) if out_dir else settings.home / "demo-org"
+    org = write_demo_org(out, seed=seed)
+    return {"dir": str(out), "messages": str(out / "org" / "messages.jsonl"),
+            "public": str(out / "public" / "corpus.jsonl"), "truth": str(out / "truth.json"),
+            **{k: v for k, v in vars(org).items() if isinstance(v, (int, float, str))}}
+
+
+def ingest(settings: Settings, source: str | Path, fmt: str, *, policy: str | Path | None = None,
+           progress: bool = False, **mapping: Any) -> dict:
+    from catalog.ingest import ingest_source
+
+    rules = None
+    if policy is not None:
+        from components.policy import load_policy
+
+        rules = load_policy(policy).tagging_rules()
+    report = ingest_source(Path(source), fmt, settings=settings, rules=rules, progress=progress, **mapping)
+    return report.to_dict()
+
+
+def base_model(settings: Settings, *, public_corpus: str | Path | None = None,
+               base_model_dir: str | Path | None = None, progress: bool = True) -> str:
+    """Any local HF causal-LM directory, or the demo's base trained locally on the public corpus.
+
+    The built base is cached by the corpus' sha256, so re-runs reuse it.
+    """
+    from components.modeling import build_base_model, load_base
+
+    if base_model_dir is not None:
+        load_base(base_model_dir)  # fail early and clearly on a bad directory
+        return str(Path(base_model_dir).resolve())
+    if public_corpus is None:
+        raise VeilError("no base model: pass --base-model PATH or a public corpus to pretrain one")
+    digest = sha256_file(public_corpus)
+    out = settings.models_dir / f"base-{digest[:12]}"
+    if (out / "veil_base.json").is_file():
+        return str(out)
+    texts = [json.loads(line)["text"] for line in Path(public_corpus).read_text().splitlines() if line.strip()]
+    return str(build_base_model(texts, out, progress=progress))
+
+
+def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = None) -> dict:
+    from catalog.snapshots import load_snapshot
+    from components.planning import make_plan, save_plan
+    from components.policy import load_policy
+
+    pol = load_policy(policy)
+    snap = load_snapshot(settings, snapshot_id)
+    p = make_plan(pol, snap, out_dir=settings.plans_dir)
+    path = save_plan(p, settings.plans_dir)
+    return {"plan_path": str(path), "plan": p.to_dict()}
+
+
+def _checked_parquet(path: str, sha256: str, what: str) -> pa.Table:
+    if not Path(path).is_file():
+        raise VeilError(f"{what} file {path} is missing")
+    if sha256_file(path) != sha256:
+        raise VeilError(f"{what} file {path} does not match the plan's sha256: refusing to train on it")
+    return pq.read_table(path)
+
+
+def training_data(settings: Settings, plan_doc: dict) -> pa.Table:
+    """The plan's training records joined with their texts from the plan's snapshot."""
+    from catalog.snapshots import load_snapshot
+
+    data = plan_doc["data"]
+    snap = load_snapshot(settings, data["snapshot_id"])
+    if snap.sha256 != data["snapshot_sha256"]:
+        raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
+    chosen = _checked_parquet(data["train_records_file"], data["train_records_sha256"], "train records")
+    texts = snap.records.select(["record_id", "text"])
+    joined = chosen.join(texts, keys="record_id", join_type="inner")
+    if joined.num_rows != chosen.num_rows:
+        raise VeilError(f"{chosen.num_rows - joined.num_rows} planned records are missing from snapshot {data['snapshot_id']}")
+    cols = ["user_id", "text"] + (["rate"] if "rate" in joined.column_names else [])
+    # Deterministic order: the sampler's seed then fully determines the batches.
+    order = pc.sort_indices(joined, sort_keys=[("user_id", "ascending"), ("record_id", "ascending")])
+    return joined.take(order).select(cols)
+
+
+def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:
+    from components.modeling import load_base
+    from components.planning import load_plan
+    from components.training import TrainSpec, train as run_training
+
+    plan_doc = load_plan(plan_path).to_dict()
+    data = training_data(settings, plan_doc)
+    model, tokenizer = load_base(base_dir)
+    spec = TrainSpec.from_plan(plan_doc)
+    out_dir = settings.runs_dir / plan_doc["sha256"][:16]
+    result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress)
+    res = result.to_dict()
+    (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
+    return res
+
+
+def certify(plan_path: str | Path, train_result: dict) -> dict:
+    from components.certificate import build_certificate
+    from components.planning import load_plan
+
+    return build_certificate(load_plan(plan_path).to_dict(), train_result).to_dict()
+
+
+def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,
+             adapter_dir: str | Path | None) -> dict:
+    from components.planning import load_plan
+    from components.registry import register_model
+
+    plan_doc = load_plan(plan_path).to_dict()
+    reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
+                         adapter_dir=adapter_dir, policy_max_epsilon=float(plan_doc["target"]["epsilon"]))
+    return reg.to_dict()
+
+
+@dataclass
+class PipelineResult:
+    ingest: dict
+    plan_path: str
+    plan: dict
+    train: dict
+    certificate: dict
+    registration: dict
+    audit: dict | None
+
+
+def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = None,
+          truth: str | Path | None = None) -> dict:
+    """Audit a registered model; aggregates go into its certificate, per-user scores stay private."""
+    from catalog.snapshots import load_snapshot
+    from components.audit import run_audit
+    from components.policy import load_policy
+    from components.registry import load_model, record_audit
+
+    loaded = load_model(model_uri, settings)
+    snap = load_snapshot(settings, loaded.plan["data"]["snapshot_id"])
+    thresholds = load_policy(policy).spec.audit if policy else None
+    truth_doc = json.loads(Path(truth).read_text()) if truth else None
+    result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc)
+    summary = result.summary() if hasattr(result, "summary") else dict(result)
+    new_cert = record_audit(settings, model_uri, summary, plot_path=getattr(result, "plot_path", None))
+    return {"summary": summary, "certificate": new_cert}
