@@ -21,7 +21,7 @@ class _VeilGroup(TyperGroup):
             return super().invoke(ctx)
         except VeilError as e:
             click.echo(f"error: {e}", err=True)
-            raise click.exceptions.Exit(2) from None
+            raise typer.Exit(2) from None
 
 
 app = typer.Typer(
