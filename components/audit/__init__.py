@@ -6,9 +6,12 @@
 """
 from components.audit.ceiling import (auroc_ceiling, auroc_ceiling_from_pld, auroc_ceiling_from_profile,
                                       tpr_ceiling, tradeoff)
-from components.audit.metrics import FPR_TARGETS, auroc, bootstrap_metrics, roc_curve, tpr_at_fpr
+from components.audit.metrics import (FPR_TARGETS, auroc, bootstrap_metrics, empirical_epsilon_lower_bound,
+                                      roc_curve, tpr_at_fpr)
+from components.audit.user_inference import score_users, user_inference_report
 
 __all__ = [
     "auroc_ceiling", "auroc_ceiling_from_pld", "auroc_ceiling_from_profile", "tpr_ceiling", "tradeoff",
-    "FPR_TARGETS", "auroc", "bootstrap_metrics", "roc_curve", "tpr_at_fpr",
+    "FPR_TARGETS", "auroc", "bootstrap_metrics", "empirical_epsilon_lower_bound", "roc_curve", "tpr_at_fpr",
+    "score_users", "user_inference_report",
 ]

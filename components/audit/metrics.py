@@ -113,3 +113,42 @@ def bootstrap_metrics(scores, labels, *, n_boot: int = 100, seed: int = 0,
 
 def _fpr_key(x: float) -> str:
     return format(x, "g") if x >= 1e-4 else repr(x)
+
+
+def _cp_lower(k: np.ndarray, n: int, a: float) -> np.ndarray:
+    from scipy.stats import beta
+
+    return np.where(k > 0, beta.ppf(a, k, n - k + 1), 0.0)
+
+
+def _cp_upper(k: np.ndarray, n: int, a: float) -> np.ndarray:
+    from scipy.stats import beta
+
+    return np.where(k < n, beta.ppf(1 - a, k + 1, n - k), 1.0)
+
+
+def empirical_epsilon_lower_bound(scores, labels, delta: float, *, confidence: float = 0.95) -> float:
+    """A one-sided lower confidence bound on ε implied by the attack's ROC (seed 003 §7.4).
+
+    At every threshold, (ε, δ)-DP requires TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ. We take
+    Clopper–Pearson bounds (TPR, TNR from below; FPR, FNR from above) with a Bonferroni split of
+    1 − confidence over all thresholds and both inequalities, and return the largest ε they force
+    (0 when none does). Under a correct (ε, δ) guarantee and random in/out assignment of users, the
+    bound exceeds ε with probability at most 1 − confidence.
+    """
+    pos, neg = _split(scores, labels)
+    if len(pos) == 0 or len(neg) == 0:
+        raise VeilError(f"audit needs members and non-members; got {len(pos)} and {len(neg)}")
+    thr = np.unique(np.concatenate([pos, neg]))
+    ps, ns = np.sort(pos), np.sort(neg)
+    tp = len(ps) - np.searchsorted(ps, thr, side="left")   # members at or above t
+    fp = len(ns) - np.searchsorted(ns, thr, side="left")
+    a = (1.0 - confidence) / (2 * 2 * len(thr))  # two-sided CP pieces x thresholds x directions
+    tpr_lo, fpr_hi = _cp_lower(tp, len(ps), a), _cp_upper(fp, len(ns), a)
+    tnr_lo, fnr_hi = _cp_lower(len(ns) - fp, len(ns), a), _cp_upper(len(ps) - tp, len(ps), a)
+    best = 0.0
+    for num, den in ((tpr_lo - delta, fpr_hi), (tnr_lo - delta, fnr_hi)):
+        ok = (num > 0) & (den > 0)
+        if np.any(ok):
+            best = max(best, float(np.max(np.log(num[ok] / den[ok]))))
+    return best

@@ -73,3 +73,24 @@ def test_errors():
         auroc([1.0, 2.0], [1, 1])
     with pytest.raises(VeilError):
         auroc([1.0, float("nan")], [1, 0])
+
+
+def test_empirical_epsilon_lower_bound_is_valid_and_informative():
+    import math
+
+    from components.audit.metrics import empirical_epsilon_lower_bound
+    eps = 1.0
+    p = math.exp(eps) / (1 + math.exp(eps))
+    over, bounds = 0, []
+    for seed in range(20):  # randomized response is exactly ε-DP: the bound must rarely exceed ε
+        rng = np.random.default_rng(seed)
+        y = np.r_[np.ones(3000, bool), np.zeros(3000, bool)]
+        s = np.where(rng.random(6000) < p, y, ~y).astype(float)
+        lb = empirical_epsilon_lower_bound(s, y, 0.0)
+        over += lb > eps
+        bounds.append(lb)
+    assert over <= 2 and np.median(bounds) > 0.75
+    rng = np.random.default_rng(0)
+    y = np.r_[np.ones(300, bool), np.zeros(300, bool)]
+    assert empirical_epsilon_lower_bound(rng.normal(size=600) + 6 * y, y, 1e-5) > 2.0
+    assert empirical_epsilon_lower_bound(rng.normal(size=600), y, 1e-5) < 0.5

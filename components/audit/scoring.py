@@ -1,0 +1,148 @@
+"""Sequence log-likelihoods under a causal LM: the one measurement every audit is built on.
+
+log p(x) = Σ_t log p(x_t | x_<t), summed (not averaged) over tokens as in seed 003 §1.4. When the
+tokenizer has a BOS token we prepend it so that the first real token is scored too; target and
+reference always see the identical token sequence, so the choice cancels in their difference.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from components.core.errors import VeilError
+
+
+def _device(model):
+    import torch
+
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover - a model without parameters is not a model
+        return torch.device("cpu")
+
+
+def _bos(tokenizer) -> list[int]:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [] if bos is None else [int(bos)]
+
+
+def encode_texts(tokenizer, texts: Sequence[str], seq_len: int) -> list[list[int]]:
+    """Token ids per text: BOS (if any) + the text's tokens, truncated to seq_len tokens in all."""
+    if seq_len < 2:
+        raise VeilError(f"seq_len: must be at least 2, got {seq_len}")
+    bos = _bos(tokenizer)
+    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return [(bos + list(ids))[:seq_len] for ids in enc]
+
+
+def encode_continuations(tokenizer, contexts: Sequence[str], continuations: Sequence[str],
+                         seq_len: int) -> tuple[list[list[int]], list[int]]:
+    """Ids of context+continuation and the index of the first continuation token.
+
+    We tokenize the joined string (so the continuation gets the tokens it has in running text, e.g.
+    GPT-2's leading-space tokens) and score every token that ends inside the continuation; a token
+    straddling the boundary counts as continuation. Long contexts are cut from the left so the whole
+    continuation always fits in seq_len.
+    """
+    bos = _bos(tokenizer)
+    ids_out, starts = [], []
+    for ctx, cont in zip(contexts, continuations, strict=True):
+        full = ctx + cont
+        try:
+            enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+            ids, offs = list(enc["input_ids"]), enc["offset_mapping"]
+            first = next((i for i, (_, e) in enumerate(offs) if e > len(ctx)), len(ids))
+        except (NotImplementedError, TypeError, ValueError):  # slow tokenizer: no offsets
+            c = tokenizer(ctx, add_special_tokens=False)["input_ids"] if ctx else []
+            k = tokenizer(cont, add_special_tokens=False)["input_ids"]
+            ids, first = list(c) + list(k), len(c)
+        ids = bos + ids
+        first += len(bos)
+        if len(ids) - first >= seq_len:
+            raise VeilError(f"continuation of {len(ids) - first} tokens does not fit seq_len={seq_len}")
+        cut = max(0, len(ids) - seq_len)
+        ids_out.append(ids[cut:])
+        starts.append(max(first - cut, 1))
+    return ids_out, starts
+
+
+def token_logprob_sums(model, sequences: Sequence[Sequence[int]], starts: Sequence[int] | None = None, *,
+                       batch_size: int = 16, progress: str | None = None) -> np.ndarray:
+    """Σ_{t >= start} log p(x_t | x_<t) for each id sequence (start defaults to 1: all but the first).
+
+    Sequences are batched by length (right padding, attention mask) and evaluated under inference
+    mode; log-softmax runs in float32 whatever the model's dtype.
+    """
+    import torch
+
+    n = len(sequences)
+    starts = [1] * n if starts is None else list(starts)
+    out = np.zeros(n, dtype=np.float64)
+    if n == 0:
+        return out
+    dev = _device(model)
+    order = sorted(range(n), key=lambda i: len(sequences[i]))
+    bar = _progress(progress, n)
+    with torch.inference_mode(), bar as tick:
+        for b in range(0, n, batch_size):
+            idx = order[b:b + batch_size]
+            width = max(len(sequences[i]) for i in idx)
+            ids = torch.zeros((len(idx), width), dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            score = torch.zeros((len(idx), width - 1), dtype=torch.bool)
+            for r, i in enumerate(idx):
+                s = sequences[i]
+                ids[r, :len(s)] = torch.tensor(s, dtype=torch.long)
+                mask[r, :len(s)] = 1
+                score[r, max(starts[i], 1) - 1:len(s) - 1] = True  # target x_t sits at logit t-1
+            logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits[:, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].to(dev)[..., None]).squeeze(-1)
+            sums = (lp * score.to(dev)).sum(-1).double().cpu().numpy()
+            out[idx] = sums
+            tick(len(idx))
+    return out
+
+
+def sequence_logprobs(model, tokenizer, texts: Sequence[str], *, seq_len: int, batch_size: int = 16,
+                      progress: str | None = None) -> np.ndarray:
+    """log p(x) of each text (sum of token log-probs after truncation to seq_len tokens)."""
+    return token_logprob_sums(model, encode_texts(tokenizer, texts, seq_len), batch_size=batch_size,
+                              progress=progress)
+
+
+def continuation_logprobs(model, tokenizer, contexts: Sequence[str], continuations: Sequence[str], *,
+                          seq_len: int, batch_size: int = 16, progress: str | None = None) -> np.ndarray:
+    """log p(continuation | context) for each pair."""
+    ids, starts = encode_continuations(tokenizer, contexts, continuations, seq_len)
+    return token_logprob_sums(model, ids, starts, batch_size=batch_size, progress=progress)
+
+
+@contextlib.contextmanager
+def reference_of(model, reference=None):
+    """The reference model p_ref: a given model, or for a peft model the same weights with the adapter off."""
+    if reference is not None:
+        yield reference
+        return
+    disable = getattr(model, "disable_adapter", None)
+    if disable is None:
+        raise VeilError("audit: the model has no adapter to disable; pass a reference model (the base model "
+                        "it was fine-tuned from)")
+    with disable():
+        yield model
+
+
+@contextlib.contextmanager
+def _progress(label: str | None, total: int):
+    if not label:
+        yield lambda k: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(file=sys.stderr), transient=True) as p:
+        task = p.add_task(label, total=total)
+        yield lambda k: p.advance(task, k)

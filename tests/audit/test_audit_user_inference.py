@@ -1,0 +1,114 @@
+"""The seed-003 statistic on a tiny GPT-2: a user whose style was fine-tuned in scores above the others."""
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from _audit_tinylm import build_model, build_tokenizer, filler, finetune, with_lora
+from components.audit.scoring import continuation_logprobs, sequence_logprobs
+from components.audit.user_inference import score_users, user_inference_report
+from components.core.errors import VeilError
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    rng = np.random.default_rng(1)
+    users = [f"user{i}@x.example" for i in range(6)]
+    # every user writes filler words plus their own recurring sign-off (their "style")
+    style = {u: f"regards from {filler(rng, 4)} team {i}" for i, u in enumerate(users)}
+    tok = build_tokenizer(style.values())
+    model = with_lora(build_model(tok))
+    train_texts = [f"{filler(rng, 6)} . {style[users[0]]}" for _ in range(8)]
+    finetune(model, tok, train_texts, steps=40)
+    rows = []
+    for i, u in enumerate(users):
+        for _ in range(3):  # fresh attacker samples: new filler, same style, never trained on
+            rows.append({"user_id": u, "text": f"{filler(rng, 6)} . {style[u]}", "member": i == 0})
+    return model, tok, pa.Table.from_pylist(rows)
+
+
+def test_logprob_matches_manual_token_loop(tiny):
+    model, tok, _ = tiny
+    text = "alpha bravo charlie delta"
+    got = sequence_logprobs(model, tok, [text, "echo"], seq_len=32, batch_size=2)[0]
+    ids = [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    want = sum(lp[t - 1, ids[t]].item() for t in range(1, len(ids)))
+    assert got == pytest.approx(want, rel=1e-5)
+    # conditional: log p(ctx + cont) = log p(ctx) + log p(cont | ctx) when the split is a token boundary
+    whole = sequence_logprobs(model, tok, ["alpha bravo charlie"], seq_len=32)[0]
+    head = sequence_logprobs(model, tok, ["alpha bravo"], seq_len=32)[0]
+    cond = continuation_logprobs(model, tok, ["alpha bravo"], [" charlie"], seq_len=32)[0]
+    assert head + cond == pytest.approx(whole, rel=1e-5)
+
+
+def test_member_scores_above_non_members(tiny):
+    model, tok, samples = tiny
+    scores = score_users(model, tok, samples, seq_len=64, batch_size=4)
+    assert scores.column_names == ["user_id", "member", "m", "score"]
+    assert scores.num_rows == 6 and scores["m"].to_pylist() == [3] * 6
+    s = dict(zip(scores["user_id"].to_pylist(), scores["score"].to_pylist()))
+    member = s.pop("user0@x.example")
+    assert member > max(s.values()) + 1.0, (member, s)
+
+
+def test_reference_equal_to_model_gives_zero(tiny):
+    model, tok, samples = tiny
+    scores = score_users(model, tok, samples, reference=model, seq_len=64)
+    assert np.allclose(scores["score"].to_numpy(), 0.0)
+
+
+def test_plain_model_needs_reference(tiny):
+    _, tok, samples = tiny
+    with pytest.raises(VeilError, match="reference"):
+        score_users(build_model(tok), tok, samples, seq_len=64)
+
+
+def test_mixed_labels_rejected(tiny):
+    model, tok, _ = tiny
+    bad = pa.table({"user_id": ["a", "a"], "text": ["x", "y"], "member": [True, False]})
+    with pytest.raises(VeilError, match="both member and non-member"):
+        score_users(model, tok, bad, seq_len=16)
+
+
+def _scores(n_in, n_out, shift, seed=0):
+    rng = np.random.default_rng(seed)
+    s = np.r_[rng.normal(shift, 1, n_in), rng.normal(0, 1, n_out)]
+    return pa.table({"user_id": [f"u{i}" for i in range(n_in + n_out)],
+                     "member": [True] * n_in + [False] * n_out, "m": [1] * (n_in + n_out), "score": s})
+
+
+def test_report_gating_and_ceiling_rule():
+    strong = _scores(200, 200, 3.0)   # AUROC ~ 0.98
+    weak = _scores(200, 200, 0.0)     # AUROC ~ 0.5
+    r = user_inference_report(strong, 0.5, 1e-6, seed=0)
+    assert r["auroc"] > 0.95 and r["auroc_ceiling"] == pytest.approx(0.6225, abs=1e-3)
+    assert r["above_ceiling"] and not r["passed"] and r["epsilon_lower_bound"] > 0.5
+    assert len(r["failures"]) == 2
+    r = user_inference_report(weak, 0.5, 1e-6, seed=0)
+    assert not r["above_ceiling"] and r["passed"]
+    assert not user_inference_report(weak, 0.5, 1e-6, max_auroc=0.3)["passed"]
+    # no user-level guarantee: ceiling 1, only the policy decides
+    r = user_inference_report(strong, None, None)
+    assert r["auroc_ceiling"] == 1.0 and not r["above_ceiling"] and r["passed"]
+    assert not user_inference_report(strong, None, None, max_auroc=0.9)["passed"]
+    assert not user_inference_report(strong, None, None, max_tpr_at_fpr={"0.1": 0.5})["passed"]
+    # within bootstrap noise of the ceiling is not "clearly above"
+    mid = _scores(30, 30, 0.9, seed=3)
+    r = user_inference_report(mid, 1.0, 1e-6)
+    assert r["auroc"] - 2 * r["auroc_std"] <= r["auroc_ceiling"] and not r["above_ceiling"]
+
+
+def test_report_carries_no_per_user_score():
+    t = _scores(50, 50, 1.0)
+    r = user_inference_report(t, 2.0, 1e-5)
+    flat = repr(r)
+    for v in t["score"].to_pylist():
+        assert repr(v) not in flat
+    for u in t["user_id"].to_pylist():
+        assert f"'{u}'" not in flat
+    for key in ("auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in", "users_out", "passed"):
+        assert key in r
