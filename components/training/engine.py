@@ -1,0 +1,257 @@
+"""The DP-SGD loop: select (Poisson) → per-unit gradients → clip → sum → noise once → ÷ expected
+batch → optimizer step. Accounting lives elsewhere; this module only runs the mechanism the plan
+accounted for and reports what it actually ran."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from components.core.errors import VeilError
+from components.training import checkpoint as ckpt
+from components.training.data import record_rates, records_by_user, tokenize_table
+from components.training.distributed import DistContext
+from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
+from components.training.sampling import PoissonSampler, noise_seed
+from components.training.spec import TrainResult, TrainSpec
+
+
+def _prepare_model(model: torch.nn.Module, spec: TrainSpec) -> torch.nn.Module:
+    """Wrap in a peft LoRA adapter when the spec asks for one (and it is not wrapped yet)."""
+    if spec.lora is None:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        return model
+    lo = spec.lora
+    cfg = LoraConfig(r=int(lo["r"]), lora_alpha=float(lo.get("alpha", 2 * int(lo["r"]))),
+                     lora_dropout=float(lo.get("dropout", 0.0)),
+                     target_modules=lo.get("target_modules") or None, task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def _data_fingerprint(ids: np.ndarray, lengths: np.ndarray, user_index: np.ndarray, rates: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in (ids, lengths, user_index, rates):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        return nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    TextColumn("{task.fields[info]}"), console=Console(file=sys.stderr), transient=False)
+
+
+def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, out_dir, *,
+          resume: bool = True, progress: bool = True,
+          on_step: Callable[[int], None] | None = None) -> TrainResult:
+    """Run `spec` on `data` (user_id, text[, rate]); returns what was actually run.
+
+    out_dir receives checkpoint.pt, progress.json, private_seed (secret: keep it with the run, never
+    publish it), adapter/ (LoRA) or model/ (full fine-tuning) and train_result.json.
+    A second call with the same out_dir resumes from the last checkpoint (resume=True).
+    `on_step(steps_done)` is called after every step (tests use it to pace a run).
+    """
+    t0 = time.time()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    dctx = DistContext.from_env(device)
+
+    torch.manual_seed(int(spec.seed))
+    model = _prepare_model(model, spec)
+    model.train()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise VeilError("model: no trainable parameters")
+    names = [n for n, _ in named]
+    params = [p for _, p in named]
+
+    # --- data and units -------------------------------------------------------------------
+    tok = tokenize_table(data, tokenizer, spec.seq_len)
+    by_user = records_by_user(tok)
+    if spec.mechanism == "uls":
+        rates = np.full(len(tok.users), float(spec.sampling_rate))
+    elif spec.mechanism == "secret":
+        rates = record_rates(data)
+    else:
+        if spec.mechanism in ("els", "group"):
+            counts = np.array([len(r) for r in by_user])
+            worst = int(counts.argmax())
+            if counts[worst] > int(spec.records_per_user):
+                raise VeilError(
+                    f"training data: user {tok.users[worst]!r} has {int(counts[worst])} records but "
+                    f"{spec.mechanism} is bounded to k={spec.records_per_user}; pass only the plan's selected records")
+        rates = np.full(tok.n_records, float(spec.sampling_rate))
+    expected = float(rates.sum())
+    if not expected > 0:
+        raise VeilError("training data: expected batch size is 0 (all sampling rates are 0)")
+    fingerprint = _data_fingerprint(tok.ids, tok.lengths, tok.user_index, rates)
+
+    # --- private randomness ------------------------------------------------------------------
+    if spec.private_seed is not None:
+        private_seed, seed_source = int(spec.private_seed), "spec"
+    else:
+        private_seed = ckpt.private_seed_for(out_dir, resume) if dctx.is_main else 0
+        private_seed = dctx.broadcast_int(private_seed, device)
+        seed_source = "os_entropy"
+    sampler = PoissonSampler(rates, private_seed)
+
+    opt = (torch.optim.SGD(params, lr=float(spec.learning_rate)) if spec.optimizer == "sgd"
+           else torch.optim.Adam(params, lr=float(spec.learning_rate)))
+
+    # --- resume -------------------------------------------------------------------------------
+    start, losses, batch_sizes, resumed_from = 0, [], [], None
+    state = ckpt.load_checkpoint(out_dir) if resume else None
+    if state is not None:
+        if state["spec"] != spec.identity():
+            raise VeilError(f"{out_dir}: holds a checkpoint of a different training spec; "
+                            "use a fresh folder or resume=False")
+        if state["data"] != fingerprint:
+            raise VeilError(f"{out_dir}: holds a checkpoint trained on different data; "
+                            "use a fresh folder or resume=False")
+        if state["private_seed_sha"] != hashlib.sha256(str(private_seed).encode()).hexdigest():
+            raise VeilError(f"{out_dir}: private seed does not match the checkpoint's")
+        with torch.no_grad():
+            for n, p in named:
+                p.copy_(state["trainable"][n].to(p.device, p.dtype))
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
+        resumed_from = start
+    prior_attempted = ckpt.read_ledger(out_dir) if (resume and dctx.is_main) else 0
+
+    def save(step: int) -> None:
+        if not dctx.is_main:
+            return
+        ckpt.save_checkpoint(out_dir, {
+            "step": step, "spec": spec.identity(), "data": fingerprint,
+            "private_seed_sha": hashlib.sha256(str(private_seed).encode()).hexdigest(),
+            "trainable": {n: p.detach().cpu().clone() for n, p in named},
+            "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+            "sampler": sampler.state_dict(step), "losses": losses, "batch_sizes": batch_sizes,
+        })
+
+    per_unit = PerUnitGradients(model, names, spec.micro_batch_size) if spec.mechanism != "nonprivate" else None
+    G = int(spec.records_per_user) if spec.records_per_user else None
+    sigma, C = float(spec.noise_multiplier), float(spec.clip_norm)
+
+    with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
+        task = bar.add_task("train", total=spec.steps, completed=start, info="") if bar else None
+        for step in range(start, int(spec.steps)):
+            if dctx.is_main and step + 1 > prior_attempted:
+                ckpt.write_ledger(out_dir, step + 1)
+            chosen, rng = sampler.sample(step)
+            if spec.mechanism == "uls":
+                units = []
+                for u in chosen:
+                    recs = by_user[u]
+                    if len(recs) > G:  # a fresh draw of G of the user's records at every visit
+                        recs = np.sort(rng.choice(recs, size=G, replace=False))
+                    units.append(Unit(recs, 1.0 / len(recs)))
+            else:
+                units = [Unit(np.array([r]), 1.0) for r in chosen]
+            mine = dctx.shard(units)
+
+            if per_unit is not None:
+                grads, loss_sum, n_rec = per_unit.clipped_sum(mine, tok.ids, tok.lengths, C, device)
+                grads = [grads[n] for n in names]
+            else:
+                grads, loss_sum, n_rec = _plain_sum(model, params, mine, tok.ids, tok.lengths,
+                                                    spec.micro_batch_size, device)
+            stats = torch.tensor([loss_sum, float(n_rec)], dtype=torch.float64, device=device)
+            *grads, stats = dctx.all_reduce_sum(grads + [stats])
+
+            if sigma > 0 and spec.mechanism != "nonprivate":
+                gen = torch.Generator(device=device)
+                gen.manual_seed(noise_seed(private_seed, step))
+                grads = [g + torch.normal(0.0, sigma * C, size=g.shape, generator=gen,
+                                          device=device, dtype=g.dtype) for g in grads]
+            for p, g in zip(params, grads):
+                p.grad = (g / expected).to(p.dtype)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+            n_rec_tot = float(stats[1])
+            losses.append(float(stats[0]) / n_rec_tot if n_rec_tot > 0 else float("nan"))
+            batch_sizes.append(int(len(chosen)))
+            done = step + 1
+            if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
+                save(done)
+            if bar is not None:
+                bar.update(task, completed=done, info=f"loss {losses[-1]:.3f} batch {len(chosen)}")
+            if on_step is not None:
+                on_step(done)
+
+    if state is None and int(spec.steps) == 0:
+        save(0)
+    dctx.barrier()
+    adapter_dir = model_dir = None
+    if dctx.is_main:
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            adapter_dir = str(out_dir / "adapter")
+            model.save_pretrained(adapter_dir)
+        else:
+            model_dir = str(out_dir / "model")
+            model.save_pretrained(model_dir)
+            if hasattr(tokenizer, "save_pretrained"):
+                tokenizer.save_pretrained(model_dir)
+    bs = np.array(batch_sizes, dtype=np.int64)
+    result = TrainResult(
+        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=sigma,
+        sampling_rate=float(spec.sampling_rate) if spec.mechanism != "secret" else expected / len(rates),
+        clip_norm=C, expected_batch_size=expected, plan_expected_batch_size=spec.expected_batch_size,
+        records_per_user=spec.records_per_user,
+        batch_mean=float(bs.mean()) if bs.size else 0.0, batch_min=int(bs.min()) if bs.size else 0,
+        batch_max=int(bs.max()) if bs.size else 0, empty_steps=int((bs == 0).sum()),
+        n_units=int(len(rates)), n_records=tok.n_records, losses=losses,
+        adapter_dir=adapter_dir, model_dir=model_dir, seconds=time.time() - t0, seed=int(spec.seed),
+        private_seed_source=seed_source, resumed_from_step=resumed_from,
+        steps_attempted=max(prior_attempted, len(batch_sizes)), world_size=dctx.world_size,
+        trainable_params=int(sum(p.numel() for p in params)),
+    )
+    if dctx.is_main:
+        d = result.to_dict()
+        d["losses"] = [x if math.isfinite(x) else None for x in d["losses"]]
+        (out_dir / "train_result.json").write_text(json.dumps(d, indent=2))
+    return result
+
+
+def _plain_sum(model, params, units, ids_all, lengths_all, micro_batch_size, device):
+    """Non-private baseline: Σ of record gradients by ordinary batched backward (no clip, no noise)."""
+    recs = np.concatenate([u.records for u in units]) if units else np.zeros(0, dtype=np.int64)
+    for p in params:
+        p.grad = None
+    loss_sum = 0.0
+    for start in range(0, len(recs), micro_batch_size):
+        r = recs[start:start + micro_batch_size]
+        T = max(2, int(lengths_all[r].max()))
+        ids = torch.as_tensor(ids_all[r, :T], device=device)
+        lens = torch.as_tensor(lengths_all[r], device=device)
+        out = model(input_ids=ids, use_cache=False)
+        l = sequence_losses(out.logits, ids, lens).sum()
+        l.backward()
+        loss_sum += float(l.detach())
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    for p in params:
+        p.grad = None
+    return grads, loss_sum, len(recs)

@@ -1,0 +1,107 @@
+"""Clipped sums of per-unit gradients.
+
+Per-record gradients come from torch.func (functional_call + vmap(grad)) over the trainable
+parameters only — for LoRA these are small, so instantiating them is cheaper than ghost norms.
+A unit's gradient is the weighted sum of its records' gradients (weight 1/|S_u| for a ULS user,
+1 for a record), formed before clipping, so a user's records are averaged and then clipped as one.
+Units are packed into micro-batches of at most `micro_batch_size` records; a unit larger than that
+is accumulated over several micro-batches before it is clipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad_and_value, vmap
+
+
+def sequence_losses(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Mean next-token NLL per sequence. logits [b,T,V], ids [b,T], lengths [b] -> [b].
+    A record with < 2 tokens has no target and loss 0 (so gradient 0)."""
+    T = ids.shape[-1]
+    targets = ids[..., 1:]
+    mask = (torch.arange(1, T, device=ids.device) < lengths[..., None]).to(logits.dtype)
+    nll = torch.nn.functional.cross_entropy(
+        logits[..., :-1, :].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
+    ).view(targets.shape)
+    return (nll * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+@dataclass
+class Unit:
+    records: np.ndarray    # record indices into the tokenized table
+    weight: float          # per-record weight inside the unit (1/|S_u| for ULS, 1 otherwise)
+
+
+def pack(units: list[Unit], micro_batch_size: int) -> list[list[Unit]]:
+    """Groups of whole units with ≤ micro_batch_size records in all (a bigger unit stands alone)."""
+    groups, cur, n = [], [], 0
+    for u in units:
+        k = len(u.records)
+        if cur and n + k > micro_batch_size:
+            groups.append(cur)
+            cur, n = [], 0
+        cur.append(u)
+        n += k
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+class PerUnitGradients:
+    """Computes Σ_u clip_C(Σ_{r∈u} w_u ∇ℓ_r) over the trainable parameters of `model`."""
+
+    def __init__(self, model: torch.nn.Module, names: list[str], micro_batch_size: int):
+        self.model = model
+        self.names = names
+        self.micro_batch_size = int(micro_batch_size)
+
+        def loss_one(params, ids, length):
+            out = functional_call(model, params, (ids.unsqueeze(0),), {"use_cache": False})
+            return sequence_losses(out.logits, ids.unsqueeze(0), length.unsqueeze(0))[0]
+
+        self._per_record = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")
+
+    def per_record(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        return self._per_record(params, ids, lengths)
+
+    def clipped_sum(self, units: list[Unit], ids_all: np.ndarray, lengths_all: np.ndarray,
+                    clip_norm: float, device: torch.device) -> tuple[dict, float, int]:
+        """Returns ({name: Σ clipped unit grads}, Σ record losses, records processed)."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        total = {n: torch.zeros_like(params[n]) for n in self.names}
+        loss_sum, n_rec = 0.0, 0
+        mbs = self.micro_batch_size
+        for group in pack(units, mbs):
+            recs = np.concatenate([u.records for u in group])
+            owner = np.repeat(np.arange(len(group)), [len(u.records) for u in group])
+            w = np.repeat(np.array([u.weight for u in group], dtype=np.float64), [len(u.records) for u in group])
+            singletons = len(recs) == len(group) and all(u.weight == 1.0 for u in group)
+            unit_grads = None
+            for start in range(0, len(recs), mbs):
+                sl = slice(start, start + mbs)
+                r = recs[sl]
+                T = max(2, int(lengths_all[r].max()))
+                ids = torch.as_tensor(ids_all[r, :T], device=device)
+                lens = torch.as_tensor(lengths_all[r], device=device)
+                g, losses = self.per_record(ids, lens)
+                loss_sum += float(losses.sum())
+                n_rec += len(r)
+                if singletons:
+                    unit_grads = g
+                    continue
+                if unit_grads is None:
+                    unit_grads = {n: torch.zeros((len(group),) + params[n].shape, dtype=params[n].dtype,
+                                                 device=device) for n in self.names}
+                idx = torch.as_tensor(owner[sl], device=device)
+                wt = torch.as_tensor(w[sl], device=device)
+                for n in self.names:
+                    gn = g[n]
+                    unit_grads[n].index_add_(0, idx, gn * wt.to(gn.dtype).view((-1,) + (1,) * (gn.dim() - 1)))
+            sq = sum(unit_grads[n].flatten(1).pow(2).sum(1) for n in self.names)
+            factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
+            for n in self.names:
+                total[n] += torch.tensordot(factor.to(unit_grads[n].dtype), unit_grads[n], dims=1)
+        return total, loss_sum, n_rec

@@ -1,0 +1,156 @@
+"""What a training run does (`TrainSpec`) and what it did (`TrainResult`).
+
+A spec is built from a plan (`TrainSpec.from_plan`) so the numbers the accountant used — q, σ, C,
+T, k/G — are exactly the numbers the engine runs with.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from components.core.errors import VeilError
+
+MECHANISMS = ("uls", "els", "group", "record", "secret", "nonprivate")
+# Modes whose privacy unit is sampled as a user (everything else samples records).
+USER_SAMPLED = ("uls",)
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One DP training run.
+
+    mechanism: uls (Poisson users, mean over ≤G records per user, per-user clip), els/group
+      (records already bounded to ≤k per user, Poisson records, per-record clip), record
+      (Poisson records, per-record clip), secret (per-record Poisson rates from the data's
+      `rate` column, per-record clip), nonprivate (Poisson records, no clip, no noise).
+    sampling_rate: q — per user (uls) or per record; ignored for secret (rates come per record).
+    noise_multiplier: σ; the noise on the clipped sum is N(0, σ²C²).
+    expected_batch_size: the plan's expected units per step (informational; the engine divides by
+      the expectation computed from the data it is given: q·N, or Σ rates).
+    records_per_user: G for uls (records drawn per visit), k for els/group (checked, not applied).
+    lora: {r, alpha, dropout, target_modules} or None for full fine-tuning.
+    private_seed: drives batch sampling and noise. Leave None: it is then drawn from the OS at the
+      first start and kept in the run folder only. A published seed would reveal the batches and
+      the noise, and with them the privacy. Tests set it for reproducibility.
+    """
+
+    mechanism: str
+    sampling_rate: float
+    noise_multiplier: float
+    clip_norm: float
+    steps: int
+    expected_batch_size: float | None = None
+    records_per_user: int | None = None
+    learning_rate: float = 1e-3
+    seq_len: int = 128
+    micro_batch_size: int = 16
+    seed: int = 0
+    lora: dict | None = None
+    checkpoint_every: int = 50
+    optimizer: str = "adam"
+    private_seed: int | None = None
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise VeilError(f"train spec: {name}: {why}")
+
+        if self.mechanism not in MECHANISMS:
+            bad("mechanism", f"{self.mechanism!r} is not one of {', '.join(MECHANISMS)}")
+        if self.mechanism != "secret" and not (0.0 < float(self.sampling_rate) <= 1.0):
+            bad("sampling_rate", f"must be in (0, 1], got {self.sampling_rate}")
+        if not (float(self.noise_multiplier) >= 0.0) or math.isinf(float(self.noise_multiplier)):
+            bad("noise_multiplier", f"must be a finite number ≥ 0, got {self.noise_multiplier}")
+        if self.mechanism != "nonprivate" and not (float(self.clip_norm) > 0.0):
+            bad("clip_norm", f"must be > 0, got {self.clip_norm}")
+        if int(self.steps) < 0:
+            bad("steps", f"must be ≥ 0, got {self.steps}")
+        if self.mechanism in ("uls", "els", "group"):
+            if self.records_per_user is None or int(self.records_per_user) < 1:
+                bad("records_per_user", f"{self.mechanism} needs an integer ≥ 1, got {self.records_per_user}")
+        if int(self.seq_len) < 2:
+            bad("seq_len", f"must be ≥ 2, got {self.seq_len}")
+        if int(self.micro_batch_size) < 1:
+            bad("micro_batch_size", f"must be ≥ 1, got {self.micro_batch_size}")
+        if int(self.checkpoint_every) < 1:
+            bad("checkpoint_every", f"must be ≥ 1, got {self.checkpoint_every}")
+        if not (float(self.learning_rate) > 0):
+            bad("learning_rate", f"must be > 0, got {self.learning_rate}")
+        if self.optimizer not in OPTIMIZERS:
+            bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.lora is not None:
+            if not isinstance(self.lora, dict) or "r" not in self.lora:
+                bad("lora", "must be null or a mapping with at least 'r'")
+            if int(self.lora["r"]) < 1:
+                bad("lora.r", f"must be ≥ 1, got {self.lora['r']}")
+
+    @classmethod
+    def from_plan(cls, plan: dict, **overrides) -> "TrainSpec":
+        """Map a `veil.plan/v1` document (SHARED_CONTRACTS) onto a spec; `overrides` win."""
+        if hasattr(plan, "to_dict"):
+            plan = plan.to_dict()
+        try:
+            tr = plan.get("training") or {}
+            kw: dict[str, Any] = dict(
+                mechanism=plan["mechanism"],
+                sampling_rate=float(plan["sampling_rate"]) if plan.get("sampling_rate") is not None else 1.0,
+                noise_multiplier=float(plan["noise_multiplier"]),
+                clip_norm=float(plan["clip_norm"]),
+                steps=int(plan["steps"]),
+                expected_batch_size=(float(plan["expected_batch_size"])
+                                     if plan.get("expected_batch_size") is not None else None),
+                records_per_user=(int(plan["records_per_user"])
+                                  if plan.get("records_per_user") is not None else None),
+            )
+        except KeyError as e:
+            raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
+        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora"):
+            if key in tr and (tr[key] is not None or key == "lora"):
+                kw[key] = tr[key]
+        if "checkpoint_every" not in overrides:
+            kw["checkpoint_every"] = max(1, min(50, int(kw["steps"]) // 10 or 1))
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def identity(self) -> dict:
+        """The fields a resumed run must share with the run it resumes."""
+        d = self.to_dict()
+        d.pop("checkpoint_every")
+        d.pop("private_seed")
+        return d
+
+
+@dataclass
+class TrainResult:
+    steps_run: int
+    mechanism: str
+    noise_multiplier: float
+    sampling_rate: float
+    clip_norm: float
+    expected_batch_size: float          # the divisor actually used (q·N or Σ rates)
+    plan_expected_batch_size: float | None
+    records_per_user: int | None
+    batch_mean: float                   # realised units per step (users for uls, records else)
+    batch_min: int
+    batch_max: int
+    empty_steps: int
+    n_units: int                        # users (uls) or records the sampler drew from
+    n_records: int
+    losses: list[float]                 # mean loss of each step's sampled records — NOT private: never publish
+    adapter_dir: str | None
+    model_dir: str | None
+    seconds: float
+    seed: int
+    private_seed_source: str            # "os_entropy" (secret) or "spec" (reproducible, not for release)
+    resumed_from_step: int | None
+    steps_attempted: int                # highest step ever started (a crashed run's steps count)
+    world_size: int
+    trainable_params: int
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
