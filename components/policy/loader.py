@@ -1,0 +1,275 @@
+"""Read a policy file and explain every problem as `file:line: field: what is wrong`.
+
+PyYAML's composer keeps a line for every node; pydantic reports error locations as key paths. Walking
+the node tree along a path gives the line a governance author should look at.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from components.core.errors import VeilError
+from components.core.hashing import sha256_bytes
+from components.policy.model import Policy
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class PolicyError(VeilError):
+    """An invalid policy; `.problems` lists every problem found, the message names the first."""
+
+    def __init__(self, problems: list[PolicyProblem]):
+        self.problems = list(problems)
+        msg = str(self.problems[0])
+        if len(self.problems) > 1:
+            msg += f" (and {len(self.problems) - 1} more problem(s); run `veil policy check` to list them)"
+        super().__init__(msg)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads YAML 1.2 floats such as `1e-5` (1.1 reads them as text)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _duplicate_keys(node: yaml.Node, path: str, out: list[tuple[int, str, str]]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            key = str(k.value)
+            sub = f"{path}.{key}" if path else key
+            if key in seen:
+                out.append((_line(k), sub, f"key '{key}' appears twice (first on line {seen[key]})"))
+            else:
+                seen[key] = _line(k)
+            _duplicate_keys(v, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _duplicate_keys(v, f"{path}[{i}]", out)
+
+
+def _locate(root: yaml.Node, loc: tuple) -> int:
+    """Line of the deepest node along `loc` (the key's line for mapping entries)."""
+    node, line = root, _line(root)
+    for part in loc:
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            for k, v in node.value:
+                if str(k.value) == part:
+                    node, line = v, _line(k)
+                    break
+            else:
+                break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = _line(node)
+        else:
+            break
+    return line
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that the path `loc` points into (to list allowed keys)."""
+    tp: typing.Any = Policy
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(part, int):
+            args = typing.get_args(tp)
+            tp = args[0] if args else None
+        elif isinstance(tp, type) and issubclass(tp, BaseModel) and part in tp.model_fields:
+            tp = tp.model_fields[part].annotation
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+        else:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unwrap(tp):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _kind(value) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if value is None:
+        return "nothing (null)"
+    return f"the text {str(value)!r}"
+
+
+def _explain(err: dict) -> tuple[tuple, str]:
+    """(location, plain message) for one pydantic error."""
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in {"int", "float", "str"})))
+    typ, inp, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    msg = err["msg"]
+    if typ == "extra_forbidden":
+        key = str(loc[-1]) if loc else "?"
+        model = _model_at(loc[:-1])
+        allowed = sorted(model.model_fields) if model else []
+        near = difflib.get_close_matches(key, allowed, n=1)
+        text = f"unknown key '{key}'"
+        if near:
+            text += f" (did you mean '{near[0]}'?)"
+        if allowed:
+            text += f"; allowed here: {', '.join(allowed)}"
+        return loc, text
+    if typ == "missing":
+        return loc, "required but missing"
+    if typ in ("model_type", "model_attributes_type", "dict_type"):
+        return loc, f"expected a mapping (indented 'key: value' lines), got {_kind(inp)}"
+    if typ == "list_type":
+        return loc, f"expected a list ('- item' lines), got {_kind(inp)}"
+    if typ == "literal_error":
+        return loc, f"{_kind(inp)} is not allowed; use one of: {ctx.get('expected', '')}".replace("'", "")
+    if typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        words = {"greater_than": "greater than", "greater_than_equal": "at least",
+                 "less_than": "less than", "less_than_equal": "at most"}[typ]
+        bound = next(iter(ctx.values())) if ctx else "?"
+        bound = f"{bound:g}" if isinstance(bound, float) else bound
+        return loc, f"must be {words} {bound}, got {inp}"
+    if typ in ("float_parsing", "int_parsing", "float_type", "int_type", "int_from_float"):
+        want = "a whole number" if typ.startswith("int") else "a number"
+        return loc, f"expected {want}, got {_kind(inp)}"
+    if typ == "finite_number":
+        return loc, "must be a finite number"
+    if typ in ("bool_parsing", "bool_type"):
+        return loc, f"expected true or false, got {_kind(inp)}"
+    if typ in ("string_type",):
+        return loc, f"expected text, got {_kind(inp)}"
+    if typ in ("too_short", "string_too_short"):
+        return loc, "must not be empty"
+    if typ == "value_error":
+        text = msg.removeprefix("Value error, ")
+        m = re.match(r"^@([\w.]+)@ (.*)$", text)
+        if m:  # a cross-field rule names the field it is about
+            return loc + tuple(int(x) if x.isdigit() else x for x in m.group(1).split(".")), m.group(2)
+        return loc, text
+    return loc, msg
+
+
+def _problems_from_text(raw: bytes, path: str) -> tuple[list[PolicyProblem], Policy | None]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return [PolicyProblem(path, 1, "", f"not UTF-8 text ({e.reason} at byte {e.start})")], None
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return [PolicyProblem(path, 1, "", "the file is empty; a policy starts with "
+                                               "'apiVersion: veil.dev/v1'")], None
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 1
+        return [PolicyProblem(path, line, "", f"not valid YAML: {e.problem or e.context}")], None
+    except yaml.YAMLError as e:
+        return [PolicyProblem(path, 1, "", f"not valid YAML: {e}")], None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        return [PolicyProblem(path, _line(root), "", f"expected a mapping at the top level "
+                                                     f"(apiVersion, kind, metadata, spec), got {_kind(data)}")], None
+    problems = [PolicyProblem(path, line, field, msg) for line, field, msg in _dups(root)]
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            loc, msg = _explain(err)
+            problems.append(PolicyProblem(path, _locate(root, loc), _dotted(loc), msg))
+        policy = None
+    problems.sort(key=lambda p: (p.line, p.field))
+    return problems, (policy if not problems else None)
+
+
+def _dups(root) -> list[tuple[int, str, str]]:
+    out: list[tuple[int, str, str]] = []
+    _duplicate_keys(root, "", out)
+    return out
+
+
+def _read(path: str | Path) -> bytes:
+    p = Path(path)
+    if not p.is_file():
+        raise VeilError(f"{path}: no such policy file")
+    return p.read_bytes()
+
+
+def check_policy(path: str | Path) -> list[PolicyProblem]:
+    """Every problem in a policy file (empty list: the policy is valid)."""
+    problems, _ = _problems_from_text(_read(path), str(path))
+    return problems
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Validate and load a policy file; raises `PolicyError` (a VeilError) naming file, line and field."""
+    raw = _read(path)
+    problems, policy = _problems_from_text(raw, str(path))
+    if problems:
+        raise PolicyError(problems)
+    assert policy is not None
+    policy._sha256 = sha256_bytes(raw)
+    policy._path = str(Path(path).resolve())
+    return policy
+
+
+def parse_policy(text: str, name: str = "<policy>") -> Policy:
+    """Validate policy text (for tests and tools); `path` is `name`, sha256 of the UTF-8 bytes."""
+    raw = text.encode()
+    problems, policy = _problems_from_text(raw, name)
+    if problems:
+        raise PolicyError(problems)
+    assert policy is not None
+    policy._sha256 = sha256_bytes(raw)
+    policy._path = name
+    return policy

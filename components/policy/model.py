@@ -1,0 +1,285 @@
+"""The privacy policy document: what governance writes, as a strict pydantic model.
+
+Every model forbids unknown keys and is frozen; a policy is data, not configuration to be patched.
+Cross-field rules (γ ≥ κ, lifetime ≥ per-release, mechanism fits the unit, …) live next to the
+fields they tie together and raise plain-worded `ValueError`s that the loader turns into
+`file:line: field: message`.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+API_VERSION = "veil.dev/v1"
+KIND = "PrivacyPolicy"
+
+PrivacyUnit = Literal["user", "record", "secret"]
+Mechanism = Literal["uls", "els", "group", "record", "secret", "auto"]
+Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "random-chunk"]
+RuleKind = Literal["literal", "regex", "path_glob", "detector"]
+
+# Detectors the catalog implements (SHARED_CONTRACTS: built-in detectors).
+BUILTIN_DETECTORS = ("credentials", "email", "phone")
+
+# Which mechanisms can deliver a guarantee for which unit.
+MECHANISMS_FOR_UNIT = {
+    "user": ("uls", "els", "group", "auto"),
+    "record": ("record", "auto"),
+    "secret": ("secret", "auto"),
+}
+
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Metadata(_Strict):
+    name: str = Field(description="Short policy name, lower-case letters, digits, '-' or '_'.")
+    owner: str = Field(min_length=1, description="Who answers for this policy (team or address).")
+    description: str = Field(default="", description="What this policy is for, in plain words.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"'{v}' is not a valid name: use lower-case letters, digits, '-' or '_', "
+                             "starting with a letter")
+        return v
+
+
+class Budget(_Strict):
+    epsilon: float = Field(gt=0, description="ε > 0 (finite).")
+    delta: float = Field(gt=0, lt=1, description="0 < δ < 1; pick δ well below 1 / (number of units).")
+
+
+class Contribution(_Strict):
+    max_records_per_user: int = Field(
+        default=8, ge=1, le=100_000,
+        description="k: records a user may contribute (ELS/group), or G: records averaged per sampled user (ULS).")
+    selection: Selection = Field(
+        default="random",
+        description="How the k records are picked from each user's own records (seed 000 §2.5). "
+                    "random-chunk (ULS only) draws contiguous chunks of the user's concatenated text.")
+
+
+class Protection(_Strict):
+    kappa: float = Field(gt=0, lt=1, description="κ: the attacker's best prior chance of guessing the secret.")
+    gamma: float = Field(gt=0, le=1, description="γ: the largest posterior chance of reconstruction allowed.")
+
+    @model_validator(mode="after")
+    def _gamma_at_least_kappa(self) -> "Protection":
+        if self.gamma < self.kappa:
+            raise ValueError(f"@gamma@ gamma ({self.gamma:g}) is below kappa ({self.kappa:g}): no mechanism can push "
+                             "the attacker's success below a blind guess; raise gamma or lower kappa")
+        return self
+
+    @property
+    def rho(self) -> float:
+        """KL budget ρ = d_KL(Bernoulli(γ) ‖ Bernoulli(κ)) (seed 004, Lemma 3.2, KL case)."""
+        g, k = self.gamma, self.kappa
+        if g <= k:
+            return 0.0
+        first = g * math.log(g / k)
+        second = 0.0 if g >= 1.0 else (1 - g) * math.log((1 - g) / (1 - k))
+        return first + second
+
+
+class TaggingRule(_Strict):
+    kind: RuleKind = Field(description="literal | regex | path_glob | detector.")
+    patterns: list[str] = Field(min_length=1, description="Literals, regular expressions, globs or detector names.")
+    case_sensitive: bool = True
+
+    @model_validator(mode="after")
+    def _patterns_make_sense(self) -> "TaggingRule":
+        for p in self.patterns:
+            if not p:
+                raise ValueError("@patterns@ empty pattern")
+            if self.kind == "regex":
+                try:
+                    re.compile(p)
+                except re.error as e:
+                    raise ValueError(f"@patterns@ regex {p!r} does not compile: {e}") from None
+            if self.kind == "detector" and p not in BUILTIN_DETECTORS:
+                raise ValueError(f"@patterns@ unknown detector {p!r}; built-in detectors: {', '.join(BUILTIN_DETECTORS)}")
+        return self
+
+
+class SecretClass(_Strict):
+    name: str = Field(description="Secret class; secret ids are '<name>:<normalized value>'.")
+    tier: str = Field(description="Governance tier (e.g. critical, high, moderate); sets κ/γ unless "
+                                  "'protection' is given.")
+    rules: list[TaggingRule] = Field(min_length=1)
+    protection: Protection | None = Field(default=None, description="Overrides the tier's κ/γ.")
+
+    @field_validator("name", "tier")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"'{v}' is not a valid name: use lower-case letters, digits, '-' or '_'")
+        return v
+
+
+class LPSettings(_Strict):
+    c: float = Field(default=10.0, gt=0, description="C in Σ_{i∋s} w_i ≤ C·ρ_s: larger keeps more data "
+                                                     "but needs more noise (sweep it with `veil plan --sweep-c`).")
+    time_limit_s: float = Field(default=120.0, gt=0, description="HiGHS time limit; a timed-out solve stops the plan.")
+
+
+class Secrets(_Strict):
+    tiers: dict[str, Protection] = Field(default_factory=dict, description="Tier name → {kappa, gamma}.")
+    classes: list[SecretClass] = Field(default_factory=list)
+    untagged_records: Literal["keep", "drop"] = Field(
+        default="keep", description="Secret unit: records holding no secret keep weight 1 (keep) or leave (drop).")
+    lp: LPSettings = Field(default_factory=LPSettings)
+
+    @model_validator(mode="after")
+    def _classes_resolve(self) -> "Secrets":
+        seen = set()
+        for i, c in enumerate(self.classes):
+            if c.name in seen:
+                raise ValueError(f"@classes.{i}.name@ secret class '{c.name}' is defined twice")
+            seen.add(c.name)
+            if c.protection is None and c.tier not in self.tiers:
+                known = ", ".join(sorted(self.tiers)) or "none defined"
+                raise ValueError(f"@classes.{i}.tier@ secret class '{c.name}' has tier '{c.tier}' with no kappa/gamma: define it "
+                                 f"under secrets.tiers (known tiers: {known}) or give the class a protection")
+        return self
+
+    def protection_of(self, class_name: str) -> Protection:
+        for c in self.classes:
+            if c.name == class_name:
+                return c.protection or self.tiers[c.tier]
+        raise KeyError(class_name)
+
+
+class LoRA(_Strict):
+    r: int = Field(default=8, ge=1, le=1024)
+    alpha: float = Field(default=16.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] | None = Field(default=None, description="None: detected per architecture.")
+
+
+class Training(_Strict):
+    steps: int = Field(default=150, ge=1, le=10_000_000)
+    expected_batch_size: int = Field(
+        default=24, ge=1, description="Expected users per step (ULS) or records per step (other mechanisms).")
+    clip_norm: float = Field(default=1.0, gt=0)
+    learning_rate: float = Field(default=5e-3, gt=0)
+    seq_len: int = Field(default=128, ge=8, le=65_536)
+    micro_batch_size: int = Field(default=8, ge=1)
+    lora: LoRA | None = Field(default_factory=LoRA, description="null: full fine-tuning.")
+    seed: int = Field(default=0, ge=0)
+
+
+class Canaries(_Strict):
+    users: int = Field(default=0, ge=0, description="Synthetic canary users (seed 003 App. D.2); 0: none.")
+    substring_words: int = Field(default=10, ge=1, le=200)
+
+
+class Audit(_Strict):
+    holdout_users: float = Field(
+        default=0.25, ge=0,
+        description="Users never trained on: a fraction in (0, 1) or a whole count ≥ 1.")
+    attacker_samples_per_user: int = Field(default=4, ge=1, description="m: records per user kept out of "
+                                                                         "training for the attacker.")
+    max_user_inference_auroc: float = Field(default=0.65, ge=0.5, le=1)
+    max_secret_exposure: float = Field(default=4.0, ge=0, description="Largest allowed exposure (bits).")
+    canaries: Canaries = Field(default_factory=Canaries)
+
+    @field_validator("holdout_users")
+    @classmethod
+    def _holdout(cls, v: float) -> float:
+        if v >= 1 and v != int(v):
+            raise ValueError(f"{v:g} is neither a fraction below 1 nor a whole number of users")
+        return v
+
+
+class Release(_Strict):
+    required_certificate_fields: list[str] = Field(
+        default_factory=lambda: ["epsilon", "delta", "privacy_unit", "mechanism", "policy_sha256"])
+    promoters: list[str] = Field(default_factory=list, description="Who may promote a model to production.")
+
+
+class Spec(_Strict):
+    privacy_unit: PrivacyUnit
+    mechanism: Mechanism = "auto"
+    target: Budget | None = Field(default=None, description="(ε, δ) per release; required unless the unit is "
+                                                            "'secret' (then each class's κ/γ is the target).")
+    lifetime_budget: Budget | None = Field(default=None, description="Total (ε, δ) one unit may spend over "
+                                                                     "all releases.")
+    contribution: Contribution = Field(default_factory=Contribution)
+    secrets: Secrets = Field(default_factory=Secrets)
+    training: Training = Field(default_factory=Training)
+    audit: Audit = Field(default_factory=Audit)
+    release: Release = Field(default_factory=Release)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Spec":
+        allowed = MECHANISMS_FOR_UNIT[self.privacy_unit]
+        if self.mechanism not in allowed:
+            raise ValueError(f"@mechanism@ mechanism '{self.mechanism}' cannot protect privacy_unit '{self.privacy_unit}'; "
+                             f"use one of: {', '.join(allowed)}")
+        if self.target is None and self.privacy_unit != "secret":
+            raise ValueError(f"@target@ target (epsilon, delta) is required for privacy_unit '{self.privacy_unit}'")
+        if self.privacy_unit == "secret" and not self.secrets.classes:
+            raise ValueError("@secrets.classes@ privacy_unit 'secret' needs at least one class under secrets.classes")
+        if self.contribution.selection == "random-chunk" and self.mechanism not in ("uls", "auto"):
+            raise ValueError("@contribution.selection@ selection 'random-chunk' works with mechanism 'uls' only (ELS/group need "
+                             "fixed records)")
+        if self.lifetime_budget is not None and self.target is not None:
+            if self.lifetime_budget.epsilon < self.target.epsilon:
+                raise ValueError(f"@lifetime_budget.epsilon@ lifetime_budget epsilon ({self.lifetime_budget.epsilon:g}) is below the "
+                                 f"per-release target ({self.target.epsilon:g})")
+            if self.lifetime_budget.delta < self.target.delta:
+                raise ValueError(f"@lifetime_budget.delta@ lifetime_budget delta ({self.lifetime_budget.delta:g}) is below the "
+                                 f"per-release target ({self.target.delta:g})")
+        return self
+
+
+class Policy(_Strict):
+    """A privacy policy as governance wrote it. `sha256` is of the file's bytes."""
+
+    apiVersion: Literal["veil.dev/v1"]
+    kind: Literal["PrivacyPolicy"]
+    metadata: Metadata
+    spec: Spec
+
+    _sha256: str = PrivateAttr(default="")
+    _path: str = PrivateAttr(default="")
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def tagging_rules(self) -> list[dict]:
+        """Rules the catalog applies, one dict per rule (SHARED_CONTRACTS format)."""
+        out = []
+        for c in self.spec.secrets.classes:
+            for r in c.rules:
+                out.append({"secret_class": c.name, "kind": r.kind, "patterns": list(r.patterns),
+                            "case_sensitive": bool(r.case_sensitive)})
+        return out
+
+    def secret_protection(self) -> dict[str, Protection]:
+        """Secret class → its (κ, γ) after applying tiers."""
+        return {c.name: self.spec.secrets.protection_of(c.name) for c in self.spec.secrets.classes}
+
+    def summary(self) -> dict:
+        s = self.spec
+        return {"name": self.name, "path": self.path, "sha256": self.sha256, "privacy_unit": s.privacy_unit,
+                "mechanism": s.mechanism,
+                "target": None if s.target is None else s.target.model_dump(),
+                "secret_classes": [c.name for c in s.secrets.classes]}
