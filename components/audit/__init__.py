@@ -1,17 +1,27 @@
 """Privacy audit: what an attacker actually gets from a trained model, next to what the certificate promises.
 
 - `ceiling`: the AUROC / TPR any test can reach against an (ε, δ)-DP mechanism.
-- `metrics`: ROC, AUROC (Mann–Whitney), TPR at low FPR, bootstrap over users.
-- `user_inference`: the seed-003 user inference statistic on a model and its reference.
+- `metrics`: ROC, AUROC (Mann–Whitney), TPR at low FPR, bootstrap over users, empirical ε lower bound.
+- `scoring`: token-summed sequence log-likelihoods (and continuations) under a causal LM.
+- `user_inference`: the seed-003 user inference statistic and its report against the ceiling.
+- `canaries`: synthetic canary users (seed 003 App. D.2) to inject at plan time.
+- `exposure`: secret exposure against random candidates of the secret's shape.
+- `report`: ROC plot, private per-user evidence; `run`: `run_audit`, the whole audit of one model.
 """
+from components.audit.canaries import make_canary_users
 from components.audit.ceiling import (auroc_ceiling, auroc_ceiling_from_pld, auroc_ceiling_from_profile,
                                       tpr_ceiling, tradeoff)
+from components.audit.exposure import SecretProbe, exposure_summary, probes_from_spans, probes_from_truth, \
+    secret_exposure, shape_of
 from components.audit.metrics import (FPR_TARGETS, auroc, bootstrap_metrics, empirical_epsilon_lower_bound,
                                       roc_curve, tpr_at_fpr)
+from components.audit.run import AuditResult, resolve_thresholds, run_audit, user_level_guarantee
 from components.audit.user_inference import score_users, user_inference_report
 
 __all__ = [
     "auroc_ceiling", "auroc_ceiling_from_pld", "auroc_ceiling_from_profile", "tpr_ceiling", "tradeoff",
     "FPR_TARGETS", "auroc", "bootstrap_metrics", "empirical_epsilon_lower_bound", "roc_curve", "tpr_at_fpr",
-    "score_users", "user_inference_report",
+    "score_users", "user_inference_report", "make_canary_users", "SecretProbe", "exposure_summary",
+    "probes_from_spans", "probes_from_truth", "secret_exposure", "shape_of", "AuditResult", "resolve_thresholds",
+    "run_audit", "user_level_guarantee",
 ]
