@@ -117,7 +117,8 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress)
     res = result.to_dict()
     (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
-    return res
+    # Per-step losses are statistics of the sampled private batches: they stay in the run folder.
+    return {k: v for k, v in res.items() if k != "losses"}
 
 
 def certify(plan_path: str | Path, train_result: dict) -> dict:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,9 +99,14 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
             raise VeilError(f"training used {key}={train_result[key]} but the plan says {plan[key]}: not certifiable")
     if train_result.get("mechanism", mechanism) != mechanism:
         raise VeilError(f"training ran {train_result['mechanism']!r} but the plan says {mechanism!r}")
-    steps = int(train_result["steps_run"])
+    # Steps started before a crash released gradients too: they count.
+    steps = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
     if steps < 0:
         raise VeilError(f"steps_run must be ≥ 0, got {steps}")
+    caveats = list(plan.get("caveats", []))
+    if train_result.get("private_seed_source") == "spec":
+        caveats.append("batch sampling and noise were seeded from the plan (reproducible test run): "
+                       "anyone holding the seed can remove the noise; not a valid release guarantee")
     k = 1 if acc_mech in ("uls", "record") else int(plan["records_per_user"])
     delta = float(plan["target"]["delta"])
     if steps == 0:
@@ -109,8 +115,10 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
         res = account(acc_mech, sampling_rate=float(plan["sampling_rate"]),
                       noise_multiplier=float(plan["noise_multiplier"]), steps=steps, delta=delta, k=k)
         eps_value, event = float(res.epsilon), res.dp_event
+        if not math.isfinite(eps_value):
+            raise VeilError(f"no finite ε reaches δ={delta:g} for this run: not certifiable")
         meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
-                "discretization": res.discretization}
+                "discretization": res.discretization, "notes": list(res.notes)}
     data = plan["data"]
     doc = {
         "schema": SCHEMA,
@@ -143,7 +151,7 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
                     "n_train_users": data.get("n_train_users"), "n_train_records": data.get("n_train_records")},
         "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},
         "plan_sha256": plan["sha256"],
-        "caveats": list(plan.get("caveats", [])),
+        "caveats": caveats,
         "code_version": version or code_version(),
         "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "audit": None,

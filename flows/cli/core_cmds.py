@@ -37,9 +37,8 @@ def _summary_table(result: dict, seconds: float) -> Table:
     p = result["plan"]
     t.add_row("plan", f"{p['mechanism']} · q={p['sampling_rate']:.4g} · σ={p['noise_multiplier']:.4g} · "
                       f"T={p['steps']} · C={p['clip_norm']} · target ε={p['target']['epsilon']} δ={p['target']['delta']:g}")
-    losses = tr.get("losses") or []
-    loss_txt = f" · loss {losses[0]:.3f} → {losses[-1]:.3f}" if len(losses) > 1 else ""
-    t.add_row("train", f"{tr['steps_run']} DP steps{loss_txt}")
+    t.add_row("train", f"{tr['steps_run']} DP steps · {tr['batch_mean']:.1f} users/step on average "
+                       f"· {tr['trainable_params']:,} trainable parameters · {tr['seconds']:.0f} s")
     t.add_row("certificate", f"{cert['privacy_unit']}-level ε={cert['epsilon']:.4f}, δ={cert['delta']:g} "
                              f"({cert['accountant']['mechanism']}, PLD) · sha256 {cert['sha256'][:12]}…")
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})")

@@ -1,0 +1,111 @@
+"""Certificates: ε recomputed from the steps actually run, checked against independent accountants."""
+import math
+
+import dp_accounting
+import pytest
+
+from components.certificate import attach_audit, build_certificate, recompute_epsilon, verify_certificate
+from components.core.errors import VeilError
+
+Q, SIGMA, DELTA = 0.08, 1.1, 1e-5
+
+
+def _plan(steps=120, mechanism="uls", k=None):
+    return {
+        "schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": mechanism, "privacy_unit": "user",
+        "target": {"epsilon": 8.0, "delta": DELTA}, "sampling_rate": Q, "noise_multiplier": SIGMA,
+        "steps": steps, "expected_batch_size": 16, "clip_norm": 1.0, "records_per_user": k or 4,
+        "selection": "random", "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32,
+                                        "train_records_sha256": "ef" * 32, "n_train_users": 200,
+                                        "n_train_records": 4000},
+        "policy": {"name": "demo", "path": "policies/demo.yaml", "sha256": "01" * 32},
+    }
+
+
+def _result(steps_run, **kw):
+    return {"steps_run": steps_run, "steps_attempted": steps_run, "mechanism": kw.pop("mechanism", "uls"),
+            "noise_multiplier": SIGMA, "sampling_rate": Q, "clip_norm": 1.0,
+            "private_seed_source": "os_entropy", **kw}
+
+
+def _reference_pld(steps, discretization=1e-4, pessimistic=True):
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=discretization)
+    event = dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA))
+    acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    return acc.get_epsilon(DELTA)
+
+
+def _opacus_rdp(steps):
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 256))
+    rdp = compute_rdp(q=Q, noise_multiplier=SIGMA, steps=steps, orders=orders)
+    return get_privacy_spent(orders=orders, rdp=rdp, delta=DELTA)[0]
+
+
+def test_epsilon_is_recomputed_for_steps_actually_run():
+    full = build_certificate(_plan(), _result(120))
+    short = build_certificate(_plan(), _result(60))
+    assert short.doc["steps"] == 60 and short.doc["steps_planned"] == 120
+    assert short.epsilon < full.epsilon
+
+
+def test_epsilon_brackets_independent_accountants():
+    cert = build_certificate(_plan(), _result(120))
+    # never below dp-accounting's own pessimistic PLD at fine discretization…
+    assert cert.epsilon >= _reference_pld(120) * (1 - 1e-9)
+    # …and no looser than the RDP bound computed by another library (Opacus).
+    assert cert.epsilon <= _opacus_rdp(120)
+    assert cert.epsilon <= _reference_pld(120) * 1.01
+
+
+def test_crashed_steps_count():
+    cert = build_certificate(_plan(), _result(50, steps_attempted=53))
+    assert cert.doc["steps"] == 53
+
+
+def test_certificate_fields_and_hash():
+    cert = build_certificate(_plan(), _result(120)).to_dict()
+    for field in ("privacy_unit", "neighbouring", "epsilon", "delta", "accountant", "dp_event", "noise_multiplier",
+                  "sampling_rate", "steps", "clip_norm", "contribution_bound", "dataset", "policy",
+                  "code_version", "created_at", "sha256"):
+        assert field in cert
+    assert cert["privacy_unit"] == "user" and cert["neighbouring"] == "add_remove_user"
+    from importlib.metadata import version
+
+    assert version("dp-accounting") in cert["accountant"]["library_version"]
+    assert cert["dataset"]["snapshot_sha256"] == "cd" * 32 and cert["policy"]["sha256"] == "01" * 32
+    verify_certificate(cert)
+    tampered = dict(cert, epsilon=cert["epsilon"] / 2)
+    with pytest.raises(VeilError, match="sha256 mismatch"):
+        verify_certificate(tampered)
+    with pytest.raises(VeilError, match="registered"):
+        verify_certificate(cert, expected_sha256="0" * 64)
+    assert math.isclose(recompute_epsilon(cert), cert["epsilon"], rel_tol=1e-9)
+
+
+def test_refuses_a_run_that_used_other_numbers_than_the_plan():
+    with pytest.raises(VeilError, match="noise_multiplier"):
+        build_certificate(_plan(), dict(_result(120), noise_multiplier=SIGMA / 2))
+    with pytest.raises(VeilError, match="certificate"):
+        build_certificate(_plan(mechanism="secret"), _result(120, mechanism="secret"))
+
+
+def test_reproducible_seed_is_flagged():
+    cert = build_certificate(_plan(), _result(10, private_seed_source="spec"))
+    assert any("seed" in c for c in cert.doc["caveats"])
+
+
+def test_els_uses_the_mixture_bound_with_k():
+    els = build_certificate(_plan(mechanism="els", k=4, steps=40), _result(40, mechanism="els"))
+    uls = build_certificate(_plan(mechanism="uls", steps=40), _result(40))
+    assert els.doc["accountant"]["mechanism"] == "els" and els.epsilon > uls.epsilon
+
+
+def test_audit_section_is_aggregates_only_and_rehashes():
+    cert = build_certificate(_plan(), _result(20)).to_dict()
+    audited = attach_audit(cert, {"auroc": 0.51, "auroc_ceiling": 0.9, "passed": True}).to_dict()
+    assert audited["supersedes"] == cert["sha256"] and audited["sha256"] != cert["sha256"]
+    verify_certificate(audited)
+    with pytest.raises(VeilError, match="aggregates"):
+        attach_audit(cert, {"auroc": 0.5, "scores": [0.1, 0.2]})
