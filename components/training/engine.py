@@ -176,14 +176,16 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             else:
                 grads, loss_sum, n_rec = _plain_sum(model, params, mine, tok.ids, tok.lengths,
                                                     spec.micro_batch_size, device)
-            stats = torch.tensor([loss_sum, float(n_rec)], dtype=torch.float64, device=device)
-            *grads, stats = dctx.all_reduce_sum(grads + [stats])
+            grads = dctx.all_reduce_sum([g.float() for g in grads])
+            (stats,) = dctx.all_reduce_sum([torch.tensor([loss_sum, float(n_rec)], dtype=torch.float64,
+                                                         device=device)])
 
             if sigma > 0 and spec.mechanism != "nonprivate":
+                # the same stream on every rank, added after the reduce: exactly one copy of the noise
                 gen = torch.Generator(device=device)
                 gen.manual_seed(noise_seed(private_seed, step))
                 grads = [g + torch.normal(0.0, sigma * C, size=g.shape, generator=gen,
-                                          device=device, dtype=g.dtype) for g in grads]
+                                          device=device, dtype=torch.float32) for g in grads]
             for p, g in zip(params, grads):
                 p.grad = (g / expected).to(p.dtype)
             opt.step()
