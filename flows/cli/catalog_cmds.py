@@ -1,6 +1,166 @@
-"""Commands of this area are registered here (see flows/cli/__init__.py)."""
+"""Catalog commands: `veil ingest`, `veil secrets`, `veil catalog stats|snapshots|quarantine`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from components.core.errors import VeilError
+from components.core.settings import load_settings
+
+out = Console()
+
+catalog_app = typer.Typer(help="Inspect the catalog: statistics, snapshots, quarantine.", no_args_is_help=True)
+
+
+def _settings():
+    s = load_settings().ensure()
+    s.apply_environment()
+    return s
+
+
+def _print_json(doc) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def ingest(
+    source: Path = typer.Argument(..., help="file (jsonl, csv, parquet, mbox) or directory (maildir, git)"),
+    fmt: str = typer.Option(..., "--format", "-f", help="jsonl | csv | parquet | mbox | maildir | git"),
+    user_field: str = typer.Option("user", "--user-field", help="field holding the user (jsonl/csv/parquet)"),
+    text_field: str = typer.Option("text", "--text-field", help="field holding the text (jsonl/csv/parquet)"),
+    id_field: Optional[str] = typer.Option(None, "--id-field", help="the source's own record id (kept in metadata)"),
+    time_field: Optional[str] = typer.Option(None, "--time-field", help="timestamp field (ISO-8601 or epoch s)"),
+    source_field: str = typer.Option("source", "--source-field", help="field naming the record's source/channel"),
+    meta: List[str] = typer.Option([], "--meta", help="a field to keep in metadata (repeatable)"),
+    policy: Optional[Path] = typer.Option(None, "--policy", "-p", help="policy YAML whose secret rules tag records"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Ingest a source into the catalog: users, secrets, quarantine, and a new immutable snapshot."""
+    from catalog.ingest import FORMATS, ingest_source
+
+    if fmt not in FORMATS:
+        raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if policy is not None and not policy.is_file():
+        raise VeilError(f"--policy: {policy}: no such file")
+    s = _settings()
+    rep = ingest_source(source, fmt, settings=s, user_field=user_field, text_field=text_field, id_field=id_field,
+                        time_field=time_field, metadata_fields=tuple(meta), source_field=source_field,
+                        rules=str(policy) if policy else None, progress=not json_out)
+    d = rep.to_dict()
+    if json_out:
+        _print_json(d)
+        return
+    t = Table(title=f"ingest {source} ({fmt})", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("", justify="right")
+    t.add_column("")
+    t.add_row("read", f"{rep.read:,}", "= accepted + quarantined + duplicates")
+    t.add_row("accepted", f"{rep.accepted:,}", f"{rep.new:,} new to the catalog · {rep.users:,} users")
+    reasons = ", ".join(f"{k} {v:,}" for k, v in rep.quarantine_reasons.items())
+    t.add_row("quarantined", f"{rep.quarantined:,}", reasons + (" (veil catalog quarantine)" if reasons else ""))
+    t.add_row("duplicates", f"{rep.duplicates:,}", "same user, same text: dropped")
+    t.add_row("tagged", f"{rep.tagged_records:,}", f"records with a secret · {rep.new_spans:,} new spans")
+    t.add_row("snapshot", rep.snapshot_id, f"{rep.records:,} records · {rep.snapshot_users:,} users · "
+                                           f"sha256 {rep.sha256[:12]}…")
+    t.add_row("time", f"{rep.seconds:.2f} s", f"{d['records_per_second'] or 0:,.0f} records/s")
+    out.print(t)
+
+
+def secrets(
+    secret_class: Optional[str] = typer.Option(None, "--class", help="only this secret class"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many rows"),
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="snapshot id (default: latest)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """List tagged secrets with the number of records and users each appears in."""
+    from catalog.stats import list_secrets
+
+    rows = list_secrets(_settings(), snapshot, secret_class=secret_class, limit=limit)
+    if json_out:
+        _print_json(rows)
+        return
+    t = Table(title=f"secrets ({len(rows)})")
+    for c, j in (("secret", "left"), ("class", "left"), ("detectors", "left"), ("records", "right"),
+                 ("users", "right"), ("occurrences", "right")):
+        t.add_column(c, justify=j)
+    for r in rows:
+        t.add_row(r["secret_id"], r["secret_class"], ", ".join(r["detectors"]), f"{r['records']:,}",
+                  f"{r['users']:,}", f"{r['occurrences']:,}")
+    out.print(t)
+
+
+@catalog_app.command("stats")
+def stats(
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="snapshot id (default: latest)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Users, records, per-user record counts (min/median/p90/p99/max), secrets and tagged records."""
+    from catalog.stats import catalog_stats
+
+    d = catalog_stats(_settings(), snapshot)
+    if json_out:
+        _print_json(d)
+        return
+    q = d["records_per_user"]
+    t = Table(title=f"catalog · snapshot {d['snapshot_id']}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    t.add_row("users", f"{d['users']:,}")
+    t.add_row("records", f"{d['records']:,} ({d['chars']:,} characters)")
+    t.add_row("records per user", f"min {q['min']} · median {q['median']:g} · p90 {q['p90']:g} · "
+                                  f"p99 {q['p99']:g} · max {q['max']}")
+    t.add_row("secrets", f"{d['secrets']:,} in {d['tagged_records']:,} records of {d['tagged_users']:,} users "
+                         f"({d['spans']:,} spans)")
+    for c, v in d["secret_classes"].items():
+        t.add_row(f"  {c}", f"{v['secrets']:,} secrets · {v['records']:,} records · {v['users']:,} users")
+    t.add_row("sources", ", ".join(f"{k} {v:,}" for k, v in d["sources"].items()))
+    t.add_row("sha256", d["sha256"])
+    out.print(t)
+
+
+@catalog_app.command("snapshots")
+def snapshots(json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """Every snapshot on disk, newest first."""
+    from catalog.snapshots import list_snapshots
+
+    rows = list_snapshots(_settings())
+    if json_out:
+        _print_json(rows)
+        return
+    t = Table(title="snapshots")
+    for c in ("snapshot", "created", "records", "users", "secrets", "sha256"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["snapshot_id"], str(r["created_at"]), f"{r.get('records', 0):,}", f"{r.get('users', 0):,}",
+                  f"{r.get('secrets', 0):,}", r["sha256"][:16] + "…")
+    out.print(t)
+
+
+@catalog_app.command("quarantine")
+def quarantine(
+    limit: int = typer.Option(50, "--limit", help="at most this many rows"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Quarantined input: source, position, reason (raw bytes stay in the catalog)."""
+    from catalog.store import read_quarantine
+
+    rows = read_quarantine(_settings(), limit=limit)
+    if json_out:
+        _print_json(rows)
+        return
+    t = Table(title=f"quarantine (first {limit})")
+    for c in ("source", "position", "reason"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["source"], r["position"], r["reason"])
+    out.print(t)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("ingest")(ingest)
+    app.command("secrets")(secrets)
+    app.add_typer(catalog_app, name="catalog")

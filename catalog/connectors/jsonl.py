@@ -1,0 +1,208 @@
+"""JSON Lines (optionally gzip): block reads through `pyarrow.json`, line by line only where a block fails.
+
+The stream is cut at newlines into blocks of ~16 MiB. A block that decodes as UTF-8 and parses into as
+many rows as it has non-blank lines takes the vectorised path; any other block (a malformed line, bad
+bytes, a field of the wrong JSON type, an oversized line) is re-read line by line, so each bad line is
+quarantined with its own line number and byte offset and the good lines around it are kept.
+Blank lines are not records and are skipped. A line longer than `max_line_bytes` is never held in
+memory whole: it is quarantined from its first 64 KiB and skipped to its newline.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from catalog.connectors.base import RAW_KEEP, FieldMap, HashedStream, RawRows, as_text, meta_col
+from catalog.schemas import RAW
+
+
+class JsonlSource:
+    format = "jsonl"
+    default_source = "jsonl"
+
+    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20):
+        fields.check()
+        self.path = Path(path)
+        self.fields = fields
+        self.max_line_bytes = max_line_bytes
+        self.stream = HashedStream(self.path, block=block)
+        names = fields.wanted()
+        self._schema = pa.schema([(n, pa.string()) for n in names])
+        self.meta_names = tuple(fields.metadata)
+
+    @property
+    def sha256(self) -> str:
+        return self.stream.sha256
+
+    @property
+    def progress_total(self) -> int:
+        return self.stream.size
+
+    @property
+    def progress_done(self) -> int:
+        return self.stream.bytes_read
+
+    # -- the stream, cut into whole-line blocks ------------------------------------------------------
+    def batches(self) -> Iterator[pa.Table]:
+        carry = b""
+        offset = 0      # byte offset of `carry` in the decompressed stream
+        line = 0        # lines before `carry`
+        skipping = False
+        for data in self.stream.chunks():
+            if skipping:  # inside an oversized line: drop bytes up to its newline
+                nl = data.find(b"\n")
+                if nl < 0:
+                    offset += len(data)
+                    continue
+                offset += nl + 1
+                line += 1
+                data = data[nl + 1:]
+                skipping = False
+            buf = carry + data if carry else data
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                carry = buf
+                if len(carry) > self.max_line_bytes:
+                    yield self._oversized(line + 1, offset, carry)
+                    offset += len(carry)
+                    carry = b""
+                    skipping = True
+                continue
+            block, carry = buf[:cut + 1], buf[cut + 1:]
+            yield from self._block(block, offset, line)
+            line += block.count(b"\n")
+            offset += len(block)
+            if len(carry) > self.max_line_bytes:
+                yield self._oversized(line + 1, offset, carry)
+                offset += len(carry)
+                carry = b""
+                skipping = True
+        if carry and not skipping:
+            yield from self._block(carry + b"\n", offset, line)
+
+    def _oversized(self, line: int, offset: int, head: bytes) -> pa.Table:
+        rows = RawRows(self.meta_names)
+        rows.add(seq=line, line=line, offset=offset,
+                 error=f"oversized record: line longer than {self.max_line_bytes} bytes", raw=head[:RAW_KEEP])
+        return rows.table()
+
+    # -- one block ------------------------------------------------------------------------------------
+    def _block(self, block: bytes, offset: int, first_line: int) -> Iterator[pa.Table]:
+        arr = np.frombuffer(block, dtype=np.uint8)
+        ends = np.flatnonzero(arr == 10)
+        starts = np.empty_like(ends)
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+        lengths = ends - starts
+        # Lines pyarrow skips: empty, or a lone '\r' (CRLF files).
+        blank = (lengths == 0) | ((lengths == 1) & (arr[starts.clip(max=len(arr) - 1)] == 13))
+        fast = None
+        if not (lengths > self.max_line_bytes).any():
+            try:
+                block.decode("utf-8")
+                fast = self._parse(block, int(lengths.max(initial=0)))
+            except (UnicodeDecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                fast = None
+        keep = np.flatnonzero(~blank)
+        if fast is not None and fast.num_rows == len(keep):
+            line_no = first_line + 1 + keep
+            cols = {"seq": pa.array(line_no, pa.int64()), "line": pa.array(line_no, pa.int64()),
+                    "offset": pa.array(offset + starts[keep], pa.int64())}
+            n = fast.num_rows
+            for c, name in self.fields.columns().items():
+                cols[c] = fast.column(name)
+            for f in RAW:
+                if f.name not in cols:
+                    cols[f.name] = pa.nulls(n, f.type)
+            names = list(RAW.names) + ["raw"] + [meta_col(m) for m in self.meta_names]
+            arrays = [cols[f] for f in RAW.names] + [pa.nulls(n, pa.binary())] + \
+                     [fast.column(m) for m in self.meta_names]
+            yield pa.Table.from_arrays(arrays, names=names)
+            return
+        yield self._slow(block, offset, first_line, starts, ends, blank)
+
+    def _read(self, block: bytes, longest: int, schema: pa.Schema, unexpected: str) -> pa.Table:
+        bs = max(1 << 20, 2 * (longest + 1))
+        return pj.read_json(
+            io.BytesIO(block),
+            read_options=pj.ReadOptions(use_threads=True, block_size=bs),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected,
+                                          newlines_in_values=False),
+        )
+
+    def _parse(self, block: bytes, longest: int) -> pa.Table:
+        """Parse with the field types learnt so far; on a type clash learn this block's scalar types
+        (numbers and booleans become their JSON spelling, as on the line-by-line path) and retry once."""
+        try:
+            t = self._read(block, longest, self._schema, "ignore")
+        except pa.ArrowInvalid:
+            probe = self._read(block, longest, pa.schema([(self.fields.text, pa.string())]), "infer")
+            fields = []
+            for f in self._schema:
+                typ = probe.schema.field(f.name).type if f.name in probe.column_names else pa.string()
+                if f.name == self.fields.text or not (pa.types.is_integer(typ) or pa.types.is_floating(typ)
+                                                       or pa.types.is_boolean(typ)):
+                    if f.name != self.fields.text and (pa.types.is_nested(typ) or pa.types.is_binary(typ)):
+                        raise  # objects/arrays in a mapped field: line by line
+                    typ = pa.string()
+                fields.append((f.name, typ))
+            learnt = pa.schema(fields)
+            if learnt.equals(self._schema):
+                raise
+            self._schema = learnt
+            t = self._read(block, longest, self._schema, "ignore")
+        cols = [c if pa.types.is_string(c.type) else pc.cast(c, pa.string()) for c in t.columns]
+        return pa.Table.from_arrays(cols, names=t.column_names)
+
+    def _slow(self, block: bytes, offset: int, first_line: int, starts, ends, blank) -> pa.Table:
+        rows = RawRows(self.meta_names)
+        colmap = self.fields.columns()
+        for i in range(len(starts)):
+            if blank[i]:
+                continue
+            s, e = int(starts[i]), int(ends[i])
+            raw = block[s:e]
+            pos = dict(seq=first_line + 1 + i, line=first_line + 1 + i, offset=offset + s)
+            if not raw.strip():
+                continue
+            if len(raw) > self.max_line_bytes:
+                rows.add(**pos, error=f"oversized record: line longer than {self.max_line_bytes} bytes",
+                         raw=raw[:RAW_KEEP])
+                continue
+            try:
+                txt = raw.decode("utf-8")
+            except UnicodeDecodeError as ex:
+                rows.add(**pos, error=f"undecodable bytes: not UTF-8 at byte {ex.start} of the line", raw=raw[:RAW_KEEP])
+                continue
+            try:
+                obj = json.loads(txt)
+            except json.JSONDecodeError as ex:
+                rows.add(**pos, error=f"malformed JSON: {ex.msg} at column {ex.colno}", raw=raw[:RAW_KEEP])
+                continue
+            if not isinstance(obj, dict):
+                rows.add(**pos, error=f"not a JSON object: a JSON {type(obj).__name__}", raw=raw[:RAW_KEEP])
+                continue
+            vals = {}
+            err = None
+            for c, name in colmap.items():
+                v = obj.get(name)
+                if c == "text" and v is not None and not isinstance(v, str):
+                    err = f"wrong type: field {name!r} (text) is a {type(v).__name__}, not a string"
+                elif c == "user" and v is not None and not isinstance(v, (str, int)) or \
+                        c == "user" and isinstance(v, bool):
+                    err = f"wrong type: field {name!r} (user) is a {type(v).__name__}, not a string or integer"
+                vals[c] = as_text(v)
+            for m in self.meta_names:
+                vals[meta_col(m)] = as_text(obj.get(m))
+            if err:
+                rows.add(**pos, error=err, raw=raw[:RAW_KEEP])
+            else:
+                rows.add(**pos, **vals)
+        return rows.table()

@@ -1,0 +1,306 @@
+"""Ingest one source into the catalog and cut a snapshot.
+
+    report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
+
+A connector streams RAW batches (catalog/schemas.py). Each batch is validated, hashed and tagged
+vectorised and appended to a staging table; the merge into the catalog is one transaction:
+
+- read = accepted + quarantined + duplicates, always. `accepted` counts the source's distinct valid
+  records (`new` of them were not in the catalog before); `duplicates` are later copies of a record
+  (same user, same text) within this source, dropped and counted (seed 003: within-user duplicates
+  make user inference easier).
+- Re-ingesting a source changes nothing and returns the same snapshot id (ids are content hashes).
+- Quarantined rows keep their reason, their position in the source and their raw bytes.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from catalog import snapshots as snap_mod
+from catalog import store
+from catalog.connectors.base import FieldMap, meta_col
+from catalog.tagging import Tagger
+from components.core.errors import VeilError
+from components.core.hashing import sha256_json
+from components.core.settings import Settings
+
+FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git")
+DEFAULT_MAX_RECORD_BYTES = 1 << 20
+
+
+@dataclass
+class IngestReport:
+    snapshot_id: str
+    sha256: str               # the snapshot's manifest sha256 (what certificates cite)
+    read: int
+    accepted: int
+    quarantined: int
+    duplicates: int
+    users: int                # distinct users among this source's accepted records
+    records: int              # records in the snapshot (the whole catalog)
+    seconds: float
+    new: int = 0              # accepted records the catalog did not hold before
+    snapshot_users: int = 0
+    new_spans: int = 0
+    tagged_records: int = 0   # this source's accepted records with at least one secret span
+    source: str = ""
+    format: str = ""
+    source_sha256: str = ""
+    ingest_id: str = ""
+    quarantine_reasons: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["seconds"] = round(self.seconds, 3)
+        d["records_per_second"] = round(self.read / self.seconds, 1) if self.seconds > 0 else None
+        return d
+
+
+def _connector(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int):
+    if fmt == "jsonl":
+        from catalog.connectors.jsonl import JsonlSource
+
+        return JsonlSource(source, fields, max_line_bytes=max(4 * max_record_bytes, 1 << 16))
+    if fmt == "csv":
+        from catalog.connectors.tabular import CsvSource
+
+        return CsvSource(source, fields, max_field_bytes=max(4 * max_record_bytes, 1 << 16))
+    if fmt == "parquet":
+        from catalog.connectors.tabular import ParquetSource
+
+        return ParquetSource(source, fields)
+    if fmt in ("mbox", "maildir"):
+        from catalog.connectors.mail import MailSource
+
+        return MailSource(source, fmt)
+    if fmt == "git":
+        from catalog.connectors.git import GitSource
+
+        return GitSource(source)
+    raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _ident(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
+
+
+_STAGE_DDL = """
+CREATE OR REPLACE TEMP TABLE stage (
+    seq BIGINT, line BIGINT, byte_offset BIGINT, locator VARCHAR, user_id VARCHAR, text VARCHAR,
+    source VARCHAR, created_at TIMESTAMPTZ, metadata VARCHAR, reason VARCHAR, record_id VARCHAR, raw BLOB);
+CREATE OR REPLACE TEMP TABLE span_stage (
+    seq BIGINT, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR, detector_version VARCHAR,
+    "start" BIGINT, "end" BIGINT);
+"""
+
+
+def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: str, time_field: str | None,
+               user_field: str, text_field: str, max_bytes: int) -> str:
+    if has_meta_cols:
+        if meta_names:
+            # merge-patching into {} drops the null members: absent fields leave no key behind.
+            meta = ("json_merge_patch('{}', json_object(" +
+                    ", ".join(f"{_q(m)}, {_ident(meta_col(m))}" for m in meta_names) + "))::VARCHAR")
+        else:
+            meta = "'{}'"
+    else:
+        meta = "coalesce(metadata, '{}')"
+    tname = time_field or "time"
+    ts = ("CASE WHEN ts IS NULL THEN NULL "
+          "WHEN regexp_full_match(trim(ts), '[0-9]{9,11}(\\.[0-9]+)?') THEN to_timestamp(TRY_CAST(trim(ts) AS DOUBLE)) "
+          "ELSE TRY_CAST(trim(ts) AS TIMESTAMPTZ) END")
+    return f"""
+    INSERT INTO stage
+    SELECT seq, line, "offset", locator, user_id, text, source, created_at, metadata, reason,
+           CASE WHEN reason IS NULL THEN sha256(user_id || chr(31) || text) END, raw
+    FROM (
+        SELECT seq, line, "offset", locator, trim("user") AS user_id, text,
+               coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
+               {ts} AS created_at, {meta} AS metadata,
+               CASE WHEN error IS NOT NULL THEN error
+                    WHEN "user" IS NULL OR trim("user") = '' THEN {_q(f"missing user: field {user_field!r} is absent or empty")}
+                    WHEN text IS NULL OR trim(text) = '' THEN {_q(f"missing text: field {text_field!r} is absent or empty")}
+                    WHEN strlen(text) > {int(max_bytes)} THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
+                    WHEN ts IS NOT NULL AND ({ts}) IS NULL THEN {_q(f"bad timestamp: field {tname!r} is not ISO-8601 or epoch seconds: ")} || left(ts, 60)
+               END AS reason,
+               CASE WHEN error IS NOT NULL OR "user" IS NULL OR text IS NULL OR trim("user") = '' OR trim(text) = ''
+                         OR strlen(text) > {int(max_bytes)} OR (ts IS NOT NULL AND ({ts}) IS NULL)
+                    THEN coalesce(raw, encode(to_json(struct_pack("user" := "user", text := left(text, 65536), ts := ts))::VARCHAR))
+               END AS raw
+        FROM batch
+    )
+    """
+
+
+def _spans_table(spans, seqs: list[int]) -> pa.Table:
+    return pa.table({
+        "seq": pa.array([seqs[s.row] for s in spans], pa.int64()),
+        "secret_id": pa.array([s.secret_id for s in spans], pa.string()),
+        "secret_class": pa.array([s.secret_class for s in spans], pa.string()),
+        "detector": pa.array([s.detector for s in spans], pa.string()),
+        "detector_version": pa.array([s.detector_version for s in spans], pa.string()),
+        "start": pa.array([s.start for s in spans], pa.int64()),
+        "end": pa.array([s.end for s in spans], pa.int64()),
+    })
+
+
+def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_field: str = "user",
+                  text_field: str = "text", id_field: str | None = None, time_field: str | None = None,
+                  metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
+                  progress: bool = False, source_field: str | None = "source", path_field: str | None = "path",
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> IngestReport:
+    """Read `source` (format `fmt`), tag secrets with `rules` (a list of rule dicts, a policy path, or
+    None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot."""
+    t0 = time.perf_counter()
+    source = Path(source)
+    if fmt not in FORMATS:
+        raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if not source.exists():
+        raise VeilError(f"{source}: no such file or directory")
+    if fmt in ("jsonl", "csv", "parquet", "mbox") and not source.is_file():
+        raise VeilError(f"{source}: {fmt} source must be a file")
+    if fmt in ("maildir", "git") and not source.is_dir():
+        raise VeilError(f"{source}: {fmt} source must be a directory")
+    fields = FieldMap(user=user_field, text=text_field, id=id_field, time=time_field, source=source_field,
+                      path=path_field, metadata=tuple(metadata_fields))
+    tagger = Tagger(rules)
+    conn = _connector(source, fmt, fields, max_record_bytes)
+    has_meta_cols = fmt in ("jsonl", "csv", "parquet")
+    sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
+                     user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
+                     max_record_bytes)
+    ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    started = datetime.now(timezone.utc)
+
+    with store.writer(settings) as con:
+        con.execute(_STAGE_DDL)
+        bar = _progress(progress, conn)
+        try:
+            for batch in conn.batches():
+                if batch.num_rows == 0:
+                    continue
+                con.register("batch", batch)
+                try:
+                    con.execute(sql)
+                finally:
+                    con.unregister("batch")
+                spans = tagger.tag(batch.column("text"), batch.column("path"))
+                if spans:
+                    sp = _spans_table(spans, batch.column("seq").to_pylist())
+                    con.register("sp", sp)
+                    try:
+                        con.execute("INSERT INTO span_stage SELECT * FROM sp")
+                    finally:
+                        con.unregister("sp")
+                if bar is not None:
+                    bar.advance(conn)
+        finally:
+            if bar is not None:
+                bar.stop()
+        source_sha = conn.sha256
+        options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
+        source_key = sha256_json({"source_sha256": source_sha, **options})
+        report = _merge(con, settings, tagger, ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
+                        source_key=source_key, options=options, started=started)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _one(con, q: str):
+    return con.sql(q).fetchall()[0][0]
+
+
+def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, *, ingest_id: str, source: Path,
+           fmt: str, source_sha: str, source_key: str, options: dict, started: datetime) -> IngestReport:
+    read = _one(con, "SELECT count(*) FROM stage")
+    quarantined = _one(con, "SELECT count(*) FROM stage WHERE reason IS NOT NULL")
+    con.execute("CREATE OR REPLACE TEMP TABLE firsts AS "
+                "SELECT record_id, min(seq) AS seq FROM stage WHERE reason IS NULL GROUP BY record_id")
+    accepted = _one(con, "SELECT count(*) FROM firsts")
+    duplicates = read - quarantined - accepted
+    users = _one(con, "SELECT count(DISTINCT user_id) FROM stage WHERE reason IS NULL")
+    reasons = dict(con.sql("SELECT regexp_replace(reason, ':.*', '') AS r, count(*) FROM stage "
+                           "WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall())
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq FROM firsts f "
+                    "ANTI JOIN records r ON r.record_id = f.record_id")
+        new = _one(con, "SELECT count(*) FROM fresh")
+        con.execute(f"""INSERT INTO records SELECT s.record_id, s.user_id, s.text, s.source, s.created_at,
+                        s.metadata, {_q(ingest_id)} FROM stage s SEMI JOIN fresh f ON s.seq = f.seq ORDER BY s.seq""")
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE new_spans AS
+            SELECT DISTINCT f.record_id, p.secret_id, p.secret_class, p.detector, p.detector_version, p."start", p."end"
+            FROM span_stage p JOIN firsts f ON p.seq = f.seq""")
+        tagged = _one(con, "SELECT count(DISTINCT record_id) FROM new_spans")
+        con.execute("""CREATE OR REPLACE TEMP TABLE add_spans AS SELECT n.* FROM new_spans n ANTI JOIN secret_spans s
+            ON s.record_id = n.record_id AND s.secret_id = n.secret_id AND s.detector = n.detector
+            AND s.detector_version = n.detector_version AND s."start" = n."start" AND s."end" = n."end" """)
+        new_spans = _one(con, "SELECT count(*) FROM add_spans")
+        con.execute(f"INSERT INTO secret_spans SELECT *, {_q(ingest_id)} FROM add_spans")
+        con.execute(f"""INSERT INTO secrets SELECT secret_id, min(secret_class), {_q(ingest_id)} FROM add_spans a
+            WHERE NOT EXISTS (SELECT 1 FROM secrets s WHERE s.secret_id = a.secret_id) GROUP BY secret_id""")
+        con.execute(f"""INSERT INTO quarantine
+            SELECT {_q(source_key)}, {_q(ingest_id)}, {_q(str(source))},
+                   coalesce(locator, 'line ' || line::VARCHAR), line, byte_offset, reason, raw
+            FROM stage s WHERE reason IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM quarantine q WHERE q.source_key = {_q(source_key)}
+                AND q.position = coalesce(s.locator, 'line ' || s.line::VARCHAR) AND q.reason = s.reason)""")
+        if new:
+            con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
+                sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
+                FROM records GROUP BY user_id ORDER BY user_id""")
+        latest = snap_mod.latest_in_catalog(con)
+        if new or new_spans or latest is None or not snap_mod.snapshot_dir_ok(settings, latest):
+            snap = snap_mod.write_snapshot(con, settings, ingest_id=ingest_id, parent=latest[0] if latest else None)
+        else:
+            snap = {"snapshot_id": latest[0], "sha256": latest[1]}
+        snap_id, snap_sha = snap["snapshot_id"], snap["sha256"]
+        n_records = _one(con, "SELECT count(*) FROM records")
+        n_users = _one(con, "SELECT count(DISTINCT user_id) FROM records")
+        con.execute("INSERT INTO ingests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [ingest_id, source_key, str(source), fmt, source_sha, json.dumps(options, sort_keys=True),
+                     tagger.rules_sha256, started, datetime.now(timezone.utc), read, accepted, new, quarantined,
+                     duplicates, users, snap_id])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    snap_mod.set_latest(settings, snap_id)
+    return IngestReport(snapshot_id=snap_id, sha256=snap_sha, read=read, accepted=accepted, quarantined=quarantined,
+                        duplicates=duplicates, users=users, records=n_records, seconds=0.0, new=new,
+                        snapshot_users=n_users, new_spans=new_spans, tagged_records=tagged, source=str(source),
+                        format=fmt, source_sha256=source_sha, ingest_id=ingest_id, quarantine_reasons=reasons)
+
+
+class _Progress:
+    def __init__(self, conn):
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(TextColumn("ingest {task.description}"), BarColumn(), DownloadColumn(),
+                          TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        self.task = self.p.add_task(conn.path.name, total=getattr(conn, "progress_total", None))
+        self.p.start()
+
+    def advance(self, conn) -> None:
+        self.p.update(self.task, completed=getattr(conn, "progress_done", 0))
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
+def _progress(enabled: bool, conn):
+    return _Progress(conn) if enabled else None

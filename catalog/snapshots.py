@@ -1,0 +1,232 @@
+"""Immutable Parquet snapshots of the catalog, named by their content.
+
+    snap = load_snapshot(settings)            # the latest; or load_snapshot(settings, "snap-…")
+    snap.snapshot_id, snap.sha256             # sha256 = of manifest.json's bytes (what certificates cite)
+    snap.records, snap.secret_spans           # pa.Tables (catalog/schemas.py)
+
+Layout: `snapshots/<snapshot_id>/{records.parquet, secret_spans.parquet, manifest.json}`. The id is
+derived from a digest of the content (record ids, sources, timestamps, metadata, every span), so the
+same catalog content always gets the same id and re-ingesting a source cuts no new snapshot. A
+snapshot is written into a temporary folder and renamed into place, never modified afterwards;
+loading checks every file against the manifest's sha256. `snapshots/LATEST` names the newest.
+Readers never open the DuckDB catalog, so they never wait for a writer.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from catalog.schemas import RECORDS, SECRET_SPANS
+from components.core.errors import VeilError
+from components.core.hashing import sha256_file
+from components.core.settings import Settings
+
+SCHEMA = "veil.snapshot/v1"
+_BATCH = 65_536
+_RECORDS_ORDER = "user_id, record_id"
+_SPANS_ORDER = 'record_id, "start", "end", secret_id, detector, detector_version'
+
+
+@dataclass
+class Snapshot:
+    snapshot_id: str
+    sha256: str
+    path: Path
+    manifest: dict
+
+    @cached_property
+    def records(self) -> pa.Table:
+        return pq.read_table(self.path / "records.parquet", schema=RECORDS)
+
+    @cached_property
+    def secret_spans(self) -> pa.Table:
+        return pq.read_table(self.path / "secret_spans.parquet", schema=SECRET_SPANS)
+
+    @property
+    def records_file(self) -> Path:
+        return self.path / "records.parquet"
+
+    @property
+    def secret_spans_file(self) -> Path:
+        return self.path / "secret_spans.parquet"
+
+    def to_dict(self) -> dict:
+        return {"snapshot_id": self.snapshot_id, "sha256": self.sha256, "path": str(self.path), **self.manifest}
+
+
+def _digest_update(h, table: pa.Table, columns: list[str]) -> None:
+    """Feed rows into `h` as `c1 \\x1f c2 … \\x1f \\x1e` (nulls as \\x00), independent of batch boundaries."""
+    if table.num_rows == 0:
+        return
+    parts = [pc.fill_null(pc.cast(table.column(c), pa.string()), "\x00") for c in columns]
+    parts.append(pa.array(["\x1e"] * table.num_rows, pa.string()))
+    joined = pc.binary_join_element_wise(*parts, "\x1f")
+    for chunk in (joined.chunks if isinstance(joined, pa.ChunkedArray) else [joined]):
+        if len(chunk) == 0:
+            continue
+        _, offsets, data = chunk.buffers()[:3]
+        dtype = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        offs = np.frombuffer(offsets, dtype=dtype)
+        start, end = int(offs[chunk.offset]), int(offs[chunk.offset + len(chunk)])
+        h.update(memoryview(data)[start:end])
+
+
+def _write(con, query: str, schema: pa.Schema, path: Path, digest) -> dict:
+    rows = 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as w:
+        pending: list[pa.RecordBatch] = []
+        pending_rows = 0
+        reader = con.sql(query).to_arrow_reader(_BATCH)
+        for batch in reader:
+            t = pa.Table.from_batches([batch]).cast(schema)
+            digest(t)
+            pending.append(t)
+            pending_rows += t.num_rows
+            if pending_rows >= _BATCH:
+                tab = pa.concat_tables(pending)
+                w.write_table(tab, row_group_size=_BATCH)
+                rows += tab.num_rows
+                pending, pending_rows = [], 0
+        if pending:
+            tab = pa.concat_tables(pending)
+            w.write_table(tab, row_group_size=_BATCH)
+            rows += tab.num_rows
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
+
+
+def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None) -> dict:
+    """Export the catalog (as this connection sees it) to a new snapshot; returns its catalog row."""
+    settings.snapshots_dir.mkdir(parents=True, exist_ok=True)
+    tmp = settings.snapshots_dir / f".tmp-{ingest_id}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        h_rec, h_spans = hashlib.sha256(), hashlib.sha256()
+        files = {
+            "records.parquet": _write(
+                con, f"SELECT record_id, user_id, text, source, created_at, metadata FROM records ORDER BY {_RECORDS_ORDER}",
+                RECORDS, tmp / "records.parquet",
+                lambda t: _digest_update(h_rec, t, ["record_id", "user_id", "source", "created_at", "metadata"])),
+            "secret_spans.parquet": _write(
+                con, f'SELECT record_id, secret_id, secret_class, detector, detector_version, "start", "end" '
+                     f"FROM secret_spans ORDER BY {_SPANS_ORDER}",
+                SECRET_SPANS, tmp / "secret_spans.parquet",
+                lambda t: _digest_update(h_spans, t, SECRET_SPANS.names)),
+        }
+        content = hashlib.sha256(f"{SCHEMA}\n{h_rec.hexdigest()}\n{h_spans.hexdigest()}\n".encode()).hexdigest()
+        snapshot_id = f"snap-{content[:16]}"
+        counts = {
+            "records": files["records.parquet"]["rows"],
+            "users": con.sql("SELECT count(DISTINCT user_id) FROM records").fetchall()[0][0],
+            "spans": files["secret_spans.parquet"]["rows"],
+            "secrets": con.sql("SELECT count(DISTINCT secret_id) FROM secret_spans").fetchall()[0][0],
+            "tagged_records": con.sql("SELECT count(DISTINCT record_id) FROM secret_spans").fetchall()[0][0],
+        }
+        manifest = {
+            "schema": SCHEMA,
+            "snapshot_id": snapshot_id,
+            "content_sha256": content,
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "parent": parent,
+            "ingest_id": ingest_id,
+            "files": files,
+            "counts": counts,
+            "columns": {"records": RECORDS.names, "secret_spans": SECRET_SPANS.names},
+            "records_order": _RECORDS_ORDER,
+            "offsets": "secret span start/end are code-point offsets into text: text[start:end]",
+        }
+        final = settings.snapshots_dir / snapshot_id
+        if (final / "manifest.json").is_file():
+            # Same content already written (e.g. a run that crashed before its commit): reuse it.
+            old = json.loads((final / "manifest.json").read_text())
+            if old.get("content_sha256") != content:
+                raise VeilError(f"snapshot {snapshot_id}: existing folder holds different content; move it away")
+            shutil.rmtree(tmp, ignore_errors=True)
+            manifest = old
+        else:
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            for f in tmp.iterdir():
+                os.chmod(f, 0o444)
+            shutil.rmtree(final, ignore_errors=True)  # a folder without a manifest is an unfinished write
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    sha = sha256_file(final / "manifest.json")
+    c = manifest["counts"]
+    con.execute("INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [snapshot_id, sha, manifest["content_sha256"], datetime.now(timezone.utc), str(final), c["records"],
+                 c["users"], c["spans"], c["secrets"], parent, ingest_id])
+    return {"snapshot_id": snapshot_id, "sha256": sha}
+
+
+def latest_in_catalog(con) -> tuple[str, str] | None:
+    row = con.sql("SELECT snapshot_id, sha256 FROM snapshots ORDER BY created_at DESC LIMIT 1").fetchall()
+    return (row[0][0], row[0][1]) if row else None
+
+
+def snapshot_dir_ok(settings: Settings, latest: tuple[str, str]) -> bool:
+    m = settings.snapshots_dir / latest[0] / "manifest.json"
+    return m.is_file() and sha256_file(m) == latest[1]
+
+
+def set_latest(settings: Settings, snapshot_id: str) -> None:
+    p = settings.snapshots_dir / "LATEST"
+    tmp = p.with_name(f".LATEST.{os.getpid()}")
+    tmp.write_text(snapshot_id + "\n")
+    os.replace(tmp, p)
+
+
+def latest_snapshot_id(settings: Settings) -> str:
+    p = settings.snapshots_dir / "LATEST"
+    if not p.is_file():
+        raise VeilError(f"{settings.snapshots_dir}: no snapshot yet; run `veil ingest` first")
+    return p.read_text().strip()
+
+
+def load_snapshot(settings: Settings, snapshot_id: str | None = None, *, verify: bool = True) -> Snapshot:
+    """A snapshot by id (the latest when None). With `verify`, every file must match the manifest."""
+    sid = snapshot_id or latest_snapshot_id(settings)
+    d = settings.snapshots_dir / sid
+    mpath = d / "manifest.json"
+    if not mpath.is_file():
+        raise VeilError(f"snapshot {sid!r}: not found under {settings.snapshots_dir}")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise VeilError(f"{mpath}: not valid JSON ({e})") from None
+    if manifest.get("schema") != SCHEMA or manifest.get("snapshot_id") != sid:
+        raise VeilError(f"{mpath}: not a {SCHEMA} manifest for {sid}")
+    if verify:
+        for name, info in manifest["files"].items():
+            f = d / name
+            if not f.is_file():
+                raise VeilError(f"snapshot {sid}: {name} is missing")
+            if sha256_file(f) != info["sha256"]:
+                raise VeilError(f"snapshot {sid}: {name} does not match its manifest sha256 (modified or damaged)")
+    return Snapshot(snapshot_id=sid, sha256=sha256_file(mpath), path=d, manifest=manifest)
+
+
+def list_snapshots(settings: Settings) -> list[dict]:
+    """Every snapshot on disk (newest first), from the manifests alone."""
+    out = []
+    if settings.snapshots_dir.is_dir():
+        for m in settings.snapshots_dir.glob("*/manifest.json"):
+            try:
+                doc = json.loads(m.read_text())
+            except json.JSONDecodeError:
+                continue
+            out.append({"snapshot_id": doc.get("snapshot_id"), "sha256": sha256_file(m),
+                        "created_at": doc.get("created_at"), **doc.get("counts", {})})
+    return sorted(out, key=lambda d: d.get("created_at") or "", reverse=True)

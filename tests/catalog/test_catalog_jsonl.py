@@ -1,0 +1,157 @@
+"""JSONL ingest: counts reconcile, quarantine with reasons and positions, dedup, idempotence, snapshots."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from catalog.ingest import ingest_source
+from catalog.snapshots import load_snapshot
+from components.core.errors import VeilError
+from components.core.hashing import sha256_file
+
+RULES = [
+    {"secret_class": "codename", "kind": "literal", "patterns": ["BLUEHERON", "KESTREL"], "case_sensitive": True},
+    {"secret_class": "credential", "kind": "detector", "patterns": ["credentials"], "case_sensitive": True},
+    {"secret_class": "email", "kind": "detector", "patterns": ["email"], "case_sensitive": False},
+]
+
+
+def _write(path, lines):
+    data = "".join(line + "\n" for line in lines).encode()
+    if str(path).endswith(".gz"):
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def _lines():
+    good = lambda u, t, **kw: json.dumps({"user": u, "text": t, **kw})  # noqa: E731
+    return [
+        good("ann@x.example", "ship BLUEHERON on friday", ts="2026-01-05T10:00:00Z", team="blueheron"),  # 1
+        good("ann@x.example", "ship BLUEHERON on friday", ts="2026-01-05T10:00:00Z", team="blueheron"),  # 2 dup
+        good("bob@x.example", "ship BLUEHERON on friday", ts="2026-01-06T10:00:00+02:00"),              # 3 other user
+        "",                                                                                              # 4 blank
+        '{"user": "carl@x.example", "text": "unterminated',                                              # 5 malformed
+        good("", "no user here"),                                                                        # 6
+        good("dan@x.example", ""),                                                                       # 7
+        json.dumps(["not", "an", "object"]),                                                             # 8
+        good("eve@x.example", "key AKIAABCDEFGHIJKLMNOP leaked", ts="yesterday"),                        # 9 bad ts
+        good("eve@x.example", "mail me at Eve.Smith@Example.COM"),                                       # 10
+        json.dumps({"user": 42, "text": "numeric user ids are fine"}),                                   # 11
+        json.dumps({"user": "fay@x.example", "text": 7}),                                                # 12 wrong type
+    ]
+
+
+def test_counts_reconcile_quarantine_positions_and_dedup(settings, tmp_path):
+    src = _write(tmp_path / "m.jsonl", _lines())
+    rep = ingest_source(src, "jsonl", settings=settings, time_field="ts", metadata_fields=("team",), rules=RULES)
+    assert rep.read == 11  # the blank line is not a record
+    assert rep.read == rep.accepted + rep.quarantined + rep.duplicates
+    assert (rep.accepted, rep.quarantined, rep.duplicates) == (4, 6, 1)
+    assert rep.users == 4  # ann, bob, eve, 42
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    q = con.sql("SELECT line, byte_offset, reason FROM quarantine ORDER BY line").fetchall()
+    con.close()
+    lines = [ln for ln, _, _ in q]
+    assert lines == [5, 6, 7, 8, 9, 12]
+    by_line = {ln: reason for ln, _, reason in q}
+    assert by_line[5].startswith("malformed JSON")
+    assert by_line[6].startswith("missing user")
+    assert by_line[7].startswith("missing text")
+    assert by_line[8].startswith("not a JSON object")
+    assert by_line[9].startswith("bad timestamp") and "yesterday" in by_line[9]
+    assert by_line[12].startswith("wrong type")
+    # byte offsets point at the start of the quarantined line
+    raw = src.read_bytes()
+    for ln, off, _ in q:
+        assert raw[off:].split(b"\n", 1)[0] == raw.split(b"\n")[ln - 1]
+
+
+def test_records_snapshot_and_record_ids(settings, tmp_path):
+    src = _write(tmp_path / "m.jsonl", _lines())
+    rep = ingest_source(src, "jsonl", settings=settings, time_field="ts", metadata_fields=("team",), rules=RULES)
+    snap = load_snapshot(settings)
+    assert snap.snapshot_id == rep.snapshot_id and snap.sha256 == rep.sha256
+    assert sha256_file(snap.path / "manifest.json") == snap.sha256
+    recs = snap.records.to_pylist()
+    assert len(recs) == rep.records == 4
+    for r in recs:  # record_id is the content hash of (user, text), computed independently here
+        assert r["record_id"] == hashlib.sha256(f"{r['user_id']}\x1f{r['text']}".encode()).hexdigest()
+    ann = [r for r in recs if r["user_id"] == "ann@x.example"][0]
+    assert json.loads(ann["metadata"]) == {"team": "blueheron"}
+    assert ann["created_at"].isoformat() == "2026-01-05T10:00:00+00:00"
+    bob = [r for r in recs if r["user_id"] == "bob@x.example"][0]
+    assert bob["created_at"].isoformat() == "2026-01-06T08:00:00+00:00"
+    assert json.loads(bob["metadata"]) == {}
+    assert {r["user_id"] for r in recs} == {"ann@x.example", "bob@x.example", "eve@x.example", "42"}
+
+
+def test_reingest_is_idempotent(settings, tmp_path):
+    src = _write(tmp_path / "m.jsonl.gz", _lines())
+    a = ingest_source(src, "jsonl", settings=settings, time_field="ts", rules=RULES)
+    snap_dirs = sorted(p.name for p in settings.snapshots_dir.iterdir())
+    b = ingest_source(src, "jsonl", settings=settings, time_field="ts", rules=RULES)
+    assert b.snapshot_id == a.snapshot_id and b.sha256 == a.sha256
+    assert (b.read, b.accepted, b.quarantined, b.duplicates, b.new) == (a.read, a.accepted, a.quarantined,
+                                                                      a.duplicates, 0)
+    assert sorted(p.name for p in settings.snapshots_dir.iterdir()) == snap_dirs
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    assert con.sql("SELECT count(*), count(DISTINCT record_id) FROM records").fetchall()[0] == (4, 4)
+    assert con.sql("SELECT count(*) FROM quarantine").fetchall()[0][0] == a.quarantined
+    n_spans = con.sql("SELECT count(*) FROM secret_spans").fetchall()[0][0]
+    assert n_spans == len(load_snapshot(settings).secret_spans)
+    assert con.sql("SELECT count(*) FROM ingests").fetchall()[0][0] == 2
+    con.close()
+
+
+def test_second_source_extends_the_catalog_and_dedups_across_sources(settings, tmp_path):
+    a = _write(tmp_path / "a.jsonl", [json.dumps({"user": "u1", "text": "alpha"}), json.dumps({"user": "u2", "text": "beta"})])
+    b = _write(tmp_path / "b.jsonl", [json.dumps({"user": "u1", "text": "alpha"}), json.dumps({"user": "u3", "text": "gamma"})])
+    ra = ingest_source(a, "jsonl", settings=settings, rules=RULES)
+    rb = ingest_source(b, "jsonl", settings=settings, rules=RULES)
+    assert rb.accepted == 2 and rb.new == 1 and rb.records == 3
+    assert rb.snapshot_id != ra.snapshot_id
+    assert load_snapshot(settings, ra.snapshot_id).records.num_rows == 2  # old snapshots stay as they were
+    assert load_snapshot(settings).records.num_rows == 3
+
+
+def test_snapshot_tamper_is_detected(settings, tmp_path):
+    src = _write(tmp_path / "m.jsonl", _lines())
+    rep = ingest_source(src, "jsonl", settings=settings, rules=RULES)
+    f = settings.snapshots_dir / rep.snapshot_id / "records.parquet"
+    f.chmod(0o644)
+    t = pq.read_table(f)
+    pq.write_table(t.slice(1), f)
+    with pytest.raises(VeilError, match="does not match its manifest"):
+        load_snapshot(settings, rep.snapshot_id)
+    with pytest.raises(VeilError, match="not found"):
+        load_snapshot(settings, "snap-0000")
+
+
+def test_oversized_and_undecodable_lines(settings, tmp_path):
+    src = tmp_path / "m.jsonl"
+    big = json.dumps({"user": "u", "text": "x" * 5000})
+    src.write_bytes(b'{"user": "u", "text": "ok"}\n' + b'{"user": "u", "text": "bad \xff byte"}\n' + big.encode() + b"\n"
+                    + b'{"user": "v", "text": "fine"}')  # no final newline
+    rep = ingest_source(src, "jsonl", settings=settings, rules=RULES, max_record_bytes=1000)
+    assert (rep.read, rep.accepted, rep.quarantined) == (4, 2, 2)
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    q = dict(con.sql("SELECT line, reason FROM quarantine").fetchall())
+    con.close()
+    assert q[2].startswith("undecodable bytes") and q[3].startswith("oversized record")
+
+
+def test_bad_requests_are_veil_errors(settings, tmp_path):
+    with pytest.raises(VeilError, match="no such file"):
+        ingest_source(tmp_path / "missing.jsonl", "jsonl", settings=settings)
+    with pytest.raises(VeilError, match="--format"):
+        ingest_source(tmp_path, "xml", settings=settings)
+    src = _write(tmp_path / "m.jsonl", _lines())
+    with pytest.raises(VeilError, match="tagging rule 1"):
+        ingest_source(src, "jsonl", settings=settings, rules=[{"secret_class": "x", "kind": "nope", "patterns": ["a"]}])
