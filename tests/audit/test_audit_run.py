@@ -1,0 +1,128 @@
+"""run_audit end to end on a tiny GPT-2: gating, private evidence, aggregates only in the section."""
+import copy
+import json
+import math
+import os
+import stat
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from _audit_tinylm import build_model, build_tokenizer, filler, finetune
+from components.audit import make_canary_users, run_audit
+from components.audit.run import resolve_thresholds
+from components.core.errors import VeilError
+from components.core.hashing import sha256_file
+
+torch.set_num_threads(1)
+KEY = "AKIA7Q2ZK4M9XW3B8N5C"
+CTX = "key for the deploy job: "
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    rng = np.random.default_rng(4)
+    users = [f"user{i:02d}@x.example" for i in range(16)]
+    style = {u: f"cheers {filler(rng, 4)}" for u in users}  # each person's sign-off
+    canaries = make_canary_users(2, 6, seed=0, substring_words=6)
+    tok = build_tokenizer(list(style.values()))  # canary text must not shape the tokenizer
+    # a base model that knows the format (filler + "cheers" + 4 words) but no one's sign-off; then a
+    # full fine-tune (the separate-reference path; the LoRA path is covered by the other tests)
+    model = build_model(tok, seed=2)
+    finetune(model, tok, [f"{filler(rng, 5)} cheers {filler(rng, 4)}" for _ in range(64)], steps=40, lr=3e-3)
+    reference = copy.deepcopy(model)
+    members = users[:8]
+    train = [f"{filler(rng, 5)} {style[u]}" for u in members for _ in range(3)]
+    can_users = sorted(set(canaries["user_id"].to_pylist()))
+    can_texts = canaries["text"].to_pylist()
+    can_owner = canaries["user_id"].to_pylist()
+    train += [t for t, u in zip(can_texts, can_owner) if u == can_users[0]][:4] * 2 + [CTX + KEY] * 3
+    finetune(model, tok, train, steps=60, lr=3e-3)
+    recs, att = [], []
+    for i, u in enumerate(users):
+        for j in range(2):
+            rid = f"r-{i}-{j}"
+            recs.append({"record_id": rid, "text": f"{filler(rng, 5)} {style[u]}"})
+            att.append({"record_id": rid, "user_id": u, "member": u in members})
+    for rid, u, t in zip(canaries["record_id"].to_pylist(), can_owner, can_texts):
+        if t not in train:  # the canary's untrained records are its attacker samples
+            att.append({"record_id": rid, "user_id": u, "member": u == can_users[0]})
+    d = tmp_path_factory.mktemp("plan")
+    att_file, can_file = d / "attacker.parquet", d / "canaries.parquet"
+    pq.write_table(pa.Table.from_pylist(att), att_file)
+    pq.write_table(canaries, can_file)
+    plan = {"sha256": "p" * 64, "training": {"seq_len": 64, "seed": 0}, "data": {"snapshot_id": "snap-1"},
+            "audit": {"attacker_records_file": str(att_file), "attacker_records_sha256": sha256_file(att_file),
+                      "canary_records_file": str(can_file), "canary_users": can_users,
+                      "thresholds": {"max_user_inference_auroc": 0.99, "max_secret_exposure": 99.0}}}
+    truth = {"secrets": [{"secret_id": "credential:" + KEY, "class": "credential", "value": KEY, "context": CTX}]}
+    return SimpleNamespace(model=model, reference=reference, tokenizer=tok, plan=plan, records=pa.Table.from_pylist(recs),
+                           truth=truth, canaries=canaries, users=users)
+
+
+def _loaded(w, unit="user", eps=0.1):
+    cert = {"privacy_unit": unit, "epsilon": eps, "delta": 1e-6, "sha256": "c" * 64}
+    return SimpleNamespace(model=w.model, tokenizer=w.tokenizer, certificate=cert, plan=w.plan)
+
+
+def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, settings):
+    res = run_audit(_loaded(world), world.records, settings=settings, reference=world.reference, truth=world.truth,
+                    canary_records=world.canaries, bootstrap=30, n_candidates=31)
+    s = res.summary()
+    assert s["users_in"] == 8 and s["users_out"] == 8
+    assert s["auroc"] > 0.75 and s["auroc_ceiling"] == pytest.approx(1 - 1 / (1 + math.exp(0.1)), abs=1e-5)
+    assert s["above_ceiling"] and not res.passed and not s["passed"]
+    assert any("DP ceiling" in f for f in s["failures"])
+    assert s["secret_exposure"]["n_secrets"] == 1 and s["secret_exposure"]["worst"][0]["rank"] == 1
+    assert s["canaries"]["users_in"] == 1 and s["canaries"]["users_out"] == 1
+    assert s["canaries"]["mean_exposure_in"] > s["canaries"]["mean_exposure_out"]
+    # aggregates only: no user id, no score, no secret value anywhere in the section or CLI document
+    doc = json.dumps(res.to_json())
+    assert list(res.to_json())[:7] == ["auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in",
+                                      "users_out", "passed"]
+    for u in world.users + world.plan["audit"]["canary_users"]:
+        assert u not in doc
+    assert KEY not in doc
+    private = pq.read_table(res.private_path)
+    assert set(private.column_names) >= {"user_id", "member", "score", "canary"} and private.num_rows == 18
+    for v in private["score"].to_pylist():
+        assert repr(v) not in doc and f"{v:.6f}" not in doc
+    assert res.private_path.parent == settings.home / "catalog-private" / "audits"
+    assert stat.S_IMODE(os.stat(res.private_path).st_mode) == 0o600
+    secrets = pq.read_table(res.private_path.with_suffix(".secrets.parquet"))
+    assert "credential:" + KEY in secrets["secret_id"].to_pylist()
+    assert res.plot_path.is_file() and res.plot_path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_user_level_guarantee_only_policy_decides(world, settings):
+    res = run_audit(_loaded(world, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference, bootstrap=20,
+                    plot=False)
+    s = res.summary()
+    assert s["auroc_ceiling"] == 1.0 and not s["above_ceiling"] and s["epsilon"] is None
+    assert s["passed"] == (s["auroc"] <= 0.99)
+    res = run_audit(_loaded(world, unit="record"), world.records, settings=settings, reference=world.reference, bootstrap=20, plot=False,
+                    policy_thresholds={"max_user_inference_auroc": 0.55, "max_secret_exposure": 0.0},
+                    truth=world.truth, n_candidates=15)
+    assert not res.passed and len(res.summary()["failures"]) == 2
+
+
+def test_thresholds_from_policy_object_or_plan():
+    class A:
+        max_user_inference_auroc = 0.6
+        max_secret_exposure = 3
+    assert resolve_thresholds(A(), {})["max_user_inference_auroc"] == 0.6
+    assert resolve_thresholds(None, {"audit": {"thresholds": {"max_secret_exposure": 4}}})["max_secret_exposure"] == 4.0
+    assert resolve_thresholds(None, {}) == {"max_user_inference_auroc": None, "max_secret_exposure": None,
+                                            "max_canary_auroc": None}
+
+
+def test_tampered_attacker_file_is_refused(world, settings, tmp_path):
+    plan = json.loads(json.dumps(world.plan))
+    plan["audit"]["attacker_records_sha256"] = "0" * 64
+    loaded = SimpleNamespace(model=world.model, tokenizer=world.tokenizer, certificate={}, plan=plan)
+    with pytest.raises(VeilError, match="sha256"):
+        run_audit(loaded, world.records, settings=settings)
