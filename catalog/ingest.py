@@ -124,24 +124,22 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
           "ELSE TRY_CAST(trim(ts) AS TIMESTAMPTZ) END")
     return f"""
     INSERT INTO stage
-    SELECT seq, line, "offset", locator, user_id, text, source, created_at, metadata, reason,
-           CASE WHEN reason IS NULL THEN sha256(user_id || chr(31) || text) END, raw
-    FROM (
-        SELECT seq, line, "offset", locator, trim("user") AS user_id, text,
-               coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
-               {ts} AS created_at, {meta} AS metadata,
-               CASE WHEN error IS NOT NULL THEN error
-                    WHEN "user" IS NULL OR trim("user") = '' THEN {_q(f"missing user: field {user_field!r} is absent or empty")}
-                    WHEN text IS NULL OR trim(text) = '' THEN {_q(f"missing text: field {text_field!r} is absent or empty")}
-                    WHEN strlen(text) > {int(max_bytes)} THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
-                    WHEN ts IS NOT NULL AND ({ts}) IS NULL THEN {_q(f"bad timestamp: field {tname!r} is not ISO-8601 or epoch seconds: ")} || left(ts, 60)
-               END AS reason,
-               CASE WHEN error IS NOT NULL OR "user" IS NULL OR text IS NULL OR trim("user") = '' OR trim(text) = ''
-                         OR strlen(text) > {int(max_bytes)} OR (ts IS NOT NULL AND ({ts}) IS NULL)
-                    THEN coalesce(raw, encode(to_json(struct_pack("user" := "user", text := left(text, 65536), ts := ts))::VARCHAR))
-               END AS raw
-        FROM batch
-    )
+    WITH b AS (SELECT *, trim("user") AS u, {ts} AS cts FROM batch),
+    v AS (SELECT *,
+        CASE WHEN error IS NOT NULL THEN error
+             WHEN u IS NULL OR u = '' THEN {_q(f"missing user: field {user_field!r} is absent or empty")}
+             WHEN text IS NULL OR trim(text) = '' THEN {_q(f"missing text: field {text_field!r} is absent or empty")}
+             WHEN strlen(text) > {int(max_bytes)}
+                  THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
+             WHEN ts IS NOT NULL AND cts IS NULL
+                  THEN {_q(f"bad timestamp: field {tname!r} is not ISO-8601 or epoch seconds: ")} || left(ts, 60)
+        END AS reason FROM b)
+    SELECT seq, line, "offset", locator, u, text, coalesce(nullif(trim(source), ''), {_q(default_source)}),
+           cts, {meta}, reason,
+           CASE WHEN reason IS NULL THEN sha256(u || chr(31) || text) END,
+           CASE WHEN reason IS NOT NULL THEN coalesce(raw, encode(to_json(struct_pack(
+                "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END
+    FROM v
     """
 
 
@@ -239,8 +237,6 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, *
         con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq FROM firsts f "
                     "ANTI JOIN records r ON r.record_id = f.record_id")
         new = _one(con, "SELECT count(*) FROM fresh")
-        con.execute(f"""INSERT INTO records SELECT s.record_id, s.user_id, s.text, s.source, s.created_at,
-                        s.metadata, {_q(ingest_id)} FROM stage s SEMI JOIN fresh f ON s.seq = f.seq ORDER BY s.seq""")
         con.execute(f"""CREATE OR REPLACE TEMP TABLE new_spans AS
             SELECT DISTINCT f.record_id, p.secret_id, p.secret_class, p.detector, p.detector_version, p."start", p."end"
             FROM span_stage p JOIN firsts f ON p.seq = f.seq""")
@@ -258,18 +254,21 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, *
             FROM stage s WHERE reason IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM quarantine q WHERE q.source_key = {_q(source_key)}
                 AND q.position = coalesce(s.locator, 'line ' || s.line::VARCHAR) AND q.reason = s.reason)""")
-        if new:
-            con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
-                sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
-                FROM records GROUP BY user_id ORDER BY user_id""")
         latest = snap_mod.latest_in_catalog(con)
-        if new or new_spans or latest is None or not snap_mod.snapshot_dir_ok(settings, latest):
-            snap = snap_mod.write_snapshot(con, settings, ingest_id=ingest_id, parent=latest[0] if latest else None)
+        if new or new_spans or latest is None:
+            snap = snap_mod.write_snapshot(
+                con, settings, ingest_id=ingest_id, parent=latest[0] if latest else None,
+                new_records_query=("SELECT record_id, user_id, text, source, created_at, metadata FROM stage "
+                                   "WHERE seq IN (SELECT seq FROM fresh)") if new else None)
+            store.point_records_view(con, settings, snap["snapshot_id"])
+            if new:
+                con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
+                    sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
+                    FROM records GROUP BY user_id ORDER BY user_id""")
         else:
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
         snap_id, snap_sha = snap["snapshot_id"], snap["sha256"]
-        n_records = _one(con, "SELECT count(*) FROM records")
-        n_users = _one(con, "SELECT count(DISTINCT user_id) FROM records")
+        n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
         con.execute("INSERT INTO ingests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [ingest_id, source_key, str(source), fmt, source_sha, json.dumps(options, sort_keys=True),
                      tagger.rules_sha256, started, datetime.now(timezone.utc), read, accepted, new, quarantined,

@@ -38,10 +38,13 @@ RAW = pa.schema([
     pa.field("error", pa.string()),     # set by a connector that already knows the row is bad
 ])
 
+# `records` is a view over the latest snapshot's records.parquet (text is stored once, in Parquet);
+# this is its shape before the first snapshot.
+EMPTY_RECORDS_VIEW = """CREATE OR REPLACE VIEW records AS SELECT NULL::VARCHAR AS record_id, NULL::VARCHAR AS user_id,
+    NULL::VARCHAR AS text, NULL::VARCHAR AS source, NULL::TIMESTAMPTZ AS created_at, NULL::VARCHAR AS metadata
+    WHERE false"""
+
 DDL = """
-CREATE TABLE IF NOT EXISTS records (
-    record_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, text VARCHAR NOT NULL, source VARCHAR NOT NULL,
-    created_at TIMESTAMPTZ, metadata VARCHAR, ingest_id VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS secret_spans (
     record_id VARCHAR NOT NULL, secret_id VARCHAR NOT NULL, secret_class VARCHAR NOT NULL,
     detector VARCHAR NOT NULL, detector_version VARCHAR NOT NULL, "start" BIGINT NOT NULL,

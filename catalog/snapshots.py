@@ -4,9 +4,10 @@
     snap.snapshot_id, snap.sha256             # sha256 = of manifest.json's bytes (what certificates cite)
     snap.records, snap.secret_spans           # pa.Tables (catalog/schemas.py)
 
-Layout: `snapshots/<snapshot_id>/{records.parquet, secret_spans.parquet, manifest.json}`. The id is
-derived from a digest of the content (record ids, sources, timestamps, metadata, every span), so the
-same catalog content always gets the same id and re-ingesting a source cuts no new snapshot. A
+Layout: `snapshots/<snapshot_id>/{records.parquet, secret_spans.parquet, manifest.json}`. Every
+snapshot holds the whole catalog: its parent's records, then the new ones in source order. Files are
+written deterministically (fixed row groups), and the id is a hash of their sha256s, so the same
+content gets the same id; re-ingesting a source adds nothing and cuts no new snapshot. A
 snapshot is written into a temporary folder and renamed into place, never modified afterwards;
 loading checks every file against the manifest's sha256. `snapshots/LATEST` names the newest.
 Readers never open the DuckDB catalog, so they never wait for a writer.
@@ -22,9 +23,7 @@ from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.schemas import RECORDS, SECRET_SPANS
@@ -34,7 +33,6 @@ from components.core.settings import Settings
 
 SCHEMA = "veil.snapshot/v1"
 _BATCH = 65_536
-_RECORDS_ORDER = "user_id, record_id"
 _SPANS_ORDER = 'record_id, "start", "end", secret_id, detector, detector_version'
 
 
@@ -65,39 +63,24 @@ class Snapshot:
         return {"snapshot_id": self.snapshot_id, "sha256": self.sha256, "path": str(self.path), **self.manifest}
 
 
-def _digest_update(h, table: pa.Table, columns: list[str]) -> None:
-    """Feed rows into `h` as `c1 \\x1f c2 … \\x1f \\x1e` (nulls as \\x00), independent of batch boundaries."""
-    if table.num_rows == 0:
-        return
-    parts = [pc.fill_null(pc.cast(table.column(c), pa.string()), "\x00") for c in columns]
-    parts.append(pa.array(["\x1e"] * table.num_rows, pa.string()))
-    joined = pc.binary_join_element_wise(*parts, "\x1f")
-    for chunk in (joined.chunks if isinstance(joined, pa.ChunkedArray) else [joined]):
-        if len(chunk) == 0:
-            continue
-        _, offsets, data = chunk.buffers()[:3]
-        dtype = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-        offs = np.frombuffer(offsets, dtype=dtype)
-        start, end = int(offs[chunk.offset]), int(offs[chunk.offset + len(chunk)])
-        h.update(memoryview(data)[start:end])
-
-
-def _write(con, query: str, schema: pa.Schema, path: Path, digest) -> dict:
+def _write(batches, schema: pa.Schema, path: Path) -> dict:
+    """Stream batches into one Parquet file in fixed-size row groups, so equal content gives equal bytes."""
     rows = 0
     with pq.ParquetWriter(path, schema, compression="zstd") as w:
-        pending: list[pa.RecordBatch] = []
+        pending: list[pa.Table] = []
         pending_rows = 0
-        reader = con.sql(query).to_arrow_reader(_BATCH)
-        for batch in reader:
-            t = pa.Table.from_batches([batch]).cast(schema)
-            digest(t)
-            pending.append(t)
-            pending_rows += t.num_rows
-            if pending_rows >= _BATCH:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            t = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+            pending.append(t.cast(schema))
+            pending_rows += batch.num_rows
+            while pending_rows >= _BATCH:
                 tab = pa.concat_tables(pending)
-                w.write_table(tab, row_group_size=_BATCH)
-                rows += tab.num_rows
-                pending, pending_rows = [], 0
+                head, rest = tab.slice(0, _BATCH), tab.slice(_BATCH)
+                w.write_table(head, row_group_size=_BATCH)
+                rows += head.num_rows
+                pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
         if pending:
             tab = pa.concat_tables(pending)
             w.write_table(tab, row_group_size=_BATCH)
@@ -105,34 +88,36 @@ def _write(con, query: str, schema: pa.Schema, path: Path, digest) -> dict:
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
 
 
-def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None) -> dict:
-    """Export the catalog (as this connection sees it) to a new snapshot; returns its catalog row."""
+def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None, new_records_query: str | None) -> dict:
+    """Cut a snapshot: the parent's records followed by the rows of `new_records_query` (the records
+    columns, in order), and every span of the catalog. Returns its catalog row."""
     settings.snapshots_dir.mkdir(parents=True, exist_ok=True)
     tmp = settings.snapshots_dir / f".tmp-{ingest_id}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        h_rec, h_spans = hashlib.sha256(), hashlib.sha256()
+        def record_batches():
+            if parent is not None:
+                yield from pq.ParquetFile(settings.snapshots_dir / parent / "records.parquet").iter_batches(_BATCH)
+            if new_records_query is not None:
+                yield from con.sql(new_records_query).to_arrow_reader(_BATCH)
+
         files = {
-            "records.parquet": _write(
-                con, f"SELECT record_id, user_id, text, source, created_at, metadata FROM records ORDER BY {_RECORDS_ORDER}",
-                RECORDS, tmp / "records.parquet",
-                lambda t: _digest_update(h_rec, t, ["record_id", "user_id", "source", "created_at", "metadata"])),
+            "records.parquet": _write(record_batches(), RECORDS, tmp / "records.parquet"),
             "secret_spans.parquet": _write(
-                con, f'SELECT record_id, secret_id, secret_class, detector, detector_version, "start", "end" '
-                     f"FROM secret_spans ORDER BY {_SPANS_ORDER}",
-                SECRET_SPANS, tmp / "secret_spans.parquet",
-                lambda t: _digest_update(h_spans, t, SECRET_SPANS.names)),
+                con.sql('SELECT record_id, secret_id, secret_class, detector, detector_version, "start", "end" '
+                        f"FROM secret_spans ORDER BY {_SPANS_ORDER}").to_arrow_reader(_BATCH),
+                SECRET_SPANS, tmp / "secret_spans.parquet"),
         }
-        content = hashlib.sha256(f"{SCHEMA}\n{h_rec.hexdigest()}\n{h_spans.hexdigest()}\n".encode()).hexdigest()
+        # The id names the content: both files are written deterministically (fixed row groups, fixed order).
+        content = hashlib.sha256(f"{SCHEMA}\n{files['records.parquet']['sha256']}\n"
+                                 f"{files['secret_spans.parquet']['sha256']}\n".encode()).hexdigest()
         snapshot_id = f"snap-{content[:16]}"
-        counts = {
-            "records": files["records.parquet"]["rows"],
-            "users": con.sql("SELECT count(DISTINCT user_id) FROM records").fetchall()[0][0],
-            "spans": files["secret_spans.parquet"]["rows"],
-            "secrets": con.sql("SELECT count(DISTINCT secret_id) FROM secret_spans").fetchall()[0][0],
-            "tagged_records": con.sql("SELECT count(DISTINCT record_id) FROM secret_spans").fetchall()[0][0],
-        }
+        rec = str(tmp / "records.parquet").replace("'", "''")
+        users = con.sql(f"SELECT count(DISTINCT user_id) FROM read_parquet('{rec}')").fetchall()[0][0]
+        secrets, tagged = con.sql("SELECT count(DISTINCT secret_id), count(DISTINCT record_id) FROM secret_spans").fetchall()[0]
+        counts = {"records": files["records.parquet"]["rows"], "users": users,
+                  "spans": files["secret_spans.parquet"]["rows"], "secrets": secrets, "tagged_records": tagged}
         manifest = {
             "schema": SCHEMA,
             "snapshot_id": snapshot_id,
@@ -143,7 +128,7 @@ def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | Non
             "files": files,
             "counts": counts,
             "columns": {"records": RECORDS.names, "secret_spans": SECRET_SPANS.names},
-            "records_order": _RECORDS_ORDER,
+            "records_order": "the parent snapshot's records, then each ingest's new records in source order",
             "offsets": "secret span start/end are code-point offsets into text: text[start:end]",
         }
         final = settings.snapshots_dir / snapshot_id

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import duckdb
 
-from catalog.schemas import DDL
+from catalog.schemas import DDL, EMPTY_RECORDS_VIEW
 from components.core.errors import VeilError
 from components.core.settings import Settings
 
@@ -64,6 +64,7 @@ def writer(settings: Settings, *, memory_limit: str = "2GB") -> Iterator[duckdb.
             con.execute(f"SET temp_directory = '{str(tmp).replace(chr(39), chr(39) * 2)}'")
             con.execute("SET preserve_insertion_order = true")
             con.execute(DDL)
+            point_records_view(con, settings)
             yield con
         finally:
             con.close()
@@ -74,6 +75,22 @@ def writer(settings: Settings, *, memory_limit: str = "2GB") -> Iterator[duckdb.
             pass
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def point_records_view(con, settings: Settings, snapshot_id: str | None = None) -> None:
+    """(Re)create the `records` view over a snapshot's records.parquet (the latest in the catalog by default)."""
+    if snapshot_id is None:
+        row = con.sql("SELECT snapshot_id FROM snapshots ORDER BY created_at DESC LIMIT 1").fetchall()
+        snapshot_id = row[0][0] if row else None
+    if snapshot_id is None:
+        con.execute(EMPTY_RECORDS_VIEW)
+        return
+    f = settings.snapshots_dir / snapshot_id / "records.parquet"
+    if not f.is_file():
+        # Never fall back to an empty view: the next ingest would cut a snapshot without these records.
+        raise VeilError(f"{f}: the catalog's latest snapshot {snapshot_id} is missing its records; restore "
+                        f"{settings.snapshots_dir / snapshot_id} before writing to the catalog")
+    con.execute("CREATE OR REPLACE VIEW records AS SELECT * FROM read_parquet('" + str(f).replace("'", "''") + "')")
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from components.core.hashing import sha256_json
 
 DETECTOR_VERSION = "1"
 RULE_KINDS = ("literal", "keyword", "regex", "path_glob", "detector")
-# Longer values (private-key blocks) are named by their hash so secret ids stay short.
+# Long or multi-line values (private-key blocks) are named by their hash: ids stay one short line.
 _MAX_ID_VALUE = 128
 
 # Built-in detectors: name -> [(sub-detector, pattern, group holding the secret)].
@@ -53,7 +53,20 @@ _PHONE = [
 ]
 BUILTIN_DETECTORS = {"credentials": _CREDENTIALS, "email": _EMAIL, "phone": _PHONE}
 # Looser stand-ins for the prefilter where RE2 cannot take the exact pattern (its repeat limit is 1000).
-_PREFILTER_OVERRIDE = {"private_key": r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"}
+# Each is implied by its detector's pattern (every match contains it), and starts with a literal or a
+# narrow class so RE2 skips through text fast.
+_PREFILTER_OVERRIDE = {
+    "aws_access_key": r"(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]",
+    "github_token": r"gh[pousr]_",
+    "github_pat": r"github_pat_",
+    "slack_token": r"xox[abposr]-",
+    "live_api_key": r"_live_[A-Za-z0-9]",
+    "private_key": r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----",
+    "password_assignment": r"(?i)(?:password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?token|auth[_-]?token)\s*[:=]",
+    "email": r"@[A-Za-z0-9-]+\.",
+    "phone_international": r"\+\d",
+    "phone_nanp": r"\d\d\d[-. ]\d\d\d\d",
+}
 
 DEFAULT_RULES: list[dict] = [
     {"secret_class": "credential", "kind": "detector", "patterns": ["credentials"], "case_sensitive": True},
@@ -106,25 +119,74 @@ class _Matcher:
     literal_map: dict | None = None      # literal rules: matched text (folded) -> canonical literal
     check: Callable[[str], bool] | None = None
     family: str | None = None            # detector sub-patterns of one family: overlaps keep the longest
-    unfiltered: bool = False             # RE2 cannot run it: it scans every row
+    prefilter: str | None = None         # RE2 pattern implied by every match; None: scan every row
 
 
-def _strip_word_boundaries(pattern: str) -> str:
-    """Remove `\\b` assertions outside character classes: only loosens the pattern."""
+def _skip_group(pattern: str, i: int) -> int:
+    """Index just past the group opening at `i` (balanced parentheses, escapes and classes respected)."""
+    depth, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "]":
+                i += 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return i
+
+
+_QUANT = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def loosen(pattern: str) -> str:
+    """A pattern matching wherever `pattern` matches, in a form RE2 runs as a small DFA: assertions
+    (\\b, \\B, lookarounds) dropped, counted repeats {m,n} widened to + (m ≥ 1) or * (m = 0)."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
-            if pattern[i + 1] == "b" and not in_class:
+            if not in_class and pattern[i + 1] in "bB":
                 i += 2
                 continue
             out.append(pattern[i:i + 2])
             i += 2
             continue
-        if c == "[" and not in_class:
+        if in_class:
+            out.append(c)
+            in_class = c != "]"
+            i += 1
+            continue
+        if c == "[":
             in_class = True
-        elif c == "]" and in_class:
-            in_class = False
+            out.append(c)
+            if pattern[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i + 1:i + 2] == "]":
+                out.append("]")
+                i += 1
+            i += 1
+            continue
+        if c == "(" and pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+            i = _skip_group(pattern, i)
+            continue
+        if c == "{":
+            m = _QUANT.match(pattern, i)
+            if m:
+                out.append("*" if int(m.group(1)) == 0 else "+")
+                i = m.end()
+                continue
         out.append(c)
         i += 1
     return "".join(out)
@@ -191,13 +253,10 @@ class Tagger:
         self.rules_sha256 = sha256_json(self.rules)
         self._matchers: list[_Matcher] = []
         self._globs: list[tuple[str, str, str, re.Pattern]] = []  # (class, glob, version, regex)
-        prefilter_parts: list[str] = []
-        unfiltered: set[int] = set()  # indices of matchers the prefilter cannot cover
         class_norm: dict[str, Callable[[str], str]] = {}
-        for i, r in enumerate(self.rules):
-            kind = r.get("kind")
-            if kind == "detector":
-                for name in r.get("patterns", []):
+        for r in self.rules:
+            if r.get("kind") == "detector":
+                for name in r.get("patterns") or []:
                     if name in _NORMALIZERS:
                         class_norm.setdefault(r.get("secret_class"), _NORMALIZERS[name])
         for i, r in enumerate(self.rules):
@@ -209,19 +268,18 @@ class Tagger:
                 raise VeilError(f"{where}: kind: {kind!r} is not one of {', '.join(RULE_KINDS)}")
             if not patterns or not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) and p for p in patterns):
                 raise VeilError(f"{where}: patterns: must be a non-empty list of non-empty strings")
-            case = bool(r.get("case_sensitive", kind != "literal" and kind != "keyword"))
+            case = bool(r.get("case_sensitive", kind not in ("literal", "keyword")))
             version = "rule-" + sha256_json({"secret_class": cls, "kind": kind, "patterns": list(patterns),
                                              "case_sensitive": case})[:12]
             norm = class_norm.get(cls, _norm_identity)
+            ci = "" if case else "(?i)"
             if kind in ("literal", "keyword"):
-                flags = re.ASCII | (0 if case else re.IGNORECASE)
                 alts = "|".join(re.escape(p) for p in sorted(patterns, key=len, reverse=True))
-                # Word boundaries only where the literal's edge is a word character.
-                rx = re.compile(r"(?<![A-Za-z0-9_])(?:" + alts + r")(?![A-Za-z0-9_])", flags)
+                # Word boundaries only count where the literal's edge is a word character.
+                rx = re.compile(r"(?<![A-Za-z0-9_])(?:" + alts + r")(?![A-Za-z0-9_])",
+                                re.ASCII | (0 if case else re.IGNORECASE))
                 lmap = {(p if case else p.lower()): p for p in patterns}
-                self._matchers.append(_Matcher(cls, "literal", version, rx, 0, norm,
-                                               literal_map=lmap if case else {k: v for k, v in lmap.items()}))
-                prefilter_parts.append(("" if case else "(?i)") + "(?:" + alts + ")")
+                self._add(_Matcher(cls, "literal", version, rx, 0, norm, literal_map=lmap), ci + "(?:" + alts + ")")
             elif kind == "regex":
                 for p in patterns:
                     try:
@@ -229,13 +287,8 @@ class Tagger:
                     except re.error as e:
                         raise VeilError(f"{where}: patterns: regex {p!r} does not compile: {e}") from None
                     group = rx.groupindex.get("secret", 0)
-                    self._matchers.append(_Matcher(cls, "regex", version, rx, group,
-                                                   norm if case else (lambda v, n=norm: n(v).lower())))
-                    loose = ("" if case else "(?i)") + "(?:" + _strip_word_boundaries(p) + ")"
-                    if _re2_ok(loose):
-                        prefilter_parts.append(loose)
-                    else:
-                        unfiltered.add(len(self._matchers) - 1)
+                    self._add(_Matcher(cls, "regex", version, rx, group,
+                                       norm if case else (lambda v, n=norm: n(v).lower())), ci + "(?:" + loosen(p) + ")")
             elif kind == "path_glob":
                 for g in patterns:
                     self._globs.append((cls, g, version, re.compile(_glob_to_regex(g), 0 if case else re.IGNORECASE)))
@@ -245,31 +298,31 @@ class Tagger:
                         raise VeilError(f"{where}: patterns: unknown detector {name!r}; built-in: "
                                         f"{', '.join(BUILTIN_DETECTORS)}")
                     for sub, p, group in BUILTIN_DETECTORS[name]:
-                        rx = re.compile(p, re.ASCII)
-                        self._matchers.append(_Matcher(cls, f"{name}.{sub}", DETECTOR_VERSION, rx, group,
-                                                       class_norm.get(cls, _NORMALIZERS[name]),
-                                                       check=_phone_ok if name == "phone" else None,
-                                                       family=f"{cls}/{name}"))
-                        loose = _PREFILTER_OVERRIDE.get(sub) or _strip_word_boundaries(p)
-                        if _re2_ok(loose):
-                            prefilter_parts.append("(?:" + loose + ")")
-                        else:
-                            unfiltered.add(len(self._matchers) - 1)
-        self._prefilter = "|".join(prefilter_parts) if prefilter_parts else None
-        self._unfiltered = [m for i, m in enumerate(self._matchers) if i in unfiltered]
+                        m = _Matcher(cls, f"{name}.{sub}", DETECTOR_VERSION, re.compile(p, re.ASCII), group,
+                                     class_norm.get(cls, _NORMALIZERS[name]),
+                                     check=_phone_ok if name == "phone" else None, family=f"{cls}/{name}")
+                        self._add(m, _PREFILTER_OVERRIDE.get(sub) or loosen(p))
+        filtered = [m.prefilter for m in self._matchers if m.prefilter is not None]
+        self._prefilter = "|".join("(?:" + p + ")" for p in filtered) if filtered else None
+        if self._prefilter is not None and not _re2_ok(self._prefilter):  # pragma: no cover - parts each compile
+            self._prefilter = None
+        self._unfiltered = [m for m in self._matchers if m.prefilter is None]
         self._glob_prefilter = "|".join("(?:" + g[3].pattern + ")" for g in self._globs) or None
-        if self._globs and any(not (g[3].flags & re.IGNORECASE) for g in self._globs) and \
-                any(g[3].flags & re.IGNORECASE for g in self._globs):
+        if self._glob_prefilter and any(g[3].flags & re.IGNORECASE for g in self._globs):
             self._glob_prefilter = "(?i)" + self._glob_prefilter  # looser: fine for a prefilter
         if self._glob_prefilter and not _re2_ok(self._glob_prefilter):
             self._glob_prefilter = ".*"
+
+    def _add(self, m: _Matcher, prefilter: str) -> None:
+        object.__setattr__(m, "prefilter", prefilter if _re2_ok(prefilter) else None)
+        self._matchers.append(m)
 
     @property
     def has_path_rules(self) -> bool:
         return bool(self._globs)
 
     def candidate_mask(self, texts: pa.Array | pa.ChunkedArray, paths=None) -> pa.Array:
-        """Rows that may hold a match (a superset of the rows that do)."""
+        """Rows that may hold a match of a prefiltered rule or a path glob (a superset of those that do)."""
         n = len(texts)
         mask = None
         if self._prefilter is not None and n:
@@ -281,8 +334,10 @@ class Tagger:
             return pa.array([False] * n)
         return mask
 
-    def spans_of(self, row: int, text: str, path: str | None = None, matchers=None) -> list[Span]:
-        """Every span of one record, exactly (with `matchers`: only theirs, and no path globs)."""
+    def spans_of(self, row: int, text: str, path: str | None = None, matchers=None, globs: bool = True) -> list[Span]:
+        """Every span of one record, exactly (of `matchers` only, when given)."""
+        if not text:
+            return []
         out: list[Span] = []
         fam: dict[str, list[Span]] = {}
         for m in (self._matchers if matchers is None else matchers):
@@ -298,7 +353,7 @@ class Tagger:
                     norm = m.literal_map.get(key, value)
                 else:
                     norm = m.normalize(value)
-                if len(norm) > _MAX_ID_VALUE:
+                if len(norm) > _MAX_ID_VALUE or "\n" in norm:
                     norm = "sha256:" + sha256_json(norm)[:32]
                 span = Span(row, f"{m.secret_class}:{norm}", m.secret_class, m.detector, m.version, start, end)
                 (fam.setdefault(m.family, []) if m.family else out).append(span)
@@ -314,39 +369,54 @@ class Tagger:
                     continue
                 kept.append(s)
             out.extend(kept)
-        if path and matchers is None:
+        if path and globs:
             for cls, glob, version, rx in self._globs:
                 if rx.match(path):
                     out.append(Span(row, f"{cls}:{glob}", cls, "path_glob", version, 0, len(text)))
         return out
 
     def tag(self, texts: pa.Array | pa.ChunkedArray, paths=None) -> list[Span]:
-        """Spans of a batch; `row` is the index into `texts`."""
-        if len(texts) == 0:
+        """Spans of a batch (`row` indexes `texts`): one RE2 scan picks candidate rows, a per-rule RE2
+        scan of those picks the rules to run exactly, Python `re` gives the spans."""
+        n = len(texts)
+        if n == 0:
             return []
+        texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+        if paths is not None and isinstance(paths, pa.ChunkedArray):
+            paths = paths.combine_chunks()
+        if pa.types.is_null(texts.type):
+            texts = texts.cast(pa.string())
+        if paths is not None and pa.types.is_null(paths.type):
+            paths = None
         mask = self.candidate_mask(texts, paths)
+        idx = pc.indices_nonzero(mask)
         out: list[Span] = []
-        idx = pc.indices_nonzero(mask).to_pylist()
-        if idx:
-            cand = texts.take(pa.array(idx, pa.int64())).to_pylist()
-            cpaths = paths.take(pa.array(idx, pa.int64())).to_pylist() if paths is not None else [None] * len(idx)
-            for row, text, path in zip(idx, cand, cpaths):
+        if len(idx):
+            cand = texts.take(idx)
+            rows = idx.to_pylist()
+            per_row: list[list[_Matcher]] = [[] for _ in rows]
+            for m in self._matchers:
+                if m.prefilter is None:
+                    continue
+                hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, m.prefilter), False))
+                for j in hit.to_pylist():
+                    per_row[j].append(m)
+            ctexts = cand.to_pylist()
+            cpaths = paths.take(idx).to_pylist() if paths is not None else [None] * len(rows)
+            for j, row in enumerate(rows):
+                if ctexts[j] and (per_row[j] or cpaths[j]):
+                    out.extend(self.spans_of(row, ctexts[j], cpaths[j], matchers=per_row[j]))
+        if self._unfiltered:  # rules RE2 cannot take: every row, those rules only
+            for row, text in enumerate(texts.to_pylist()):
                 if text:
-                    out.extend(self.spans_of(row, text, path))
-        if self._unfiltered:  # rules RE2 could not take: every other row, those rules only
-            rest = pc.indices_nonzero(pc.invert(mask)).to_pylist()
-            if rest:
-                for row, text in zip(rest, texts.take(pa.array(rest, pa.int64())).to_pylist()):
-                    if text:
-                        out.extend(self.spans_of(row, text, None, matchers=self._unfiltered))
+                    out.extend(self.spans_of(row, text, None, matchers=self._unfiltered, globs=False))
             out.sort(key=lambda s: s.row)
         return out
 
     def tag_all(self, texts: Iterable[str], paths: Iterable[str | None] | None = None) -> list[Span]:
         """Exact pass on every row, no prefilter (the reference the tests compare against)."""
-        paths = paths if paths is not None else [None] * 0
+        plist = list(paths) if paths is not None else None
         out: list[Span] = []
-        plist = list(paths) if paths else None
         for i, t in enumerate(texts):
             out.extend(self.spans_of(i, t or "", plist[i] if plist else None))
         return out

@@ -1,0 +1,132 @@
+"""Secret tagging: exact spans, normalization, and the RE2 prefilter never hiding a match."""
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from catalog.tagging import Tagger, loosen, _glob_to_regex
+from components.core.errors import VeilError
+
+RULES = [
+    {"secret_class": "codename", "kind": "literal", "patterns": ["BLUEHERON", "KESTREL"], "case_sensitive": True},
+    {"secret_class": "project", "kind": "literal", "patterns": ["Falcon Nine"], "case_sensitive": False},
+    {"secret_class": "codename", "kind": "path_glob", "patterns": ["teams/blueheron/**", "*.pem"],
+     "case_sensitive": True},
+    {"secret_class": "credential", "kind": "detector", "patterns": ["credentials"], "case_sensitive": True},
+    {"secret_class": "credential", "kind": "regex", "patterns": ["AKIA[0-9A-Z]{16}"], "case_sensitive": True},
+    {"secret_class": "ticket", "kind": "regex", "patterns": [r"(?<![A-Z])TCK-(?P<secret>\d{4,6})(?!\d)"],
+     "case_sensitive": True},
+    {"secret_class": "email", "kind": "detector", "patterns": ["email"], "case_sensitive": False},
+    {"secret_class": "phone", "kind": "detector", "patterns": ["phone"], "case_sensitive": True},
+    {"secret_class": "phone", "kind": "regex", "patterns": [r"\+1-555-\d{3}-\d{4}"], "case_sensitive": True},
+]
+
+
+def _spans(tagger, text, path=None):
+    return sorted((s.secret_id, s.detector, s.start, s.end) for s in tagger.tag(pa.array([text]), pa.array([path])))
+
+
+def test_literal_spans_word_boundaries_and_case():
+    t = Tagger(RULES)
+    text = "BLUEHERON ships; xBLUEHERON and BLUEHERONS do not; blueheron neither. falcon NINE does."
+    got = _spans(t, text)
+    assert ("codename:BLUEHERON", "literal", 0, 9) in got
+    assert [g for g in got if g[0] == "codename:BLUEHERON"] == [("codename:BLUEHERON", "literal", 0, 9)]
+    i = text.index("falcon NINE")
+    assert ("project:Falcon Nine", "literal", i, i + 11) in got
+
+
+def test_detectors_find_credentials_emails_phones_with_normalized_ids():
+    t = Tagger(RULES)
+    key = "AKIAABCDEFGHIJKLMNOP"
+    text = (f"key {key} token acme_live_0123456789abcdef01234567 gh ghp_{'a' * 36} "
+            f"password = hunter2hunter mail Ann.Lee@Acme-Corp.Example call +1-555-012-3456 or (415) 555-0134\n"
+            "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----")
+    got = _spans(t, text)
+    ids = {g[0] for g in got}
+    assert f"credential:{key}" in ids
+    assert "credential:acme_live_0123456789abcdef01234567" in ids
+    assert f"credential:ghp_{'a' * 36}" in ids
+    assert "credential:hunter2hunter" in ids  # the value only, not the word "password"
+    assert "email:ann.lee@acme-corp.example" in ids
+    assert "phone:+15550123456" in ids  # detector and regex agree on one id per phone
+    assert "phone:4155550134" in ids
+    pem = [g for g in got if g[1] == "credentials.private_key"]
+    assert len(pem) == 1 and pem[0][0].startswith("credential:sha256:")  # long values are named by hash
+    assert text[pem[0][2]:pem[0][3]].startswith("-----BEGIN RSA") and text[pem[0][2]:pem[0][3]].endswith("KEY-----")
+    for sid, det, s, e in got:  # every span covers exactly its value
+        value = text[s:e]
+        if det.startswith("credentials.password"):
+            assert value == "hunter2hunter"
+        if sid == f"credential:{key}":
+            assert value == key
+    # AWS key found by the detector and the policy regex: two spans, one secret id
+    assert sorted(d for i, d, _, _ in got if i == f"credential:{key}") == ["credentials.aws_access_key", "regex"]
+    # the NANP sub-pattern inside the international number is not a second phone
+    assert len([g for g in got if g[0].startswith("phone:") and g[1].startswith("phone.")]) == 2
+
+
+def test_named_group_and_lookarounds():
+    t = Tagger(RULES)
+    got = _spans(t, "see TCK-12345 not XTCK-99999 nor TCK-1234567")
+    assert got == [("ticket:12345", "regex", 8, 13)]
+
+
+def test_path_globs_cover_the_record():
+    t = Tagger(RULES)
+    assert _spans(t, "x = 1", "teams/blueheron/src/a.py") == [("codename:teams/blueheron/**", "path_glob", 0, 5)]
+    assert _spans(t, "x = 1", "teams/kestrel/src/a.py") == []
+    assert _spans(t, "k", "keys/server.pem") == []  # '*' does not cross '/'
+    assert _spans(t, "k", "server.pem") == [("codename:*.pem", "path_glob", 0, 1)]
+    assert _glob_to_regex("a/**/b") == "^a/(?:[^/]*/)*b$"
+
+
+def test_prefiltered_tagging_equals_brute_force():
+    """The RE2 prefilter only skips rows; it must never change the spans (random texts, planted values)."""
+    rng = random.Random(7)
+    t = Tagger(RULES)
+    pieces = ["BLUEHERON", "KESTREL", "kestrel", "falcon nine", "AKIAABCDEFGHIJKLMNOP", "AKIA123", "TCK-4242",
+              "x@y.io", "a.b@c-d.example", "@nothing", "+1-555-010-1234", "+44 20 7946 0958", "555-0134",
+              "(212) 555-0199", "acme_live_" + "f" * 24, "xoxb-1234567890-abc", "pwd: s3cretvalue", "é", "ü@x.de",
+              "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----", "the", "and", " ", "\n", "12", "-", "."]
+    texts, paths = [], []
+    for _ in range(600):
+        texts.append("".join(rng.choice(pieces) + rng.choice(["", " ", "_", "-", "1"]) for _ in range(rng.randint(0, 12))))
+        paths.append(rng.choice([None, "teams/blueheron/x.py", "a/b.pem", "b.pem", "teams/kestrel/y"]))
+    fast = sorted((s.row, s.secret_id, s.detector, s.start, s.end) for s in t.tag(pa.array(texts), pa.array(paths)))
+    slow = sorted((s.row, s.secret_id, s.detector, s.start, s.end) for s in t.tag_all(texts, paths))
+    assert fast == slow
+    assert len(slow) > 300
+
+
+def test_loosen_only_widens():
+    assert loosen(r"\bA{2,3}\b(?=x)") == "A+"
+    assert loosen(r"[\b{]x{0,2}") == r"[\b{]x*"
+    import re
+    rng = random.Random(1)
+    for pat in [r"\bAKIA[0-9A-Z]{16}\b", r"(?<!\d)\d{3}-\d{4}(?!\d)", r"x{2}y{0,}"]:
+        lo = re.compile(loosen(pat))
+        for _ in range(300):
+            s = "".join(rng.choice("AKI0123456789-xy Z") for _ in range(rng.randint(0, 30)))
+            if re.search(pat, s):
+                assert lo.search(s)
+
+
+def test_bad_rules_are_named():
+    with pytest.raises(VeilError, match="tagging rule 2: patterns: regex"):
+        Tagger([RULES[0], {"secret_class": "x", "kind": "regex", "patterns": ["(unclosed"]}])
+    with pytest.raises(VeilError, match="unknown detector"):
+        Tagger([{"secret_class": "x", "kind": "detector", "patterns": ["ssn"]}])
+    with pytest.raises(VeilError, match="secret_class"):
+        Tagger([{"kind": "literal", "patterns": ["a"]}])
+
+
+def test_rules_from_a_policy_file():
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[2] / "policies" / "demo.yaml"
+    t = Tagger(str(demo))
+    got = _spans(t, "OSPREY launch; key AKIAABCDEFGHIJKLMNOP")
+    assert ("codename:OSPREY", "literal", 0, 6) in got
