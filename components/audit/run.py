@@ -157,6 +157,9 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     m = real["m"].to_pylist()
 
     # --- canaries ----------------------------------------------------------------------------------
+    cfile = (plan.get("audit") or {}).get("canary_records_file")
+    if canary_records is None and cfile and _resolve_file(cfile, settings).is_file():
+        canary_records = pq.read_table(_resolve_file(cfile, settings))
     canary_section = None
     canary_rows = []
     if canary.num_rows:

@@ -1,8 +1,10 @@
 """Sequence log-likelihoods under a causal LM: the one measurement every audit is built on.
 
 log p(x) = Σ_t log p(x_t | x_<t), summed (not averaged) over tokens as in seed 003 §1.4. When the
-tokenizer has a BOS token we prepend it so that the first real token is scored too; target and
+tokenizer has a BOS token it is prepended so that the first real token is scored too; target and
 reference always see the identical token sequence, so the choice cancels in their difference.
+Whole texts are scored by `components.modeling.sequence_logprobs`; this module adds continuations
+(log p(s | context), for exposure) and the reference-model switch.
 """
 from __future__ import annotations
 
@@ -27,15 +29,6 @@ def _device(model):
 def _bos(tokenizer) -> list[int]:
     bos = getattr(tokenizer, "bos_token_id", None)
     return [] if bos is None else [int(bos)]
-
-
-def encode_texts(tokenizer, texts: Sequence[str], seq_len: int) -> list[list[int]]:
-    """Token ids per text: BOS (if any) + the text's tokens, truncated to seq_len tokens in all."""
-    if seq_len < 2:
-        raise VeilError(f"seq_len: must be at least 2, got {seq_len}")
-    bos = _bos(tokenizer)
-    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    return [(bos + list(ids))[:seq_len] for ids in enc]
 
 
 def encode_continuations(tokenizer, contexts: Sequence[str], continuations: Sequence[str],
@@ -108,9 +101,21 @@ def token_logprob_sums(model, sequences: Sequence[Sequence[int]], starts: Sequen
 
 def sequence_logprobs(model, tokenizer, texts: Sequence[str], *, seq_len: int, batch_size: int = 16,
                       progress: str | None = None) -> np.ndarray:
-    """log p(x) of each text (sum of token log-probs after truncation to seq_len tokens)."""
-    return token_logprob_sums(model, encode_texts(tokenizer, texts, seq_len), batch_size=batch_size,
-                              progress=progress)
+    """log p(x) of each text (sum of token log-probs after truncation to seq_len tokens, BOS prepended).
+
+    Delegates to `components.modeling.sequence_logprobs` (one definition of log p(x) for the whole
+    platform); chunked here only to drive the progress bar.
+    """
+    from components.modeling import sequence_logprobs as _lp
+
+    texts = list(texts)
+    out = np.zeros(len(texts), dtype=np.float64)
+    chunk = max(batch_size * 8, 1)
+    with _progress(progress, len(texts)) as tick:
+        for b in range(0, len(texts), chunk):
+            out[b:b + chunk] = _lp(model, tokenizer, texts[b:b + chunk], seq_len=seq_len, batch_size=batch_size)
+            tick(len(texts[b:b + chunk]))
+    return out
 
 
 def continuation_logprobs(model, tokenizer, contexts: Sequence[str], continuations: Sequence[str], *,
