@@ -20,8 +20,9 @@ from components.core.errors import VeilError
 from components.training import checkpoint as ckpt
 from components.training.data import record_rates, records_by_user, tokenize_table
 from components.training.distributed import DistContext
-from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
-from components.training.sampling import PoissonSampler, noise_seed
+from components.training.per_sample import Unit
+from components.training.sampling import PoissonSampler
+from components.training.step import DPStep
 from components.training.spec import TrainResult, TrainSpec
 
 
@@ -149,10 +150,11 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             "sampler": sampler.state_dict(step), "losses": losses, "batch_sizes": batch_sizes,
         })
 
-    per_unit = PerUnitGradients(model, names, spec.micro_batch_size) if spec.mechanism != "nonprivate" else None
     G = int(spec.records_per_user) if spec.records_per_user else None
-    sigma, C = float(spec.noise_multiplier), float(spec.clip_norm)
-
+    step_fn = DPStep(model, opt, private=spec.mechanism != "nonprivate", clip_norm=float(spec.clip_norm),
+                     noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
+                     micro_batch_size=spec.micro_batch_size, private_seed=private_seed, dctx=dctx,
+                     per_record=spec.per_record)
     with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
         task = bar.add_task("train", total=spec.steps, completed=start, info="") if bar else None
         for step in range(start, int(spec.steps)):
@@ -170,29 +172,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 units = [Unit(np.array([r]), 1.0) for r in chosen]
             mine = dctx.shard(units)
 
-            if per_unit is not None:
-                grads, loss_sum, n_rec = per_unit.clipped_sum(mine, tok.ids, tok.lengths, C, device)
-                grads = [grads[n] for n in names]
-            else:
-                grads, loss_sum, n_rec = _plain_sum(model, params, mine, tok.ids, tok.lengths,
-                                                    spec.micro_batch_size, device)
-            grads = dctx.all_reduce_sum([g.float() for g in grads])
-            (stats,) = dctx.all_reduce_sum([torch.tensor([loss_sum, float(n_rec)], dtype=torch.float64,
-                                                         device=device)])
-
-            if sigma > 0 and spec.mechanism != "nonprivate":
-                # the same stream on every rank, added after the reduce: exactly one copy of the noise
-                gen = torch.Generator(device=device)
-                gen.manual_seed(noise_seed(private_seed, step))
-                grads = [g + torch.normal(0.0, sigma * C, size=g.shape, generator=gen,
-                                          device=device, dtype=torch.float32) for g in grads]
-            for p, g in zip(params, grads):
-                p.grad = (g / expected).to(p.dtype)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-            n_rec_tot = float(stats[1])
-            losses.append(float(stats[0]) / n_rec_tot if n_rec_tot > 0 else float("nan"))
+            loss_sum, n_rec_tot = step_fn(step, mine, tok.ids, tok.lengths)
+            losses.append(loss_sum / n_rec_tot if n_rec_tot > 0 else float("nan"))
             batch_sizes.append(int(len(chosen)))
             done = step + 1
             if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
@@ -202,6 +183,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             if on_step is not None:
                 on_step(done)
 
+    step_fn.close()
     if state is None and int(spec.steps) == 0:
         save(0)
     dctx.barrier()
@@ -219,9 +201,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 tokenizer.save_pretrained(model_dir)
     bs = np.array(batch_sizes, dtype=np.int64)
     result = TrainResult(
-        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=sigma,
+        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=step_fn.sigma,  # 0 for nonprivate
         sampling_rate=float(spec.sampling_rate) if spec.mechanism != "secret" else expected / len(rates),
-        clip_norm=C, expected_batch_size=expected, plan_expected_batch_size=spec.expected_batch_size,
+        clip_norm=float(spec.clip_norm), expected_batch_size=expected, plan_expected_batch_size=spec.expected_batch_size,
         records_per_user=spec.records_per_user,
         batch_mean=float(bs.mean()) if bs.size else 0.0, batch_min=int(bs.min()) if bs.size else 0,
         batch_max=int(bs.max()) if bs.size else 0, empty_steps=int((bs == 0).sum()),
@@ -236,24 +218,3 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         d["losses"] = [x if math.isfinite(x) else None for x in d["losses"]]
         (out_dir / "train_result.json").write_text(json.dumps(d, indent=2))
     return result
-
-
-def _plain_sum(model, params, units, ids_all, lengths_all, micro_batch_size, device):
-    """Non-private baseline: Σ of record gradients by ordinary batched backward (no clip, no noise)."""
-    recs = np.concatenate([u.records for u in units]) if units else np.zeros(0, dtype=np.int64)
-    for p in params:
-        p.grad = None
-    loss_sum = 0.0
-    for start in range(0, len(recs), micro_batch_size):
-        r = recs[start:start + micro_batch_size]
-        T = max(2, int(lengths_all[r].max()))
-        ids = torch.as_tensor(ids_all[r, :T], device=device)
-        lens = torch.as_tensor(lengths_all[r], device=device)
-        out = model(input_ids=ids, use_cache=False)
-        l = sequence_losses(out.logits, ids, lens).sum()
-        l.backward()
-        loss_sum += float(l.detach())
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    for p in params:
-        p.grad = None
-    return grads, loss_sum, len(recs)

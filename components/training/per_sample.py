@@ -1,7 +1,8 @@
 """Clipped sums of per-unit gradients.
 
-Per-record gradients come from torch.func (functional_call + vmap(grad)) over the trainable
-parameters only — for LoRA these are small, so instantiating them is cheaper than ghost norms.
+Per-record gradients of the trainable parameters come from per-layer samplers on one batched
+backward (grad_samplers.py) or, for layers without a sampler, torch.func (functional_call +
+vmap(grad)). For LoRA they are small, so instantiating them is cheaper than ghost norms.
 A unit's gradient is the weighted sum of its records' gradients (weight 1/|S_u| for a ULS user,
 1 for a record), formed before clipping, so a user's records are averaged and then clipped as one.
 Units are packed into micro-batches of at most `micro_batch_size` records; a unit larger than that
@@ -52,10 +53,18 @@ def pack(units: list[Unit], micro_batch_size: int) -> list[list[Unit]]:
 class PerUnitGradients:
     """Computes Σ_u clip_C(Σ_{r∈u} w_u ∇ℓ_r) over the trainable parameters of `model`."""
 
-    def __init__(self, model: torch.nn.Module, names: list[str], micro_batch_size: int):
+    def __init__(self, model: torch.nn.Module, names: list[str], micro_batch_size: int, method: str = "auto"):
+        """method: "hooks" (per-layer samplers, one batched backward), "vmap" (torch.func), or
+        "auto" (hooks when every trainable layer has a sampler, else vmap)."""
+        from components.training.grad_samplers import HookPerRecord, supported
+
         self.model = model
         self.names = names
         self.micro_batch_size = int(micro_batch_size)
+        if method == "auto":
+            method = "hooks" if supported(model) else "vmap"
+        self.method = method
+        self._hooks = HookPerRecord(model, names) if method == "hooks" else None
 
         def loss_one(params, ids, length):
             out = functional_call(model, params, (ids.unsqueeze(0),), {"use_cache": False})
@@ -64,8 +73,15 @@ class PerUnitGradients:
         self._per_record = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")
 
     def per_record(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        if self._hooks is not None:
+            return self._hooks(ids, lengths, sequence_losses)
         params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
         return self._per_record(params, ids, lengths)
+
+    def close(self) -> None:
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
 
     def clipped_sum(self, units: list[Unit], ids_all: np.ndarray, lengths_all: np.ndarray,
                     clip_norm: float, device: torch.device) -> tuple[dict, float, int]:

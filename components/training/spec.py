@@ -15,6 +15,7 @@ MECHANISMS = ("uls", "els", "group", "record", "secret", "nonprivate")
 # Modes whose privacy unit is sampled as a user (everything else samples records).
 USER_SAMPLED = ("uls",)
 OPTIMIZERS = ("adam", "sgd")
+PER_RECORD = ("auto", "hooks", "vmap")  # how per-record gradients are computed (same numbers)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class TrainSpec:
     private_seed: drives batch sampling and noise. Leave None: it is then drawn from the OS at the
       first start and kept in the run folder only. A published seed would reveal the batches and
       the noise, and with them the privacy. Tests set it for reproducibility.
+    per_record: "auto" (per-layer hook samplers when every trainable layer has one, else
+      torch.func vmap), "hooks" or "vmap".
     """
 
     mechanism: str
@@ -51,6 +54,7 @@ class TrainSpec:
     checkpoint_every: int = 50
     optimizer: str = "adam"
     private_seed: int | None = None
+    per_record: str = "auto"
 
     def __post_init__(self):
         def bad(name, why):
@@ -79,6 +83,8 @@ class TrainSpec:
             bad("learning_rate", f"must be > 0, got {self.learning_rate}")
         if self.optimizer not in OPTIMIZERS:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.per_record not in PER_RECORD:
+            bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
         if self.lora is not None:
             if not isinstance(self.lora, dict) or "r" not in self.lora:
                 bad("lora", "must be null or a mapping with at least 'r'")

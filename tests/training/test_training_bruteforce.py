@@ -56,7 +56,7 @@ def _prepare(tiny_lm, lora):
     return model
 
 
-def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lora=LORA, mbs=3):
+def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lora=LORA, mbs=3, method="auto"):
     """Brute force first (which also picks C = the median unit-gradient norm, so some units are
     clipped and some are not), then one engine step; returns (result, n_clipped, n_units)."""
     model = _prepare(tiny_lm, lora)
@@ -92,7 +92,7 @@ def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lo
     before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     spec = TrainSpec(mechanism=mechanism, sampling_rate=q, noise_multiplier=0.0, clip_norm=C, steps=1,
                      records_per_user=k, lora=lora, learning_rate=1.0, optimizer="sgd", seq_len=24,
-                     micro_batch_size=mbs, private_seed=2024)
+                     micro_batch_size=mbs, private_seed=2024, per_record=method)
     res = train(spec, data, model, tok, tmp_path / "run", progress=False)
     assert res.batch_max == len(units) and res.steps_run == 1
     after = [p.detach() for p in model.parameters() if p.requires_grad]
@@ -101,9 +101,10 @@ def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lo
     return res, n_clipped, len(units)
 
 
-def test_uls_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("method", ["hooks", "vmap"])
+def test_uls_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method):
     data = tiny_lm.make_texts(n_users=10, per_user=(1, 6), seed=3)
-    res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "uls", data, k=3)
+    res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "uls", data, k=3, method=method)
     assert 0 < n_clipped < n_units, "C should clip some users and not others"
     assert res.expected_batch_size == pytest.approx(0.5 * 10)
 
@@ -129,8 +130,10 @@ def test_nonprivate_update_is_unclipped_sum(tiny_lm, tiny_tokenizer, tmp_path):
     _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "nonprivate", data, q=0.6)
 
 
-def test_full_finetuning_record_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("method", ["hooks", "vmap"])
+def test_full_finetuning_record_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method):
+    # tied input/output embeddings, Conv1D, LayerNorm, Embedding: every layer sampler is exercised
     data = tiny_lm.make_texts(n_users=4, per_user=(1, 2), seed=7)
     res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "record", data,
-                                             q=0.5, lora=None, mbs=2)
+                                             q=0.5, lora=None, mbs=2, method=method)
     assert res.model_dir is not None and n_clipped > 0

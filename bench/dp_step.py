@@ -1,0 +1,160 @@
+"""Seconds per optimizer step: non-private SGD step vs Veil's DP step vs Opacus 1.6, side by side.
+
+Same model (a small GPT-2 + peft LoRA), same batch, same sequence length, same Adam optimizer; the
+DP steps do record-level DP-SGD (per-record clip to C, Gaussian noise on the sum). Rounds are
+interleaved so machine noise hits all three alike; the figure is the median over rounds.
+
+    python bench/dp_step.py                       # CPU defaults
+    python bench/dp_step.py --device cuda --batch 64 --seq-len 256 --layers 12 --d-model 768
+    python bench/dp_step.py --json                # {"nonprivate_s", "veil_s", "opacus_s", ...}
+
+Targets (issue 6): veil_s ≤ 1.3 × nonprivate_s, and veil_s < opacus_s.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+warnings.filterwarnings("ignore")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def build(args):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=args.layers, n_embd=args.d_model, n_head=max(1, args.d_model // 64),
+                     vocab_size=args.vocab, n_positions=max(args.seq_len, 64), bos_token_id=0, eos_token_id=0,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    base = GPT2LMHeadModel(cfg)
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
+                      target_modules=["c_attn", "c_proj", "c_fc"])
+    return get_peft_model(base, lora).to(args.device)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--no-opacus", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(args.device)
+
+    from components.training.distributed import DistContext
+    from components.training.per_sample import Unit, sequence_losses
+    from components.training.step import DPStep
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, args.vocab, size=(args.batch, args.seq_len)).astype(np.int64)
+    lengths = np.full(args.batch, args.seq_len, dtype=np.int64)
+    units = [Unit(np.array([i]), 1.0) for i in range(args.batch)]
+    C, sigma = 1.0, 1.0
+    template = build(args)
+
+    runners = {}
+    for name, private in (("nonprivate", False), ("veil", True)):
+        m = copy.deepcopy(template).train()
+        opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-4)
+        step = DPStep(m, opt, private=private, clip_norm=C, noise_multiplier=sigma,
+                      expected_batch_size=args.batch, micro_batch_size=args.batch, private_seed=1,
+                      dctx=DistContext())
+        counter = iter(range(10 ** 9))
+        runners[name] = (lambda step=step, counter=counter: step(next(counter), units, ids, lengths))
+
+    opacus_version = None
+    if not args.no_opacus:
+        import opacus
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        opacus_version = opacus.__version__
+        m = copy.deepcopy(template).train()
+        gsm = GradSampleModule(m, batch_first=True, loss_reduction="sum")
+        popt = DPOptimizer(torch.optim.Adam([p for p in gsm.parameters() if p.requires_grad], lr=1e-4),
+                           noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=args.batch,
+                           loss_reduction="sum")
+        x = torch.as_tensor(ids, device=dev)
+        lens = torch.as_tensor(lengths, device=dev)
+
+        def opacus_step():
+            popt.zero_grad(set_to_none=True)
+            out = gsm(input_ids=x, use_cache=False)
+            sequence_losses(out.logits, x, lens).sum().backward()
+            popt.step()
+
+        runners["opacus"] = opacus_step
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    times = {k: [] for k in runners}
+    for r in range(args.warmup + args.rounds):
+        for name, fn in runners.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            if r >= args.warmup:
+                times[name].append(time.perf_counter() - t)
+
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    out = {
+        "nonprivate_s": med["nonprivate"], "veil_s": med["veil"], "opacus_s": med.get("opacus"),
+        "veil_over_nonprivate": med["veil"] / med["nonprivate"],
+        "opacus_over_veil": (med["opacus"] / med["veil"]) if "opacus" in med else None,
+        "config": {"layers": args.layers, "d_model": args.d_model, "vocab": args.vocab, "seq_len": args.seq_len,
+                   "batch": args.batch, "lora_r": args.lora_r, "lora_targets": ["c_attn", "c_proj", "c_fc"],
+                   "rounds": args.rounds, "device": str(dev), "threads": torch.get_num_threads(),
+                   "trainable_params": sum(p.numel() for p in template.parameters() if p.requires_grad),
+                   "torch": torch.__version__, "opacus": opacus_version, "python": platform.python_version()},
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    tab = Table(title=f"DP step, GPT-2 {args.layers}×{args.d_model} + LoRA r={args.lora_r}, "
+                      f"batch {args.batch} × {args.seq_len} tokens, {dev}")
+    for col in ("engine", "median s/step", "min", "max", "× non-private"):
+        tab.add_column(col, justify="right" if col != "engine" else "left")
+    for name in runners:
+        v = times[name]
+        tab.add_row(name, f"{med[name]:.4f}", f"{min(v):.4f}", f"{max(v):.4f}", f"{med[name] / med['nonprivate']:.2f}")
+    Console().print(tab)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""One DP-SGD step on a given batch: per-unit gradients → clip → sum → all-reduce → noise once →
+÷ expected batch size → optimizer. Batch selection happens before (sampling.py), accounting after
+(components.accounting), in the jax_privacy manner."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from components.training.distributed import DistContext
+from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
+from components.training.sampling import noise_seed
+
+
+class DPStep:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, private: bool,
+                 clip_norm: float, noise_multiplier: float, expected_batch_size: float,
+                 micro_batch_size: int, private_seed: int, dctx: DistContext | None = None,
+                 per_record: str = "auto"):
+        self.model = model
+        self.optimizer = optimizer
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.private = bool(private)
+        self.C = float(clip_norm)
+        self.sigma = float(noise_multiplier) if private else 0.0
+        self.expected = float(expected_batch_size)
+        self.mbs = int(micro_batch_size)
+        self.private_seed = int(private_seed)
+        self.dctx = dctx or DistContext()
+        self.per_unit = (PerUnitGradients(model, [n for n, _ in self.named], self.mbs, per_record)
+                         if private else None)
+
+    def __call__(self, step: int, units: list[Unit], ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
+        """Runs step number `step` on this rank's `units`; returns (Σ record losses, records) over all ranks."""
+        device = self.named[0][1].device
+        if self.private:
+            sums, loss_sum, n_rec = self.per_unit.clipped_sum(units, ids, lengths, self.C, device)
+            grads = [sums[n] for n, _ in self.named]
+        else:
+            grads, loss_sum, n_rec = self._plain_sum(units, ids, lengths, device)
+        grads = self.dctx.all_reduce_sum([g.float() for g in grads])
+        (stats,) = self.dctx.all_reduce_sum([torch.tensor([loss_sum, float(n_rec)], dtype=torch.float64,
+                                                          device=device)])
+        if self.sigma > 0:
+            # the same stream on every rank, added after the reduce: exactly one copy of the noise
+            gen = torch.Generator(device=device)
+            gen.manual_seed(noise_seed(self.private_seed, step))
+            std = self.sigma * self.C
+            grads = [g + torch.normal(0.0, std, size=g.shape, generator=gen, device=device, dtype=torch.float32)
+                     for g in grads]
+        for (_, p), g in zip(self.named, grads):
+            p.grad = (g / self.expected).to(p.dtype)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(stats[0]), int(stats[1])
+
+    def close(self) -> None:
+        """Remove the per-record hooks from the model."""
+        if self.per_unit is not None:
+            self.per_unit.close()
+
+    def _plain_sum(self, units, ids_all, lengths_all, device):
+        """Non-private baseline: Σ of record gradients by ordinary batched backward."""
+        recs = np.concatenate([u.records for u in units]) if units else np.zeros(0, dtype=np.int64)
+        params = [p for _, p in self.named]
+        for p in params:
+            p.grad = None
+        loss_sum = 0.0
+        for start in range(0, len(recs), self.mbs):
+            r = recs[start:start + self.mbs]
+            T = max(2, int(lengths_all[r].max()))
+            ids = torch.as_tensor(ids_all[r, :T], device=device)
+            lens = torch.as_tensor(lengths_all[r], device=device)
+            out = self.model(input_ids=ids, use_cache=False)
+            loss = sequence_losses(out.logits, ids, lens).sum()
+            loss.backward()
+            loss_sum += float(loss.detach())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for p in params:
+            p.grad = None
+        return grads, loss_sum, len(recs)
