@@ -15,6 +15,8 @@ vectorised and appended to a staging table; the merge into the catalog is one tr
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -23,7 +25,10 @@ from pathlib import Path
 from typing import Sequence
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from catalog import snapshots as snap_mod
 from catalog import store
@@ -97,14 +102,17 @@ def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
 
+# Per-row bookkeeping of one ingest (no text: the text goes to a temporary Parquet file).
 _STAGE_DDL = """
 CREATE OR REPLACE TEMP TABLE stage (
-    seq BIGINT, line BIGINT, byte_offset BIGINT, locator VARCHAR, user_id VARCHAR, text VARCHAR,
-    source VARCHAR, created_at TIMESTAMPTZ, metadata VARCHAR, reason VARCHAR, record_id VARCHAR, raw BLOB);
+    seq BIGINT, line BIGINT, byte_offset BIGINT, locator VARCHAR, user_id VARCHAR, reason VARCHAR,
+    record_id VARCHAR, raw BLOB);
 CREATE OR REPLACE TEMP TABLE span_stage (
-    seq BIGINT, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR, detector_version VARCHAR,
-    "start" BIGINT, "end" BIGINT);
+    seq BIGINT, record_id VARCHAR, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR,
+    detector_version VARCHAR, "start" BIGINT, "end" BIGINT);
 """
+_STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id", pa.string()), ("text", pa.string()),
+                     ("source", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")), ("metadata", pa.string())])
 
 
 def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: str, time_field: str | None,
@@ -123,29 +131,30 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
           "WHEN regexp_full_match(trim(ts), '[0-9]{9,11}(\\.[0-9]+)?') THEN to_timestamp(TRY_CAST(trim(ts) AS DOUBLE)) "
           "ELSE TRY_CAST(trim(ts) AS TIMESTAMPTZ) END")
     return f"""
-    INSERT INTO stage
     WITH b AS (SELECT *, trim("user") AS u, {ts} AS cts FROM batch),
     v AS (SELECT *,
         CASE WHEN error IS NOT NULL THEN error
              WHEN u IS NULL OR u = '' THEN {_q(f"missing user: field {user_field!r} is absent or empty")}
-             WHEN text IS NULL OR trim(text) = '' THEN {_q(f"missing text: field {text_field!r} is absent or empty")}
+             WHEN text IS NULL OR NOT regexp_matches(text, '\S') THEN {_q(f"missing text: field {text_field!r} is absent or empty")}
              WHEN strlen(text) > {int(max_bytes)}
                   THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
              WHEN ts IS NOT NULL AND cts IS NULL
                   THEN {_q(f"bad timestamp: field {tname!r} is not ISO-8601 or epoch seconds: ")} || left(ts, 60)
         END AS reason FROM b)
-    SELECT seq, line, "offset", locator, u, text, coalesce(nullif(trim(source), ''), {_q(default_source)}),
-           cts, {meta}, reason,
-           CASE WHEN reason IS NULL THEN sha256(u || chr(31) || text) END,
+    SELECT seq, line, "offset" AS byte_offset, locator, u AS user_id, reason,
+           CASE WHEN reason IS NULL THEN sha256(u || chr(31) || text) END AS record_id,
            CASE WHEN reason IS NOT NULL THEN coalesce(raw, encode(to_json(struct_pack(
-                "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END
+                "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END AS raw,
+           coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
+           cts::TIMESTAMPTZ AS created_at, {meta} AS metadata
     FROM v
     """
 
 
-def _spans_table(spans, seqs: list[int]) -> pa.Table:
+def _spans_table(spans, seqs: list[int], rids: list[str]) -> pa.Table:
     return pa.table({
         "seq": pa.array([seqs[s.row] for s in spans], pa.int64()),
+        "record_id": pa.array([rids[s.row] for s in spans], pa.string()),
         "secret_id": pa.array([s.secret_id for s in spans], pa.string()),
         "secret_class": pa.array([s.secret_class for s in spans], pa.string()),
         "detector": pa.array([s.detector for s in spans], pa.string()),
@@ -183,45 +192,130 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
+    tmp_dir = settings.cache_dir / "ingest-tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    staged_path = tmp_dir / f"{ingest_id}.parquet"
     with store.writer(settings) as con:
         con.execute(_STAGE_DDL)
         bar = _progress(progress, conn)
         try:
-            for batch in conn.batches():
-                if batch.num_rows == 0:
-                    continue
-                con.register("batch", batch)
-                try:
-                    con.execute(sql)
-                finally:
-                    con.unregister("batch")
-                spans = tagger.tag(batch.column("text"), batch.column("path"))
-                if spans:
-                    sp = _spans_table(spans, batch.column("seq").to_pylist())
-                    con.register("sp", sp)
-                    try:
-                        con.execute("INSERT INTO span_stage SELECT * FROM sp")
-                    finally:
-                        con.unregister("sp")
-                if bar is not None:
-                    bar.advance(conn)
+            with pq.ParquetWriter(staged_path, _STAGED, compression="none") as staged:
+                for batch in _prefetch(conn.batches()):
+                    if batch.num_rows:
+                        _stage_batch(con, sql, batch, tagger, staged)
+                    if bar is not None:
+                        bar.advance(conn)
+            source_sha = conn.sha256
+            options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
+            source_key = sha256_json({"source_sha256": source_sha, **options})
+            report = _merge(con, settings, tagger, staged_path, ingest_id=ingest_id, source=source, fmt=fmt,
+                            source_sha=source_sha, source_key=source_key, options=options, started=started)
         finally:
             if bar is not None:
                 bar.stop()
-        source_sha = conn.sha256
-        options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
-        source_key = sha256_json({"source_sha256": source_sha, **options})
-        report = _merge(con, settings, tagger, ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
-                        source_key=source_key, options=options, started=started)
+            staged_path.unlink(missing_ok=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.ParquetWriter) -> None:
+    """Validate + hash one batch in DuckDB, keep its bookkeeping in `stage`, its valid rows (with text)
+    in the staged Parquet file, and their secret spans in `span_stage`."""
+    con.register("batch", batch)
+    try:
+        out = con.sql(sql).to_arrow_table()
+    finally:
+        con.unregister("batch")
+    if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
+        raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
+    con.register("o", out.select(["seq", "line", "byte_offset", "locator", "user_id", "reason", "record_id", "raw"]))
+    try:
+        con.execute("INSERT INTO stage SELECT * FROM o")
+    finally:
+        con.unregister("o")
+    valid = pc.is_null(out.column("reason"))
+    rows = pa.table({"seq": out.column("seq"), "record_id": out.column("record_id"), "user_id": out.column("user_id"),
+                     "text": batch.column("text"), "source": out.column("source"),
+                     "created_at": out.column("created_at"), "metadata": out.column("metadata")},
+                    schema=_STAGED).filter(valid)
+    if rows.num_rows == 0:
+        return
+    staged.write_table(rows)
+    paths = batch.column("path").filter(valid)
+    spans = tagger.tag(rows.column("text"), paths)
+    if spans:
+        sp = _spans_table(spans, rows.column("seq").to_pylist(), rows.column("record_id").to_pylist())
+        con.register("sp", sp)
+        try:
+            con.execute("INSERT INTO span_stage SELECT * FROM sp")
+        finally:
+            con.unregister("sp")
+
+
+def _fresh_rows(con, staged_path: Path):
+    """The staged rows to add to the catalog (first copy of each record not in it yet), in source order."""
+    fresh = np.sort(np.asarray(con.sql("SELECT seq FROM fresh").to_arrow_table().column("seq").to_numpy()))
+    if len(fresh) == 0:
+        return
+    for batch in pq.ParquetFile(staged_path).iter_batches(batch_size=65_536):
+        seq = batch.column("seq").to_numpy()
+        pos = np.searchsorted(fresh, seq).clip(max=len(fresh) - 1)
+        keep = fresh[pos] == seq
+        if keep.any():
+            yield pa.Table.from_batches([batch]).filter(pa.array(keep)).drop_columns(["seq"])
+
+
+def _prefetch(it, depth: int = 2):
+    """Run a connector in a background thread, `depth` batches ahead: parsing (pyarrow, zlib, git,
+    releasing the GIL) overlaps hashing, tagging and staging of the previous batch."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def work():
+        try:
+            for item in it:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(e)
+
+    t = threading.Thread(target=work, name="veil-ingest-reader", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            t.join(timeout=0.05)
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def _one(con, q: str):
     return con.sql(q).fetchall()[0][0]
 
 
-def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, *, ingest_id: str, source: Path,
+def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, staged_path: Path, *, ingest_id: str,
+           source: Path,
            fmt: str, source_sha: str, source_key: str, options: dict, started: datetime) -> IngestReport:
     read = _one(con, "SELECT count(*) FROM stage")
     quarantined = _one(con, "SELECT count(*) FROM stage WHERE reason IS NOT NULL")
@@ -237,9 +331,9 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, *
         con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq FROM firsts f "
                     "ANTI JOIN records r ON r.record_id = f.record_id")
         new = _one(con, "SELECT count(*) FROM fresh")
-        con.execute(f"""CREATE OR REPLACE TEMP TABLE new_spans AS
-            SELECT DISTINCT f.record_id, p.secret_id, p.secret_class, p.detector, p.detector_version, p."start", p."end"
-            FROM span_stage p JOIN firsts f ON p.seq = f.seq""")
+        con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS
+            SELECT DISTINCT record_id, secret_id, secret_class, detector, detector_version, "start", "end"
+            FROM span_stage""")
         tagged = _one(con, "SELECT count(DISTINCT record_id) FROM new_spans")
         con.execute("""CREATE OR REPLACE TEMP TABLE add_spans AS SELECT n.* FROM new_spans n ANTI JOIN secret_spans s
             ON s.record_id = n.record_id AND s.secret_id = n.secret_id AND s.detector = n.detector
@@ -258,8 +352,7 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, *
         if new or new_spans or latest is None:
             snap = snap_mod.write_snapshot(
                 con, settings, ingest_id=ingest_id, parent=latest[0] if latest else None,
-                new_records_query=("SELECT record_id, user_id, text, source, created_at, metadata FROM stage "
-                                   "WHERE seq IN (SELECT seq FROM fresh)") if new else None)
+                new_records=_fresh_rows(con, staged_path) if new else None)
             store.point_records_view(con, settings, snap["snapshot_id"])
             if new:
                 con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,

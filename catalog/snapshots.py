@@ -88,9 +88,9 @@ def _write(batches, schema: pa.Schema, path: Path) -> dict:
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
 
 
-def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None, new_records_query: str | None) -> dict:
-    """Cut a snapshot: the parent's records followed by the rows of `new_records_query` (the records
-    columns, in order), and every span of the catalog. Returns its catalog row."""
+def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None, new_records=None) -> dict:
+    """Cut a snapshot: the parent's records followed by `new_records` (Arrow tables/batches with the
+    records columns), and every span of the catalog. Returns its catalog row."""
     settings.snapshots_dir.mkdir(parents=True, exist_ok=True)
     tmp = settings.snapshots_dir / f".tmp-{ingest_id}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -99,8 +99,8 @@ def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | Non
         def record_batches():
             if parent is not None:
                 yield from pq.ParquetFile(settings.snapshots_dir / parent / "records.parquet").iter_batches(_BATCH)
-            if new_records_query is not None:
-                yield from con.sql(new_records_query).to_arrow_reader(_BATCH)
+            if new_records is not None:
+                yield from new_records
 
         files = {
             "records.parquet": _write(record_batches(), RECORDS, tmp / "records.parquet"),
