@@ -33,7 +33,7 @@ from components.core.hashing import sha256_json
 
 REFERENCE_DISCRETIZATION = 1e-4
 # Nested grids, coarsest first: each is a subset of the next (powers of two times the reference).
-DISCRETIZATIONS = tuple(REFERENCE_DISCRETIZATION * 2 ** j for j in range(4, -1, -1))
+DISCRETIZATIONS = tuple(REFERENCE_DISCRETIZATION * 2 ** j for j in range(6, -1, -1))
 AGREEMENT = 2.5e-3          # two successive grids this close: accept the finer
 FLOAT_ALLOWANCE = 1e-7      # relative, added to every reported ε
 ACCOUNTANT_VERSION = "veil-pld-1"  # bump when the numerics change (invalidates the calibration cache)

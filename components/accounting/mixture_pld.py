@@ -32,6 +32,34 @@ from scipy import special
 DEFAULT_TAIL_MASS = 1e-22
 
 
+# Atoms whose total probability is below this are moved onto the largest sensitivity (see _fold_tail).
+FOLD_MASS = 1e-30
+
+
+def _fold_tail(c: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Move the probability of the largest sensitivities but one, while it totals ≤ FOLD_MASS, onto the
+    largest sensitivity. A sensitivity that is stochastically larger gives a dominating pair in both
+    directions (Choquette-Choo et al. 2023, Lemma 4.5 / Cor. 4.7), so this is pessimistic; it turns e.g.
+    Bin(64, 5e-4) into ~16 atoms instead of 65, which is where the time goes."""
+    order = np.argsort(c)
+    c, p = c[order], p[order]
+    if len(c) <= 2:
+        return c, p
+    # suffix sums over all atoms but the last (the largest keeps its own mass and gets the fold)
+    inner = p[:-1]
+    suffix = np.cumsum(inner[::-1])[::-1]          # suffix[i] = Σ_{j ≥ i, j < last} p_j
+    fold = suffix <= FOLD_MASS
+    if not fold.any():
+        return c, p
+    first = int(np.argmax(fold))
+    if first == 0:
+        first = 1  # never fold everything into one atom
+    moved = float(inner[first:].sum())
+    c2 = np.concatenate([c[:first], c[-1:]])
+    p2 = np.concatenate([p[:first], [p[-1] + moved]])
+    return c2, p2
+
+
 class _Mixture:
     """Sensitivities/probabilities with zero-probability atoms dropped and zero sensitivities merged."""
 
@@ -46,6 +74,7 @@ class _Mixture:
             raise ValueError(f"probabilities sum to {p.sum()}, not 1")
         keep = p > 0
         c, p = c[keep], p[keep] / p[keep].sum()
+        c, p = _fold_tail(c, p)
         self.p0 = float(p[c == 0].sum())
         pos = c > 0
         if not pos.any():
@@ -79,8 +108,13 @@ class _Mixture:
             return self._lse(x, -1.0)[0]
         return -self._lse(x, 1.0)[0]
 
-    def inverse_loss(self, eps: np.ndarray, remove: bool) -> np.ndarray:
-        """x with loss(x) = ε for each ε (all inside the loss's range), by monotone Newton steps."""
+    def inverse_loss(self, eps: np.ndarray, remove: bool, table: tuple[np.ndarray, np.ndarray] | None = None
+                     ) -> np.ndarray:
+        """x with loss(x) = ε for each ε (all inside the loss's range), by monotone Newton steps.
+
+        `table` = (xs increasing, loss(xs)) tabulated once: each search starts at the nearest tabulated
+        point on the safe side of its root, so a handful of steps suffice.
+        """
         eps = np.asarray(eps, dtype=float)
         if remove:
             # loss = LSE(a - b x): convex, decreasing. Start left of the root: for every j,
@@ -91,6 +125,17 @@ class _Mixture:
             # -loss = LSE(a + b x) =: M(x): convex, increasing; solve M = -ε starting right of the root.
             x = np.min((-eps[:, None] - self.a[None, :]) / self.b[None, :], axis=1)
             target, sign = -eps, 1.0
+        if table is not None:
+            xs, ls = table  # loss decreasing in x
+            # number of tabulated points with loss ≥ ε  (ls reversed is increasing)
+            n_ge = len(ls) - np.searchsorted(ls[::-1], eps, side="left")
+            if remove:   # safe side: loss ≥ ε, i.e. the last tabulated x with loss ≥ ε
+                has = n_ge > 0
+                x[has] = np.maximum(x[has], xs[n_ge[has] - 1])
+            else:        # safe side: loss ≤ ε, i.e. the first tabulated x with loss ≤ ε
+                n_gt = len(ls) - np.searchsorted(ls[::-1], eps, side="right")
+                has = n_gt < len(xs)
+                x[has] = np.minimum(x[has], xs[n_gt[has]])
         active = np.arange(len(eps))
         # δ(ε) is the maximum over x of P_upper(X ≤ x) − e^ε P_lower(X ≤ x), attained at the root, so
         # an error η in x lowers δ by O(η²) only: 1e-11 is far below anything that shows in ε.
@@ -104,8 +149,14 @@ class _Mixture:
                 break
         return x
 
+    def _table(self, x_range, remove: bool, n: int = 4096):
+        if x_range is None:
+            return None
+        xs = np.linspace(x_range[0], x_range[1], n)
+        return xs, self.loss(xs, remove)
+
     # --- hockey-stick divergence δ(ε) -----------------------------------------------------------
-    def delta(self, eps: np.ndarray, remove: bool) -> np.ndarray:
+    def delta(self, eps: np.ndarray, remove: bool, x_range: tuple[float, float] | None = None) -> np.ndarray:
         """δ(ε) = P_upper(L > ε) − e^ε P_lower(L > ε), computed in log space to limit cancellation."""
         eps = np.asarray(eps, dtype=float)
         out = np.zeros_like(eps)
@@ -115,7 +166,7 @@ class _Mixture:
             low = eps <= self.log_p0 + 1e-12 if self.p0 > 0 else np.zeros_like(eps, dtype=bool)
             out[low] = -np.expm1(eps[low])
             idx = ~low
-            x = self.inverse_loss(eps[idx], remove=True)
+            x = self.inverse_loss(eps[idx], remove=True, table=self._table(x_range, True))
             log_up = special.logsumexp(special.log_ndtr(np.add.outer(x, self.c) / s), axis=1, b=self.p)
             if self.p0 > 0:
                 log_up = np.logaddexp(log_up, self.log_p0 + special.log_ndtr(x / s))
@@ -124,7 +175,7 @@ class _Mixture:
             # loss ≤ −log p0 everywhere: at or above it δ = 0.
             high = eps >= -self.log_p0 - 1e-12 if self.p0 > 0 else np.zeros_like(eps, dtype=bool)
             idx = ~high
-            x = self.inverse_loss(eps[idx], remove=False)
+            x = self.inverse_loss(eps[idx], remove=False, table=self._table(x_range, False))
             log_up = special.log_ndtr(x / s)
             log_low = special.logsumexp(special.log_ndtr(np.subtract.outer(x, self.c) / s), axis=1, b=self.p)
             if self.p0 > 0:
@@ -156,7 +207,8 @@ class _Mixture:
         return lo
 
     # --- grid ends -------------------------------------------------------------------------------
-    def grid_bounds(self, discretization: float, remove: bool, tail_mass: float) -> tuple[int, int]:
+    def grid_bounds(self, discretization: float, remove: bool, tail_mass: float
+                    ) -> tuple[int, int, tuple[float, float]]:
         z = float(-special.ndtri(tail_mass))  # P(N(0,1) > z) = tail_mass
         s = self.sigma
         if remove:
@@ -171,16 +223,16 @@ class _Mixture:
             hi = float(self.loss(x_lo, False)[0])
             if self.p0 > 0:
                 hi = min(hi, -self.log_p0)
-        return math.floor(lo / discretization), math.ceil(hi / discretization)
+        return math.floor(lo / discretization), math.ceil(hi / discretization), (x_lo, x_hi)
 
 
 def mixture_pmf(sigma: float, sensitivities, probs, *, discretization: float, remove: bool,
                 tail_mass: float = DEFAULT_TAIL_MASS) -> pld_pmf.PLDPmf:
     """Pessimistic Connect-the-Dots PMF for one adjacency direction of the mixture mechanism."""
     mix = _Mixture(sigma, sensitivities, probs)
-    lo, hi = mix.grid_bounds(discretization, remove, tail_mass)
+    lo, hi, x_range = mix.grid_bounds(discretization, remove, tail_mass)
     eps = np.arange(lo, hi + 1) * discretization
-    deltas = mix.delta(eps, remove)
+    deltas = mix.delta(eps, remove, x_range)
     return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, lo, hi, deltas)
 
 
