@@ -1,0 +1,27 @@
+"""Policy + snapshot → plan (see docs/ARCHITECTURE.md, "plan").
+
+    plan = make_plan(load_policy("policies/demo.yaml"), snapshot, out_dir=settings.plans_dir)
+    path = save_plan(plan, settings.plans_dir)
+    load_plan(path).to_dict()["noise_multiplier"]
+"""
+from components.planning.audit_split import AuditSplit, split_for_audit
+from components.planning.make import Compute, make_plan
+from components.planning.plan import SCHEMA, Plan, load_plan, save_plan
+from components.planning.secret_lp import LPResult, sampling_rates, solve_secret_lp
+from components.planning.selection import STRATEGIES, select_records
+
+__all__ = [
+    "SCHEMA",
+    "AuditSplit",
+    "Compute",
+    "LPResult",
+    "Plan",
+    "STRATEGIES",
+    "load_plan",
+    "make_plan",
+    "sampling_rates",
+    "save_plan",
+    "select_records",
+    "solve_secret_lp",
+    "split_for_audit",
+]

@@ -1,0 +1,262 @@
+"""Policy + snapshot → plan: audit reservations, contribution bounds, sampling rate, calibrated σ."""
+from __future__ import annotations
+
+import datetime as _dt
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from components.core.errors import VeilError
+from components.core.hashing import sha256_bytes
+from components.planning.audit_split import split_for_audit
+from components.planning.plan import SCHEMA, Plan, seal
+from components.planning.selection import REDRAWN_PER_VISIT, Scorer, select_records
+
+NEIGHBOURING = {"user": "add_remove_user", "record": "add_remove_record", "secret": "secret_substitution"}
+# Plan mechanism → accountant mechanism (components.accounting names).
+ACCOUNTANT_MECHANISM = {"uls": "uls", "els": "els", "group": "group-tight", "record": "record"}
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Optional overrides of the policy's compute budget, and data-derived inputs for `auto`.
+
+    `user_grad_ratio(G)` estimates L_G / L (norm of a user's G-record mean gradient over a single
+    record's) at the public base model — seed 001's f(G). Without it `auto` decides only where the
+    answer holds for every ratio between 1/√G and 1, and otherwise takes ULS (see mechanism.py).
+    """
+
+    steps: int | None = None
+    expected_batch_size: int | None = None
+    user_grad_ratio: Callable[[int], float] | None = None
+
+
+def _compute(compute: Any) -> Compute:
+    if compute is None:
+        return Compute()
+    if isinstance(compute, Compute):
+        return compute
+    if isinstance(compute, dict):
+        return Compute(**compute)
+    raise VeilError(f"plan: compute must be a Compute or a dict, got {type(compute).__name__}")
+
+
+def _write_parquet(table: pa.Table, out_dir: Path, stem: str) -> tuple[str, str]:
+    """Write `table` under a content-addressed name; returns (absolute path, sha256 of the bytes)."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    raw = buf.getvalue()
+    digest = sha256_bytes(raw)
+    path = (out_dir / f"{stem}-{digest[:16]}.parquet").resolve()
+    if not path.is_file():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(raw)
+        tmp.replace(path)
+    return str(path), digest
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by([("user_id", "ascending"), ("record_id", "ascending")])
+
+
+def _library_version() -> str:
+    try:
+        return version("dp-accounting")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _accounting_section(cal: Any, accountant_mechanism: str) -> dict:
+    d = cal.to_dict() if hasattr(cal, "to_dict") else dict(cal)
+    return {
+        "epsilon": float(d["epsilon"]),
+        "delta": float(d["delta"]),
+        "mechanism": accountant_mechanism,
+        "dp_event": d.get("dp_event"),
+        "accountant": (f"dp_accounting PLD ({d.get('accountant', 'pld')}, "
+                       f"{'pessimistic' if d.get('pessimistic', True) else 'optimistic'}, "
+                       f"discretization {d.get('discretization', 'default')}, "
+                       f"{d.get('accountant_version', '')})").replace(", )", ")"),
+        "library_version": d.get("library_version", _library_version()),
+    }
+
+
+def _calibrate(mechanism: str, *, epsilon: float, delta: float, q: float, steps: int, k: int,
+               cache_dir: str | Path | None):
+    from components.accounting import calibrate
+
+    return calibrate(mechanism, epsilon=epsilon, delta=delta, sampling_rate=q, steps=steps, k=k,
+                     cache_dir=cache_dir)
+
+
+def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict | None = None,
+              scorer: Scorer | None = None, created_at: str | None = None,
+              cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None) -> Plan:
+    """Turn a policy and a snapshot into a sealed plan; data files go to `out_dir`.
+
+    `snapshot` needs `.snapshot_id`, `.sha256`, `.records` (record_id, user_id, text, …) and
+    `.secret_spans` (record_id, secret_id, secret_class, …). `scorer` gives base-model perplexities
+    for the ppl selection strategies. Deterministic: the same inputs (and `created_at`) give the same
+    plan and the same sha256.
+    """
+    say = progress or (lambda _msg: None)
+    comp = _compute(compute)
+    spec = policy.spec
+    tr = spec.training
+    steps = int(comp.steps or tr.steps)
+    batch = int(comp.expected_batch_size or tr.expected_batch_size)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    records = snapshot.records
+    for col in ("record_id", "user_id", "text"):
+        if col not in records.column_names:
+            raise VeilError(f"snapshot {snapshot.snapshot_id}: records have no '{col}' column")
+    records = records.select(["record_id", "user_id", "text"])
+    if records.num_rows == 0:
+        raise VeilError(f"snapshot {snapshot.snapshot_id} has no records to plan on")
+
+    say("reserving audit users and attacker samples")
+    split = split_for_audit(records, holdout=spec.audit.holdout_users, m=spec.audit.attacker_samples_per_user,
+                            seed=tr.seed)
+    caveats: list[str] = [
+        "ε covers the training run only: hyperparameters (learning rate, clip norm, C, steps) were not "
+        "tuned privately and their tuning is not accounted",
+        "sampling is Poisson; the guarantee does not hold for shuffled fixed-size batches",
+    ]
+
+    mechanism = spec.mechanism
+    decision: dict[str, Any] = {"requested": spec.mechanism}
+    k = spec.contribution.max_records_per_user
+    selection = spec.contribution.selection
+    if mechanism == "auto":
+        from components.planning.mechanism import choose_mechanism
+
+        say("comparing mechanisms for 'auto'")
+        choice = choose_mechanism(policy, split.train, steps=steps, expected_batch_size=batch,
+                                  user_grad_ratio=comp.user_grad_ratio, cache_dir=cache_dir)
+        mechanism = choice.mechanism
+        decision.update(choice.to_dict())
+        if mechanism == "uls":
+            batch, k = choice.expected_batch_size, choice.records_per_user
+        elif mechanism in ("els", "group"):
+            batch, k = choice.expected_batch_size, choice.records_per_user
+        if selection in REDRAWN_PER_VISIT and mechanism != "uls":
+            selection = "random"
+    else:
+        decision.update({"mechanism": mechanism, "reason": f"the policy names '{mechanism}'"})
+
+    unit = spec.privacy_unit
+    extra: dict[str, Any] = {}
+    rate_col: np.ndarray | None = None
+    say(f"selecting records ({selection}, k={k})")
+    if mechanism == "uls":
+        chosen = select_records(split.train, k, selection, seed=tr.seed, scorer=scorer)
+        n_units = len(set(chosen.column("user_id").to_pylist()))
+        records_per_user: int | None = k
+        if selection in REDRAWN_PER_VISIT or selection == "random":
+            caveats.append(f"ULS draws {'chunks' if selection == 'random-chunk' else 'records'} afresh at every "
+                           "visit of a user; the bound holds because a user's gradient is one clipped mean")
+    elif mechanism in ("els", "group"):
+        chosen = select_records(split.train, k, selection, seed=tr.seed, scorer=scorer,
+                                exactly_k=(mechanism == "group"))
+        n_units = chosen.num_rows
+        records_per_user = k
+        if mechanism == "group":
+            caveats.append("group privacy resamples users with fewer than k records up to k (duplicates)")
+    elif mechanism == "record":
+        chosen = split.train
+        n_units = chosen.num_rows
+        records_per_user = None
+    elif mechanism == "secret":
+        from components.planning.secret_plan import plan_secret_rates
+
+        chosen = split.train
+        say("solving the secret LP")
+        lp_section, rate_col, chosen = plan_secret_rates(policy, chosen, snapshot.secret_spans,
+                                                         expected_batch_size=batch)
+        extra["secret_lp"] = lp_section
+        n_units = chosen.num_rows
+        records_per_user = None
+    else:  # pragma: no cover - the policy model rejects other names
+        raise VeilError(f"plan: unknown mechanism {mechanism!r}")
+
+    if n_units == 0:
+        raise VeilError("plan: no training data left after holding out audit users and attacker samples")
+    n_train_users = len(set(chosen.column("user_id").to_pylist()))
+
+    if mechanism == "secret":
+        from components.planning.secret_plan import calibrate_secret
+
+        q = batch / max(1, chosen.num_rows)       # the mean per-record rate, for display and training
+        say("calibrating σ for every secret")
+        cal_section, sigma, target = calibrate_secret(policy, chosen, rate_col, snapshot.secret_spans,
+                                                      steps=steps, cache_dir=cache_dir)
+        accounting = cal_section
+    else:
+        q = batch / n_units
+        if q > 1:
+            unit_word = "users" if mechanism == "uls" else "records"
+            raise VeilError(f"spec.training.expected_batch_size: {batch} {unit_word} per step but only {n_units} "
+                            f"{unit_word} can be trained on; lower it")
+        target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
+        acc_mech = ACCOUNTANT_MECHANISM[mechanism]
+        say(f"calibrating σ ({acc_mech}, q={q:.4g}, T={steps})")
+        cal = _calibrate(acc_mech, epsilon=target["epsilon"], delta=target["delta"], q=q, steps=steps,
+                         k=1 if mechanism in ("uls", "record") else k, cache_dir=cache_dir)
+        sigma = float(cal.noise_multiplier)
+        accounting = _accounting_section(cal, acc_mech)
+        if accounting["epsilon"] > target["epsilon"] * (1 + 1e-9):
+            raise VeilError(f"accounting: calibrated σ={sigma:g} gives ε={accounting['epsilon']:g} above the "
+                            f"target {target['epsilon']:g}; refusing to plan")
+
+    train_tbl = chosen.select(["record_id", "user_id"])
+    if rate_col is not None:
+        train_tbl = train_tbl.append_column("rate", pa.array(rate_col, pa.float64()))
+    train_tbl = _sorted(train_tbl)
+    train_file, train_sha = _write_parquet(train_tbl, out_dir, "train")
+    attacker_file, attacker_sha = _write_parquet(_sorted(split.attacker), out_dir, "attacker")
+
+    lora = tr.lora.model_dump() if tr.lora is not None else None
+    if lora is not None and lora["target_modules"] is not None:
+        lora["target_modules"] = list(lora["target_modules"])
+    body: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "mechanism": mechanism,
+        "privacy_unit": unit,
+        "neighbouring": NEIGHBOURING[unit],
+        "target": target,
+        "sampling_rate": float(q),
+        "noise_multiplier": float(sigma),
+        "steps": steps,
+        "expected_batch_size": batch,
+        "clip_norm": float(tr.clip_norm),
+        "records_per_user": records_per_user,
+        "selection": selection if mechanism in ("uls", "els", "group") else None,
+        "training": {"learning_rate": float(tr.learning_rate), "seq_len": int(tr.seq_len),
+                     "micro_batch_size": int(tr.micro_batch_size), "seed": int(tr.seed), "lora": lora},
+        "accounting": accounting,
+        "data": {"snapshot_id": snapshot.snapshot_id, "snapshot_sha256": snapshot.sha256,
+                 "train_records_file": train_file, "train_records_sha256": train_sha,
+                 "n_train_users": n_train_users, "n_train_records": int(train_tbl.num_rows)},
+        "audit": {"held_out_users": list(split.held_out_users), "attacker_records_file": attacker_file,
+                  "attacker_records_sha256": attacker_sha, "canary_users": [],
+                  "attacker_samples_per_user": int(spec.audit.attacker_samples_per_user),
+                  "n_attacker_records": int(split.attacker.num_rows),
+                  "n_audit_eligible_users": int(split.n_eligible),
+                  "thresholds": {"max_user_inference_auroc": float(spec.audit.max_user_inference_auroc),
+                                 "max_secret_exposure": float(spec.audit.max_secret_exposure)}},
+        "policy": {"name": policy.name, "path": policy.path, "sha256": policy.sha256},
+        "decision": decision,
+        "caveats": caveats,
+        **extra,
+    }
+    return Plan(seal(body))

@@ -1,0 +1,120 @@
+"""The plan document: one hashed JSON file holding everything training, certificate and audit need.
+
+A plan is public. Nothing in it depends on secret contents beyond the public structure (which
+records hold which secret ids, never their values in a way that a neighbour could change).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.core.errors import VeilError
+from components.core.hashing import sha256_json
+
+SCHEMA = "veil.plan/v1"
+REQUIRED_KEYS = (
+    "schema", "created_at", "sha256", "mechanism", "privacy_unit", "neighbouring", "target", "sampling_rate",
+    "noise_multiplier", "steps", "expected_batch_size", "clip_norm", "records_per_user", "selection",
+    "training", "accounting", "data", "audit", "policy",
+)
+
+
+def seal(body: dict) -> dict:
+    body = {k: v for k, v in body.items() if k != "sha256"}
+    return {**body, "sha256": sha256_json(body)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sealed plan document. `to_dict()` returns a copy; `sha256` covers every other key."""
+
+    doc: dict
+
+    def __post_init__(self):
+        missing = [k for k in REQUIRED_KEYS if k not in self.doc]
+        if missing:
+            raise VeilError(f"plan: missing key(s) {', '.join(missing)}")
+        if self.doc["schema"] != SCHEMA:
+            raise VeilError(f"plan: schema {self.doc['schema']!r} is not {SCHEMA!r}")
+        actual = sha256_json({k: v for k, v in self.doc.items() if k != "sha256"})
+        if actual != self.doc["sha256"]:
+            raise VeilError(f"plan: sha256 mismatch (document says {str(self.doc['sha256'])[:12]}…, "
+                            f"content hashes to {actual[:12]}…)")
+
+    @property
+    def sha256(self) -> str:
+        return self.doc["sha256"]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.doc[key]
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self.doc))
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for a readable summary table."""
+        d = self.doc
+        data, audit = d["data"], d["audit"]
+        acc = d["accounting"]
+        target = d["target"]
+        rows = [
+            ("policy", f"{d['policy']['name']} ({d['policy']['sha256'][:12]}…)"),
+            ("snapshot", f"{data['snapshot_id']} ({data['snapshot_sha256'][:12]}…)"),
+            ("privacy unit", f"{d['privacy_unit']} · {d['neighbouring']}"),
+            ("mechanism", d["mechanism"]),
+        ]
+        if target.get("epsilon") is not None:
+            rows.append(("target", f"ε={target['epsilon']:g}, δ={target['delta']:g}"))
+        rows += [
+            ("sampling rate q", f"{d['sampling_rate']:.6g}"),
+            ("noise multiplier σ", f"{d['noise_multiplier']:.6g}"),
+            ("steps T", str(d["steps"])),
+            ("expected batch", f"{d['expected_batch_size']} {'users' if d['mechanism'] == 'uls' else 'records'}/step"),
+            ("clip norm C", f"{d['clip_norm']:g}"),
+            ("records per user", f"{d['records_per_user']} ({d['selection']})" if d["records_per_user"] else
+             f"— ({d['selection']})"),
+        ]
+        if acc.get("epsilon") is not None:
+            rows.append(("ε at this σ", f"{acc['epsilon']:.4g} (δ={acc['delta']:g}, {acc.get('accountant', '')})"))
+        rows += [
+            ("training data", f"{data['n_train_records']} records of {data['n_train_users']} users"),
+            ("held-out users", str(len(audit["held_out_users"]))),
+            ("attacker records", str(audit.get("n_attacker_records", "?"))),
+        ]
+        if "secret_lp" in d:
+            lp = d["secret_lp"]
+            rows.append(("secret LP", f"C={lp['c']:g} · kept {lp['retained_fraction']:.1%} of records' weight · "
+                                      f"{lp['n_binding']} binding secrets"))
+        if d.get("decision", {}).get("reason"):
+            rows.append(("why", d["decision"]["reason"]))
+        rows.append(("plan sha256", d["sha256"]))
+        return rows
+
+
+def save_plan(plan: Plan, plans_dir: str | Path) -> Path:
+    """Write `<plans_dir>/<sha256>.json` (idempotent: the name is the content hash)."""
+    plans_dir = Path(plans_dir)
+    plans_dir.mkdir(parents=True, exist_ok=True)
+    path = plans_dir / f"{plan.sha256}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(plan.doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise VeilError(f"{path}: no such plan file")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise VeilError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(doc, dict):
+        raise VeilError(f"{path}: a plan is a JSON object")
+    try:
+        return Plan(doc)
+    except VeilError as e:
+        raise VeilError(f"{path}: {e}") from None

@@ -1,0 +1,161 @@
+"""make_plan / save_plan / load_plan: deterministic, audit data never trained on, hashes that hold."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from components.accounting import epsilon as account
+from components.core.errors import VeilError
+from components.core.hashing import sha256_file, sha256_json
+from components.planning import load_plan, make_plan, save_plan
+from components.policy import load_policy, parse_policy
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _planning_fixtures import make_snapshot  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "policies" / "demo.yaml"
+WHEN = "2026-01-01T00:00:00+00:00"
+CONTRACT_KEYS = {"schema", "created_at", "sha256", "mechanism", "privacy_unit", "neighbouring", "target",
+                 "sampling_rate", "noise_multiplier", "steps", "expected_batch_size", "clip_norm",
+                 "records_per_user", "selection", "training", "accounting", "data", "audit", "policy"}
+
+
+@pytest.fixture(scope="module")
+def snap():
+    return make_snapshot(60, seed=1)
+
+
+@pytest.fixture(scope="module")
+def demo_plan(snap, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plans")
+    return make_plan(load_policy(DEMO), snap, out_dir=out, created_at=WHEN), out
+
+
+def test_plan_has_the_contract_keys(demo_plan):
+    plan, _ = demo_plan
+    d = plan.to_dict()
+    assert CONTRACT_KEYS <= set(d)
+    assert d["schema"] == "veil.plan/v1"
+    assert (d["mechanism"], d["privacy_unit"], d["neighbouring"]) == ("uls", "user", "add_remove_user")
+    assert set(d["training"]) == {"learning_rate", "seq_len", "micro_batch_size", "seed", "lora"}
+    assert set(d["training"]["lora"]) == {"r", "alpha", "dropout", "target_modules"}
+    assert {"epsilon", "delta", "mechanism", "dp_event", "accountant", "library_version"} <= set(d["accounting"])
+    assert {"snapshot_id", "snapshot_sha256", "train_records_file", "train_records_sha256", "n_train_users",
+            "n_train_records"} <= set(d["data"])
+    assert {"held_out_users", "attacker_records_file", "attacker_records_sha256", "canary_users"} <= set(d["audit"])
+    assert set(d["policy"]) == {"name", "path", "sha256"}
+    assert d["sha256"] == sha256_json({k: v for k, v in d.items() if k != "sha256"})
+
+
+def test_uls_sampling_rate_and_sigma_meet_the_target(demo_plan):
+    d = demo_plan[0].to_dict()
+    train = pq.read_table(d["data"]["train_records_file"])
+    n_users = len(set(train["user_id"].to_pylist()))
+    assert d["data"]["n_train_users"] == n_users
+    assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / n_users)
+    # ε recomputed independently of the plan's own accounting section
+    eps = account("uls", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
+                  steps=d["steps"], delta=d["target"]["delta"]).epsilon
+    assert eps <= d["target"]["epsilon"] + 1e-9
+    assert d["accounting"]["epsilon"] == pytest.approx(eps, rel=1e-6)
+    # σ is the smallest that meets the target: 2 % less noise breaks it
+    eps_less = account("uls", sampling_rate=d["sampling_rate"], noise_multiplier=0.98 * d["noise_multiplier"],
+                       steps=d["steps"], delta=d["target"]["delta"]).epsilon
+    assert eps_less > d["target"]["epsilon"]
+
+
+def test_held_out_users_and_attacker_records_are_never_trained_on(demo_plan, snap):
+    d = demo_plan[0].to_dict()
+    train = pq.read_table(d["data"]["train_records_file"])
+    att = pq.read_table(d["audit"]["attacker_records_file"])
+    assert sha256_file(d["data"]["train_records_file"]) == d["data"]["train_records_sha256"]
+    assert sha256_file(d["audit"]["attacker_records_file"]) == d["audit"]["attacker_records_sha256"]
+    held = set(d["audit"]["held_out_users"])
+    assert held and not held & set(train["user_id"].to_pylist())
+    assert not set(att["record_id"].to_pylist()) & set(train["record_id"].to_pylist())
+    # …nor any record with the same text as an attacker sample of that user
+    text = dict(zip(snap.records["record_id"].to_pylist(), snap.records["text"].to_pylist()))
+    att_texts = {(u, text[r]) for r, u in zip(att["record_id"].to_pylist(), att["user_id"].to_pylist())}
+    assert not {(u, text[r]) for r, u in zip(train["record_id"].to_pylist(), train["user_id"].to_pylist())} & att_texts
+    # members are exactly the trained users with attacker samples; non-members the held-out users
+    member = dict(zip(att["user_id"].to_pylist(), att["member"].to_pylist()))
+    assert {u for u, m in member.items() if not m} == held
+    assert {u for u, m in member.items() if m} <= set(train["user_id"].to_pylist())
+    m = d["audit"]["attacker_samples_per_user"]
+    assert all(c == m for c in att.group_by("user_id").aggregate([("record_id", "count")])["record_id_count"].to_pylist())
+    # every planned record exists in the snapshot and belongs to the user the plan says
+    owner = dict(zip(snap.records["record_id"].to_pylist(), snap.records["user_id"].to_pylist()))
+    assert all(owner[r] == u for r, u in zip(train["record_id"].to_pylist(), train["user_id"].to_pylist()))
+
+
+def test_plan_is_deterministic_and_independent_of_record_order(demo_plan, snap, tmp_path):
+    plan, out = demo_plan
+    again = make_plan(load_policy(DEMO), snap, out_dir=out, created_at=WHEN)
+    assert again.sha256 == plan.sha256 and again.to_dict() == plan.to_dict()
+    shuffled = type(snap)(snap.snapshot_id, snap.sha256, snap.records.take(list(range(snap.records.num_rows))[::-1]),
+                          snap.secret_spans)
+    third = make_plan(load_policy(DEMO), shuffled, out_dir=out, created_at=WHEN)
+    assert third.sha256 == plan.sha256
+
+
+def test_another_seed_gives_another_split(snap, tmp_path):
+    text = DEMO.read_text().replace("    seed: 0\n", "    seed: 1\n")
+    other = tmp_path / "seed1.yaml"
+    other.write_text(text)
+    a = make_plan(load_policy(DEMO), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
+    b = make_plan(load_policy(other), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
+    assert a["audit"]["held_out_users"] != b["audit"]["held_out_users"]
+
+
+def test_save_and_load_round_trip_and_detect_tampering(demo_plan, tmp_path):
+    plan, _ = demo_plan
+    path = save_plan(plan, tmp_path)
+    assert path.name == f"{plan.sha256}.json"
+    loaded = load_plan(path)
+    assert loaded.sha256 == plan.sha256 and loaded.to_dict() == plan.to_dict()
+    assert save_plan(loaded, tmp_path) == path                      # idempotent
+    doc = json.loads(path.read_text())
+    doc["noise_multiplier"] *= 0.5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(VeilError, match="sha256 mismatch"):
+        load_plan(bad)
+    bad.write_text("{not json")
+    with pytest.raises(VeilError, match="not valid JSON"):
+        load_plan(bad)
+    with pytest.raises(VeilError, match="no such plan"):
+        load_plan(tmp_path / "missing.json")
+
+
+def test_batch_larger_than_the_population_is_refused(snap, tmp_path):
+    text = DEMO.read_text().replace("expected_batch_size: 24", "expected_batch_size: 500")
+    p = tmp_path / "big.yaml"
+    p.write_text(text)
+    with pytest.raises(VeilError, match="expected_batch_size"):
+        make_plan(load_policy(p), snap, out_dir=tmp_path)
+
+
+def test_els_and_group_bound_records_per_user(snap, tmp_path):
+    for mech in ("els", "group"):
+        text = (DEMO.read_text().replace("mechanism: uls", f"mechanism: {mech}")
+                .replace("expected_batch_size: 24", "expected_batch_size: 16").replace("steps: 150", "steps: 20"))
+        p = tmp_path / f"{mech}.yaml"
+        p.write_text(text)
+        d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
+        train = pq.read_table(d["data"]["train_records_file"])
+        counts = train.group_by("user_id").aggregate([("record_id", "count")])["record_id_count"].to_pylist()
+        k = d["records_per_user"]
+        assert max(counts) <= k
+        if mech == "group":
+            assert set(counts) == {k}                           # resampled up to exactly k
+        assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / train.num_rows)
+        assert d["accounting"]["mechanism"] == {"els": "els", "group": "group-tight"}[mech]
+        eps = account(d["accounting"]["mechanism"], sampling_rate=d["sampling_rate"],
+                      noise_multiplier=d["noise_multiplier"], steps=d["steps"], delta=d["target"]["delta"],
+                      k=k).epsilon
+        assert eps <= d["target"]["epsilon"] + 1e-9
