@@ -154,7 +154,8 @@ def _extrapolated(true_score: float, cand: np.ndarray) -> float:
     sd = float(np.std(cand, ddof=1))
     if sd <= 0:
         return 0.0
-    return float(-norm.logsf(true_score, loc=float(np.mean(cand)), scale=sd) / math.log(2))
+    bits = float(-norm.logsf(true_score, loc=float(np.mean(cand)), scale=sd) / math.log(2))
+    return bits if math.isfinite(bits) else 1e9  # certificates are strict JSON: no inf
 
 
 def candidates_for(probe: SecretProbe, n: int, rng: np.random.Generator) -> list[str]:

@@ -97,7 +97,7 @@ def audit_cmd(
         record_audit(settings, model_uri, result.summary(), plot_path=result.plot_path)
     doc = result.to_json()
     if json_out:
-        print(json.dumps(doc, indent=2, allow_nan=False))
+        print(json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False))
     else:
         Console().print(_table(doc))
     if not result.passed:
