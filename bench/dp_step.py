@@ -119,18 +119,23 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
 
     times = {k: [] for k in runners}
+    cpu = {k: [] for k in runners}
     for r in range(args.warmup + args.rounds):
         for name, fn in runners.items():
             sync()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
             sync()
             if r >= args.warmup:
                 times[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
 
     med = {k: float(np.median(v)) for k, v in times.items()}
+    cmed = {k: float(np.median(v)) for k, v in cpu.items()}
     out = {
         "nonprivate_s": med["nonprivate"], "veil_s": med["veil"], "opacus_s": med.get("opacus"),
+        # process CPU seconds: steadier than wall time on a shared machine (CPU runs only)
+        "nonprivate_cpu_s": cmed["nonprivate"], "veil_cpu_s": cmed["veil"], "opacus_cpu_s": cmed.get("opacus"),
         "veil_over_nonprivate": med["veil"] / med["nonprivate"],
         "opacus_over_veil": (med["opacus"] / med["veil"]) if "opacus" in med else None,
         "config": {"layers": args.layers, "d_model": args.d_model, "vocab": args.vocab, "seq_len": args.seq_len,
@@ -147,11 +152,12 @@ def main(argv=None) -> int:
 
     tab = Table(title=f"DP step, GPT-2 {args.layers}×{args.d_model} + LoRA r={args.lora_r}, "
                       f"batch {args.batch} × {args.seq_len} tokens, {dev}")
-    for col in ("engine", "median s/step", "min", "max", "× non-private"):
+    for col in ("engine", "median s/step", "min", "max", "× non-private", "median CPU s", "× non-private (CPU)"):
         tab.add_column(col, justify="right" if col != "engine" else "left")
     for name in runners:
         v = times[name]
-        tab.add_row(name, f"{med[name]:.4f}", f"{min(v):.4f}", f"{max(v):.4f}", f"{med[name] / med['nonprivate']:.2f}")
+        tab.add_row(name, f"{med[name]:.4f}", f"{min(v):.4f}", f"{max(v):.4f}", f"{med[name] / med['nonprivate']:.2f}",
+                    f"{cmed[name]:.4f}", f"{cmed[name] / cmed['nonprivate']:.2f}")
     Console().print(tab)
     return 0
 
