@@ -350,3 +350,51 @@ def calibrate_secrets(targets: Iterable[SecretTarget], *, steps: int, sensitivit
         raise VeilError(f"secrets: calibrated σ={sigma:g} misses the target for {', '.join(bad[:5])}")
     return SecretsCalibration(noise_multiplier=sigma, steps=T, sensitivity=float(sensitivity), binding_secret=binding,
                               secrets=reports, tolerance=tolerance)
+
+
+# --- from a plan's tables ----------------------------------------------------------------------------
+
+def secret_rates(train_records, secret_spans, *, sampling_rate: float, per_user: bool = False
+                 ) -> dict[str, tuple[str, list[float]]]:
+    """secret_id → (secret_class, rates of the sampling units that hold it).
+
+    `train_records`: the plan's train_records_file table (record_id, user_id[, rate]); one row is one
+    training example (a record listed twice is two examples). Rows without a `rate` column are sampled at
+    `sampling_rate`. `per_user` (ULS): the unit is the user — a user's clipped mean gradient moves by at
+    most 2C whatever their records hold — so each distinct user holding s counts once, at `sampling_rate`.
+    `secret_spans`: the snapshot's (record_id, secret_id, secret_class, …) table.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for col in ("record_id", "user_id"):
+        if col not in train_records.column_names:
+            raise VeilError(f"train records: no '{col}' column")
+    for col in ("record_id", "secret_id", "secret_class"):
+        if col not in secret_spans.column_names:
+            raise VeilError(f"secret spans: no '{col}' column")
+    has_rate = "rate" in train_records.column_names and not per_user
+    train = train_records.select(["record_id", "user_id"] + (["rate"] if has_rate else []))
+    train = train.append_column("_row", pa.array(range(train.num_rows), pa.int64()))
+    spans = secret_spans.select(["record_id", "secret_id", "secret_class"]).group_by(
+        ["record_id", "secret_id", "secret_class"]).aggregate([])  # a record holds a secret once
+    joined = train.join(spans, "record_id", join_type="inner")
+    if joined.num_rows and has_rate:
+        rates = joined.column("rate")
+        if pc.any(pc.or_(pc.less(rates, 0), pc.greater(rates, 1))).as_py():
+            raise VeilError("train records: column 'rate' has values outside [0, 1]")
+    out: dict[str, tuple[str, list[float]]] = {}
+    sids = joined.column("secret_id").to_pylist()
+    classes = joined.column("secret_class").to_pylist()
+    if per_user:
+        users = joined.column("user_id").to_pylist()
+        seen: dict[str, set] = {}
+        for sid, cls, u in zip(sids, classes, users):
+            if u not in seen.setdefault(sid, set()):
+                seen[sid].add(u)
+                out.setdefault(sid, (cls, []))[1].append(float(sampling_rate))
+    else:
+        rate_list = joined.column("rate").to_pylist() if has_rate else [float(sampling_rate)] * joined.num_rows
+        for sid, cls, r in zip(sids, classes, rate_list):
+            out.setdefault(sid, (cls, []))[1].append(float(r))
+    return out

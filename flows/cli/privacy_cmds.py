@@ -96,5 +96,97 @@ def calibrate_cmd(
     ]))
 
 
+def _secret_ref(secret_id: str, show: bool) -> str:
+    """Secret ids carry the secret's value ("credential:AKIA…"): print the class and a hash unless asked."""
+    if show:
+        return secret_id
+    from components.core.hashing import sha256_bytes
+
+    cls = secret_id.split(":", 1)[0]
+    return f"{cls}:#{sha256_bytes(secret_id.encode())[:12]}"
+
+
+@privacy.command("secrets")
+def secrets_cmd(
+    plan_path: Path = typer.Option(..., "--plan", help="plan JSON (veil.plan/v1)"),
+    spans: Optional[Path] = typer.Option(None, "--spans", help="secret spans Parquet (default: the plan's snapshot)"),
+    kappa: Optional[float] = typer.Option(None, "--kappa", help="prior κ for every secret (default: the policy's)"),
+    gamma: Optional[float] = typer.Option(None, "--gamma", help="allowed posterior γ for every secret (default: the policy's)"),
+    sensitivity: float = typer.Option(2.0, "--sensitivity", help="per-record sensitivity in clip norms (2: arbitrary change)"),
+    top: int = typer.Option(20, "--top", help="rows in the table (JSON lists all)"),
+    show_values: bool = typer.Option(False, "--show-values", help="print secret ids in clear (they hold the value)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Per-secret KL and posterior bound γ (seed 004, Lemma 3.2) at the plan's σ and T, worst first."""
+    import pyarrow.parquet as pq
+
+    from components.accounting.secrets import (DOMINANCE_NOTE, SENSITIVITY_REASON, SecretTarget, report_secrets,
+                                               secret_rates)
+    from components.planning.plan import load_plan
+
+    plan = load_plan(plan_path).to_dict()
+    data = plan["data"]
+    train_file = Path(data["train_records_file"])
+    if not train_file.is_file():
+        raise VeilError(f"{plan_path}: data.train_records_file: {train_file} does not exist")
+    train = pq.read_table(train_file)
+    if spans is not None:
+        if not spans.is_file():
+            raise VeilError(f"--spans: {spans} does not exist")
+        span_tbl = pq.read_table(spans)
+    else:
+        from catalog.snapshots import load_snapshot
+        from components.core.settings import load_settings
+
+        span_tbl = load_snapshot(load_settings(), data["snapshot_id"]).secret_spans
+    per_user = plan["mechanism"] == "uls"
+    groups = secret_rates(train, span_tbl, sampling_rate=float(plan["sampling_rate"]), per_user=per_user)
+
+    protection = None
+    if kappa is None or gamma is None:
+        pol_path = (plan.get("policy") or {}).get("path")
+        if pol_path and Path(pol_path).is_file():
+            from components.policy import load_policy
+
+            secrets_spec = load_policy(pol_path).spec.secrets
+            protection = secrets_spec.protection_of
+    targets = []
+    for sid, (cls, rates) in groups.items():
+        k_, g_ = kappa, gamma
+        if k_ is None or g_ is None:
+            if protection is None:
+                raise VeilError(f"{plan_path}: no policy file to read κ/γ from (policy.path); pass --kappa and --gamma")
+            try:
+                prot = protection(cls)
+            except KeyError:
+                raise VeilError(f"policy has no protection for secret class '{cls}'; pass --kappa and --gamma") from None
+            k_ = prot.kappa if k_ is None else k_
+            g_ = prot.gamma if g_ is None else g_
+        targets.append(SecretTarget.make(sid, rates, k_, g_))
+    reports = report_secrets(targets, float(plan["noise_multiplier"]), int(plan["steps"]), sensitivity)
+    classes = {sid: cls for sid, (cls, _) in groups.items()}
+    rows = [{**r.to_dict(), "secret_id": _secret_ref(r.secret_id, show_values), "secret_class": classes[r.secret_id]}
+            for r in reports]
+    doc = {"plan_sha256": plan["sha256"], "mechanism": plan["mechanism"],
+           "unit": "user (ULS: a user's clipped mean gradient)" if per_user else "record",
+           "noise_multiplier": float(plan["noise_multiplier"]), "steps": int(plan["steps"]),
+           "sensitivity": sensitivity, "sensitivity_reason": SENSITIVITY_REASON, "dominance": DOMINANCE_NOTE,
+           "n_secrets": len(rows), "n_missing_target": sum(1 for r in rows if r["meets_target"] is False),
+           "secrets": rows}
+    if json_out:
+        _print_json(doc)
+        return
+    t = Table(title=f"Secrets at σ={doc['noise_multiplier']:.5g}, T={doc['steps']} (worst first; "
+                    f"{doc['n_missing_target']} of {len(rows)} above target)")
+    for col in ("secret", "units", "Σ rate", "KL", "γ", "γ target", "κ", "ok"):
+        t.add_column(col)
+    for r in rows[:top]:
+        t.add_row(r["secret_id"], str(r["n_records"]), f"{r['expected_sampled']:.3g}", f"{r['kl']:.4g}",
+                  f"{r['gamma']:.4g}", f"{r['gamma_target']:.4g}", f"{r['kappa']:.3g}",
+                  "[green]yes[/]" if r["meets_target"] else "[red]no[/]")
+    out.print(t)
+    out.print(f"sensitivity {sensitivity:g} per {'user' if per_user else 'record'}: {SENSITIVITY_REASON}")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(privacy, name="privacy")
