@@ -75,12 +75,12 @@ def roc_plot(scores: np.ndarray, labels: np.ndarray, path: str | Path, *, epsilo
     grid = np.logspace(-4, 0, 400)
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), dpi=110)
     for ax, log in zip(axes, (False, True)):
-        ax.step(fpr, tpr, where="post", lw=1.8, label=f"real users ({y.sum()} in / {(~y).sum()} out)")
+        ax.plot(fpr, tpr, lw=1.8, label=f"real users ({y.sum()} in / {(~y).sum()} out)")
         if canary is not None:
             cs, cy = np.asarray(canary[0], float), np.asarray(canary[1], bool)
             if cy.any() and (~cy).any():
                 cf, ct, _ = roc_from_groups(cs[cy], cs[~cy])
-                ax.step(cf, ct, where="post", lw=1.2, ls="--", label="canary users")
+                ax.plot(cf, ct, lw=1.2, ls="--", label="canary users")
         if epsilon is not None and delta is not None:
             ax.plot(grid, tpr_ceiling(grid, epsilon, delta), color="crimson", lw=1.2,
                     label=f"DP ceiling (ε={epsilon:.3g}, δ={delta:.1g})")
