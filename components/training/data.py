@@ -77,3 +77,24 @@ def records_by_user(tok: TokenizedRecords) -> list[np.ndarray]:
     order = np.argsort(tok.user_index, kind="stable")
     counts = np.bincount(tok.user_index, minlength=len(tok.users))
     return np.split(order, np.cumsum(counts)[:-1])
+
+
+def user_streams(data: pa.Table, tokenizer, users: list[str]) -> list[np.ndarray]:
+    """Each user's records tokenized whole and concatenated (EOS between records when the tokenizer
+    has one), in table order: the text random chunks are cut from."""
+    texts = data.column("text").to_pylist()
+    owners = data.column("user_id").cast(pa.string()).to_pylist()
+    enc = tokenizer(texts, add_special_tokens=True, verbose=False)["input_ids"]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    parts: dict[str, list[list[int]]] = {u: [] for u in users}
+    for u, ids in zip(owners, enc):
+        parts[u].append(list(ids) + ([int(eos)] if eos is not None else []))
+    return [np.fromiter((t for ids in parts[u] for t in ids), dtype=np.int64) for u in users]
+
+
+def random_chunks(stream: np.ndarray, seq_len: int, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """`count` windows of seq_len tokens at uniform random starts (the whole stream if shorter)."""
+    if len(stream) <= seq_len:
+        return [stream]
+    starts = rng.integers(0, len(stream) - seq_len + 1, size=count)
+    return [stream[a:a + seq_len] for a in starts]

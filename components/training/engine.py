@@ -18,9 +18,9 @@ import torch
 
 from components.core.errors import VeilError
 from components.training import checkpoint as ckpt
-from components.training.data import record_rates, records_by_user, tokenize_table
+from components.training.batches import BatchBuilder
+from components.training.data import record_rates, records_by_user, tokenize_table, user_streams
 from components.training.distributed import DistContext
-from components.training.per_sample import Unit
 from components.training.sampling import PoissonSampler
 from components.training.step import DPStep
 from components.training.spec import TrainResult, TrainSpec
@@ -43,9 +43,9 @@ def _prepare_model(model: torch.nn.Module, spec: TrainSpec) -> torch.nn.Module:
     return get_peft_model(model, cfg)
 
 
-def _data_fingerprint(ids: np.ndarray, lengths: np.ndarray, user_index: np.ndarray, rates: np.ndarray) -> str:
+def _data_fingerprint(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
-    for a in (ids, lengths, user_index, rates):
+    for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
 
@@ -104,7 +104,15 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     expected = float(rates.sum())
     if not expected > 0:
         raise VeilError("training data: expected batch size is 0 (all sampling rates are 0)")
-    fingerprint = _data_fingerprint(tok.ids, tok.lengths, tok.user_index, rates)
+    if spec.mechanism == "secret":
+        mean_rate = expected / len(rates)
+        if abs(mean_rate - float(spec.sampling_rate)) > 1e-6 * max(1e-12, float(spec.sampling_rate)):
+            raise VeilError(f"training data: rate: mean per-record rate {mean_rate:.9g} differs from the plan's "
+                            f"sampling_rate {spec.sampling_rate:.9g}; pass the plan's train records and rates")
+    chunked = spec.mechanism == "uls" and spec.selection == "random-chunk"
+    streams = user_streams(data, tokenizer, tok.users) if chunked else None
+    fingerprint = _data_fingerprint(tok.ids, tok.lengths, tok.user_index, rates,
+                                    *(streams if streams is not None else []))
 
     # --- private randomness ------------------------------------------------------------------
     if spec.private_seed is not None:
@@ -151,6 +159,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         })
 
     G = int(spec.records_per_user) if spec.records_per_user else None
+    batches = BatchBuilder("uls-chunks" if chunked else "uls" if spec.mechanism == "uls" else "records",
+                           tok, by_user, G=G, streams=streams, seq_len=spec.seq_len)
     step_fn = DPStep(model, opt, private=spec.mechanism != "nonprivate", clip_norm=float(spec.clip_norm),
                      noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
                      micro_batch_size=spec.micro_batch_size, private_seed=private_seed, dctx=dctx,
@@ -161,18 +171,10 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             if dctx.is_main and step + 1 > prior_attempted:
                 ckpt.write_ledger(out_dir, step + 1)
             chosen, rng = sampler.sample(step)
-            if spec.mechanism == "uls":
-                units = []
-                for u in chosen:
-                    recs = by_user[u]
-                    if len(recs) > G:  # a fresh draw of G of the user's records at every visit
-                        recs = np.sort(rng.choice(recs, size=G, replace=False))
-                    units.append(Unit(recs, 1.0 / len(recs)))
-            else:
-                units = [Unit(np.array([r]), 1.0) for r in chosen]
+            units, ids, lengths = batches.build(chosen, rng)
             mine = dctx.shard(units)
 
-            loss_sum, n_rec_tot = step_fn(step, mine, tok.ids, tok.lengths)
+            loss_sum, n_rec_tot = step_fn(step, mine, ids, lengths)
             losses.append(loss_sum / n_rec_tot if n_rec_tot > 0 else float("nan"))
             batch_sizes.append(int(len(chosen)))
             done = step + 1
@@ -202,7 +204,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     bs = np.array(batch_sizes, dtype=np.int64)
     result = TrainResult(
         steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=step_fn.sigma,  # 0 for nonprivate
-        sampling_rate=float(spec.sampling_rate) if spec.mechanism != "secret" else expected / len(rates),
+        sampling_rate=float(spec.sampling_rate),  # secret: the plan's mean rate, checked against the data
         clip_norm=float(spec.clip_norm), expected_batch_size=expected, plan_expected_batch_size=spec.expected_batch_size,
         records_per_user=spec.records_per_user,
         batch_mean=float(bs.mean()) if bs.size else 0.0, batch_min=int(bs.min()) if bs.size else 0,

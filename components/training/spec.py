@@ -37,6 +37,9 @@ class TrainSpec:
       the noise, and with them the privacy. Tests set it for reproducibility.
     per_record: "auto" (per-layer hook samplers when every trainable layer has one, else
       torch.func vmap), "hooks" or "vmap".
+    selection: the plan's strategy. Only "random-chunk" changes what training does: under ULS each
+      visit of a user draws G random seq_len-token chunks of the user's concatenated text instead
+      of G of their records. Other strategies were applied by planning (the data holds their pick).
     """
 
     mechanism: str
@@ -55,6 +58,7 @@ class TrainSpec:
     optimizer: str = "adam"
     private_seed: int | None = None
     per_record: str = "auto"
+    selection: str | None = None
 
     def __post_init__(self):
         def bad(name, why):
@@ -83,6 +87,8 @@ class TrainSpec:
             bad("learning_rate", f"must be > 0, got {self.learning_rate}")
         if self.optimizer not in OPTIMIZERS:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.selection == "random-chunk" and self.mechanism not in ("uls", "nonprivate"):
+            bad("selection", f"random-chunk needs per-user clipping (uls), not {self.mechanism}")
         if self.per_record not in PER_RECORD:
             bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
         if self.lora is not None:
@@ -108,6 +114,7 @@ class TrainSpec:
                                      if plan.get("expected_batch_size") is not None else None),
                 records_per_user=(int(plan["records_per_user"])
                                   if plan.get("records_per_user") is not None else None),
+                selection=plan.get("selection"),
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None

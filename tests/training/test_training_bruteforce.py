@@ -56,17 +56,30 @@ def _prepare(tiny_lm, lora):
     return model
 
 
-def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lora=LORA, mbs=3, method="auto"):
+def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lora=LORA, mbs=3, method="auto",
+                   selection=None, seq_len=24):
     """Brute force first (which also picks C = the median unit-gradient norm, so some units are
     clipped and some are not), then one engine step; returns (result, n_clipped, n_units)."""
     model = _prepare(tiny_lm, lora)
     ref = copy.deepcopy(model)
     ref.train()
-    enc = [tok(t, truncation=True, max_length=24)["input_ids"] for t in data.column("text").to_pylist()]
+    enc = [tok(t, truncation=True, max_length=seq_len)["input_ids"] for t in data.column("text").to_pylist()]
     users = data.column("user_id").to_pylist()
     user_list = sorted(set(users))
     by_user = {u: [i for i, x in enumerate(users) if x == u] for u in user_list}
-    if mechanism == "uls":
+    if selection == "random-chunk":
+        # each user's texts, tokenized whole, EOS after each, concatenated in table order
+        streams = {u: sum((tok(data.column("text")[i].as_py())["input_ids"] + [tok.eos_token_id]
+                           for i in by_user[u]), []) for u in user_list}
+        chosen, rng = PoissonSampler.uniform(len(user_list), q, 2024).sample(0)
+        units, enc = [], []
+        for ui in chosen:
+            s = streams[user_list[ui]]
+            starts = rng.integers(0, len(s) - seq_len + 1, size=k) if len(s) > seq_len else [0]
+            units.append(list(range(len(enc), len(enc) + len(starts))))
+            enc.extend(s[a:a + seq_len] for a in starts)
+        expected = q * len(user_list)
+    elif mechanism == "uls":
         chosen, rng = PoissonSampler.uniform(len(user_list), q, 2024).sample(0)
         units = []
         for ui in chosen:
@@ -91,8 +104,8 @@ def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lo
 
     before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     spec = TrainSpec(mechanism=mechanism, sampling_rate=q, noise_multiplier=0.0, clip_norm=C, steps=1,
-                     records_per_user=k, lora=lora, learning_rate=1.0, optimizer="sgd", seq_len=24,
-                     micro_batch_size=mbs, private_seed=2024, per_record=method)
+                     records_per_user=k, lora=lora, learning_rate=1.0, optimizer="sgd", seq_len=seq_len,
+                     micro_batch_size=mbs, private_seed=2024, per_record=method, selection=selection)
     res = train(spec, data, model, tok, tmp_path / "run", progress=False)
     assert res.batch_max == len(units) and res.steps_run == 1
     after = [p.detach() for p in model.parameters() if p.requires_grad]
@@ -109,6 +122,13 @@ def test_uls_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method)
     assert res.expected_batch_size == pytest.approx(0.5 * 10)
 
 
+def test_uls_random_chunk_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path):
+    data = tiny_lm.make_texts(n_users=8, per_user=(1, 6), seed=8)
+    res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "uls", data, k=2,
+                                             selection="random-chunk", seq_len=12)
+    assert 0 < n_clipped < n_units
+
+
 @pytest.mark.parametrize("mechanism", ["record", "els", "group"])
 def test_record_level_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, mechanism):
     data = tiny_lm.make_texts(n_users=6, per_user=(1, 3), seed=4)
@@ -121,7 +141,7 @@ def test_secret_update_uses_per_record_rates(tiny_lm, tiny_tokenizer, tmp_path):
     data = tiny_lm.make_texts(n_users=6, per_user=(1, 3), seed=5)
     rates = np.linspace(0.0, 1.0, data.num_rows)
     data = data.append_column("rate", pa.array(rates))
-    res, _, _ = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "secret", data)
+    res, _, _ = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "secret", data, q=float(rates.mean()))
     assert res.expected_batch_size == pytest.approx(rates.sum())
 
 

@@ -78,6 +78,14 @@ def test_bad_inputs_are_one_line_errors(tiny_lm, tiny_tokenizer, tmp_path):
         train(TrainSpec(mechanism="secret", sampling_rate=1.0, noise_multiplier=1.0, clip_norm=1.0, steps=1,
                         lora={"r": 2}, seq_len=16), data, tiny_lm.make_model(), tiny_tokenizer,
               tmp_path / "s", progress=False)
+    with_rates = data.append_column("rate", pa.array([0.2] * data.num_rows))
+    with pytest.raises(VeilError, match="differs from the plan's sampling_rate"):
+        train(TrainSpec(mechanism="secret", sampling_rate=0.3, noise_multiplier=1.0, clip_norm=1.0, steps=1,
+                        lora={"r": 2}, seq_len=16), with_rates, tiny_lm.make_model(), tiny_tokenizer,
+              tmp_path / "t", progress=False)
+    with pytest.raises(VeilError, match="random-chunk"):
+        TrainSpec(mechanism="els", sampling_rate=0.5, noise_multiplier=1.0, clip_norm=1.0, steps=1,
+                  records_per_user=2, selection="random-chunk")
 
 
 def test_from_plan_maps_contract_keys():
