@@ -1,0 +1,76 @@
+"""Sequence log-likelihoods and perplexities under a causal LM (audits, perplexity-based selection).
+
+log p(x) = Σ_t log p(x_t | x_<t), summed over the text's tokens. The tokenizer's BOS (when it has
+one) is prepended so the first real token is scored too; texts are truncated to `seq_len` tokens in
+all (BOS included). Every model sees the same ids for the same text, so differences between a
+target and a reference model compare like with like.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from components.core.errors import VeilError
+
+
+def _encode(tokenizer, texts: Sequence[str], seq_len: int) -> list[list[int]]:
+    if seq_len < 2:
+        raise VeilError(f"seq_len: must be at least 2, got {seq_len}")
+    bos = [] if tokenizer.bos_token_id is None else [int(tokenizer.bos_token_id)]
+    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if len(texts) else []
+    return [(bos + list(ids))[:seq_len] for ids in enc]
+
+
+def _sums_and_counts(model, tokenizer, texts, seq_len: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
+    if batch_size < 1:
+        raise VeilError(f"batch_size: must be at least 1, got {batch_size}")
+    seqs = _encode(tokenizer, texts, seq_len)
+    n = len(seqs)
+    sums = np.zeros(n, dtype=np.float64)
+    counts = np.array([max(len(s) - 1, 0) for s in seqs], dtype=np.int64)
+    if n == 0:
+        return sums, counts
+    dev = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    order = sorted(range(n), key=lambda i: len(seqs[i]))  # similar lengths together: little padding
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for b in range(0, n, batch_size):
+                idx = order[b:b + batch_size]
+                width = max(len(seqs[i]) for i in idx)
+                if width < 2:
+                    continue  # nothing to score in this batch
+                ids = torch.full((len(idx), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for r, i in enumerate(idx):
+                    ids[r, :len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
+                    mask[r, :len(seqs[i])] = 1
+                ids, mask = ids.to(dev), mask.to(dev)
+                logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+                lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                sums[idx] = (lp * mask[:, 1:]).sum(-1).double().cpu().numpy()
+    finally:
+        model.train(was_training)
+    return sums, counts
+
+
+def sequence_logprobs(model, tokenizer, texts: Sequence[str], seq_len: int = 128, batch_size: int = 16, *,
+                      return_counts: bool = False):
+    """Σ_t log p(x_t | x_<t) per text (float64 array); with `return_counts`, also the number of
+    scored tokens per text. The model's train/eval mode is restored afterwards."""
+    sums, counts = _sums_and_counts(model, tokenizer, list(texts), seq_len, batch_size)
+    return (sums, counts) if return_counts else sums
+
+
+def perplexity_scores(model, tokenizer, texts: Sequence[str], seq_len: int = 128, batch_size: int = 16) -> np.ndarray:
+    """exp(-mean token log-prob) per text, over the same truncated tokens as `sequence_logprobs`."""
+    sums, counts = _sums_and_counts(model, tokenizer, list(texts), seq_len, batch_size)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        raise VeilError(f"perplexity: text #{int(empty[0])} has no token to score (empty text?)")
+    return np.exp(-sums / counts)
