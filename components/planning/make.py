@@ -158,7 +158,10 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
     rate_col: np.ndarray | None = None
     say(f"selecting records ({selection}, k={k})")
     if mechanism == "uls":
-        chosen = select_records(split.train, k, selection, seed=tr.seed, scorer=scorer)
+        # random / random-chunk: the trainer draws G afresh at every visit, so every record stays
+        # available; deterministic strategies fix each user's k records here.
+        chosen = (split.train if selection in ("random",) + REDRAWN_PER_VISIT
+                  else select_records(split.train, k, selection, seed=tr.seed, scorer=scorer))
         n_units = len(set(chosen.column("user_id").to_pylist()))
         records_per_user: int | None = k
         if selection in REDRAWN_PER_VISIT or selection == "random":

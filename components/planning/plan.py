@@ -73,9 +73,14 @@ class Plan:
             ("steps T", str(d["steps"])),
             ("expected batch", f"{d['expected_batch_size']} {'users' if d['mechanism'] == 'uls' else 'records'}/step"),
             ("clip norm C", f"{d['clip_norm']:g}"),
-            ("records per user", f"{d['records_per_user']} ({d['selection']})" if d["records_per_user"] else
-             f"— ({d['selection']})"),
+            ("records per user", f"{d['records_per_user']} ({d['selection']})" if d["records_per_user"] else "—"),
         ]
+        if d["mechanism"] == "secret":
+            for cls, v in (acc.get("by_class") or {}).items():
+                rows.append((f"secret {cls}", f"{v['n_secrets']} secrets · worst γ {v['max_gamma']:.3g} ≤ "
+                                              f"{v['gamma_target']:g} (κ={v['kappa']:g})"))
+            if acc.get("binding_class"):
+                rows.append(("σ set by", f"class {acc['binding_class']} (sensitivity {acc.get('sensitivity')} per record)"))
         if acc.get("epsilon") is not None:
             rows.append(("ε at this σ", f"{acc['epsilon']:.4g} (δ={acc['delta']:g}, {acc.get('accountant', '')})"))
         rows += [

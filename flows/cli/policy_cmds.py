@@ -1,6 +1,206 @@
-"""Commands of this area are registered here (see flows/cli/__init__.py)."""
+"""Policy and plan commands: `veil policy check|schema|show`, `veil plan`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from components.core.errors import VeilError
+
+out = Console()
+err = Console(stderr=True)
+
+policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",
+                         no_args_is_help=True)
+
+
+def _print_json(doc) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+@policy_app.command("check")
+def check(files: List[Path] = typer.Argument(..., help="policy YAML file(s)"),
+          json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """Validate policies: "ok", or one line per problem naming file, line and field (exit 2)."""
+    from components.policy import check_policy
+
+    report = {}
+    for f in files:
+        try:
+            report[str(f)] = [str(p) for p in check_policy(f)]
+        except VeilError as e:          # unreadable / missing file
+            report[str(f)] = [str(e)]
+    bad = any(report.values())
+    if json_out:
+        _print_json({"ok": not bad, "problems": report})
+    else:
+        for f, problems in report.items():
+            for line in problems:
+                print(line, file=sys.stderr)
+            if not problems:
+                print("ok" if len(files) == 1 else f"{f}: ok")
+    if bad:
+        raise typer.Exit(2)
+
+
+@policy_app.command("schema")
+def schema(write: Optional[Path] = typer.Option(None, "--write", help="write the schema to this file")) -> None:
+    """Print the policy JSON Schema (editors use it to complete and check policies)."""
+    from components.policy.schema import schema_text, write_schema
+
+    if write is not None:
+        print(write_schema(write))
+    else:
+        sys.stdout.write(schema_text())
+
+
+@policy_app.command("show")
+def show(file: Path = typer.Argument(..., help="policy YAML file"),
+         json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """The policy as Veil reads it, with defaults filled in and its sha256."""
+    from components.policy import load_policy
+
+    pol = load_policy(file)
+    doc = {"sha256": pol.sha256, "path": pol.path, "policy": pol.model_dump(mode="json"),
+           "tagging_rules": pol.tagging_rules(),
+           "secret_protection": {c: {"kappa": p.kappa, "gamma": p.gamma, "rho": p.rho}
+                                 for c, p in pol.secret_protection().items()}}
+    if json_out:
+        _print_json(doc)
+        return
+    s = pol.spec
+    t = Table(title=f"policy {pol.name}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    t.add_row("file", f"{pol.path}")
+    t.add_row("sha256", pol.sha256)
+    t.add_row("owner", pol.metadata.owner)
+    t.add_row("unit · mechanism", f"{s.privacy_unit} · {s.mechanism}")
+    if s.target:
+        t.add_row("target", f"ε={s.target.epsilon:g}, δ={s.target.delta:g}")
+    if s.lifetime_budget:
+        t.add_row("lifetime", f"ε={s.lifetime_budget.epsilon:g}, δ={s.lifetime_budget.delta:g}")
+    t.add_row("contribution", f"k={s.contribution.max_records_per_user}, {s.contribution.selection}")
+    for c, p in pol.secret_protection().items():
+        t.add_row(f"secret {c}", f"κ={p.kappa:g} → γ≤{p.gamma:g} (ρ={p.rho:.4g})")
+    tr = s.training
+    t.add_row("training", f"T={tr.steps}, B={tr.expected_batch_size}, C={tr.clip_norm:g}, lr={tr.learning_rate:g}, "
+                          f"seq_len={tr.seq_len}, lora={'r=' + str(tr.lora.r) if tr.lora else 'full'}")
+    out.print(t)
+
+
+def _settings():
+    from components.core.settings import load_settings
+
+    s = load_settings().ensure()
+    s.apply_environment()
+    return s
+
+
+def _scorer(base_model: Optional[Path], seq_len: int):
+    if base_model is None:
+        return None
+    from components.modeling import load_base, perplexity_scores
+
+    model, tok = load_base(base_model)
+    return lambda texts: perplexity_scores(model, tok, texts, seq_len=seq_len)
+
+
+def _sweep_values(spec: Optional[str], c0: float) -> list[float]:
+    if spec:
+        try:
+            vals = [float(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise VeilError(f"--c-values: {spec!r} is not a comma-separated list of numbers") from None
+        if not vals or any(v <= 0 for v in vals):
+            raise VeilError("--c-values: give positive numbers, e.g. 1,3,10,30")
+        return sorted(vals)
+    return sorted({round(c0 * f, 6) for f in (0.1, 0.3, 1, 3, 10, 30)})
+
+
+def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
+         snapshot: Optional[str] = typer.Option(None, "--snapshot", help="snapshot id (default: the latest)"),
+         json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+         sweep_c: bool = typer.Option(False, "--sweep-c", help="secret unit: retained data vs noise for a range "
+                                                               "of C (writes no plan)"),
+         c_values: Optional[str] = typer.Option(None, "--c-values", help="C values for --sweep-c, e.g. 1,3,10"),
+         base_model: Optional[Path] = typer.Option(None, "--base-model",
+                                                   help="public base model dir (ppl-high/ppl-low selection)")) -> None:
+    """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split."""
+    from catalog.snapshots import load_snapshot
+    from components.planning import make_plan, save_plan
+    from components.policy import load_policy
+
+    pol = load_policy(policy)
+    s = _settings()
+    snap = load_snapshot(s, snapshot)
+    if sweep_c:
+        _sweep(pol, snap, c_values, json_out)
+        return
+    scorer = None
+    if pol.spec.contribution.selection in ("ppl-high", "ppl-low"):
+        if base_model is None:
+            raise VeilError(f"selection '{pol.spec.contribution.selection}' scores records with the public base "
+                            "model: pass --base-model DIR")
+        scorer = _scorer(base_model, pol.spec.training.seq_len)
+    progress = None if json_out else (lambda msg: err.print(f"[dim]plan:[/dim] {msg}"))
+    with err.status("planning…", spinner="dots") if not json_out else _null():
+        p = make_plan(pol, snap, out_dir=s.plans_dir, scorer=scorer, cache_dir=s.cache_dir, progress=progress)
+    path = save_plan(p, s.plans_dir)
+    if json_out:
+        _print_json({"plan_path": str(path), "plan": p.to_dict()})
+        return
+    t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    for k, v in p.summary_rows():
+        t.add_row(k, v)
+    out.print(t)
+    out.print(f"written to {path}")
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _sweep(pol, snap, c_values: Optional[str], json_out: bool) -> None:
+    from components.planning.audit_split import split_for_audit
+    from components.planning.secret_plan import sweep_c
+
+    if pol.spec.privacy_unit != "secret":
+        raise VeilError("--sweep-c: C weighs secrets in the secret-protection LP; this policy's privacy_unit is "
+                        f"'{pol.spec.privacy_unit}'")
+    tr = pol.spec.training
+    split = split_for_audit(snap.records.select(["record_id", "user_id", "text"]), holdout=pol.spec.audit.holdout_users,
+                            m=pol.spec.audit.attacker_samples_per_user, seed=tr.seed)
+    cs = _sweep_values(c_values, pol.spec.secrets.lp.c)
+    rows = sweep_c(pol, split.train, snap.secret_spans, cs, expected_batch_size=tr.expected_batch_size,
+                   steps=tr.steps)
+    if json_out:
+        _print_json({"policy": pol.name, "snapshot_id": snap.snapshot_id, "steps": tr.steps,
+                     "expected_batch_size": tr.expected_batch_size, "sweep": rows})
+        return
+    t = Table(title=f"C sweep · {pol.name} · T={tr.steps}, B={tr.expected_batch_size}")
+    for col in ("C", "records kept", "binding secrets", "σ", "noise / signal", "note"):
+        t.add_column(col, justify="right" if col != "note" else "left")
+    for r in rows:
+        t.add_row(f"{r['c']:g}", f"{r['retained_fraction']:.1%}", str(r["n_binding"]),
+                  "—" if r.get("noise_multiplier") is None else f"{r['noise_multiplier']:.4g}",
+                  "—" if r.get("noise_per_signal") is None else f"{r['noise_per_signal']:.4g}",
+                  r.get("note", ""))
+    out.print(t)
+    out.print("larger C keeps more data but needs more noise; pick C by validation loss (seed 004 §4)")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(policy_app, name="policy")
+    app.command("plan")(plan)

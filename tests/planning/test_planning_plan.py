@@ -159,3 +159,16 @@ def test_els_and_group_bound_records_per_user(snap, tmp_path):
                       noise_multiplier=d["noise_multiplier"], steps=d["steps"], delta=d["target"]["delta"],
                       k=k).epsilon
         assert eps <= d["target"]["epsilon"] + 1e-9
+
+
+def test_uls_random_keeps_every_unreserved_record(demo_plan, snap):
+    """ULS draws G records afresh per visit: the plan must leave all of a trained user's records in."""
+    d = demo_plan[0].to_dict()
+    train = set(pq.read_table(d["data"]["train_records_file"])["record_id"].to_pylist())
+    att = pq.read_table(d["audit"]["attacker_records_file"])
+    text = dict(zip(snap.records["record_id"].to_pylist(), snap.records["text"].to_pylist()))
+    reserved = {(u, text[r]) for r, u in zip(att["record_id"].to_pylist(), att["user_id"].to_pylist())}
+    held = set(d["audit"]["held_out_users"])
+    expected = {r for r, u in zip(snap.records["record_id"].to_pylist(), snap.records["user_id"].to_pylist())
+                if u not in held and (u, text[r]) not in reserved}
+    assert train == expected

@@ -1,0 +1,98 @@
+"""`veil policy check` and `veil plan`: exit codes, one line per problem, one JSON document."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "policies" / "demo.yaml"
+
+
+def test_check_valid_policy_prints_ok():
+    res = CliRunner().invoke(app, ["policy", "check", str(DEMO)])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == "ok"
+
+
+def test_check_several_files_reports_each(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEMO.read_text().replace("epsilon: 8.0", "epsilon: -8.0").replace(
+        "    delta: 1.0e-5", "    delta: 2"))
+    res = CliRunner().invoke(app, ["policy", "check", str(DEMO), str(bad)])
+    assert res.exit_code == 2
+    assert f"{DEMO}: ok" in res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{bad}:") and "spec.target.epsilon" in lines[0]
+    assert "spec.target.delta" in lines[1]
+    assert "Traceback" not in res.output
+
+
+def test_check_json_and_missing_file(tmp_path):
+    res = CliRunner().invoke(app, ["policy", "check", "--json", str(tmp_path / "nope.yaml")])
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and "no such policy file" in doc["problems"][str(tmp_path / "nope.yaml")][0]
+
+
+def test_check_list_instead_of_mapping_names_line(tmp_path):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("apiVersion: veil.dev/v1\nkind: PrivacyPolicy\nmetadata:\n  - name: x\nspec:\n  privacy_unit: user\n"
+                   "  target: {epsilon: 1, delta: 1e-6}\n")
+    res = CliRunner().invoke(app, ["policy", "check", str(bad)])
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"{bad}:3: metadata: expected a mapping (indented 'key: value' lines), got a list"
+
+
+def test_show_and_schema():
+    res = CliRunner().invoke(app, ["policy", "show", "--json", str(DEMO)])
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert doc["policy"]["spec"]["mechanism"] == "uls" and len(doc["sha256"]) == 64
+    res = CliRunner().invoke(app, ["policy", "schema"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["additionalProperties"] is False
+
+
+@pytest.fixture
+def ingested(settings, tmp_path):
+    """A tiny organization ingested into the catalog of this test's VEIL_HOME."""
+    from catalog.ingest import ingest_source
+
+    rows = []
+    for u in range(40):
+        for j in range(3 + u % 9):
+            text = f"note {j} from person {u}: the KESTREL launch moves to week {j + u}"
+            rows.append({"user": f"p{u:02d}@acme-corp.example", "text": text})
+    src = tmp_path / "org.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ingest_source(src, "jsonl", settings=settings, rules=str(DEMO))
+    return settings
+
+
+def test_plan_command_writes_a_plan_and_prints_json(ingested, tmp_path):
+    pol = tmp_path / "p.yaml"
+    pol.write_text(DEMO.read_text().replace("expected_batch_size: 24", "expected_batch_size: 8")
+                   .replace("steps: 150", "steps: 30"))
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    path = Path(doc["plan_path"])
+    assert path.parent == ingested.plans_dir and path.is_file()
+    assert json.loads(path.read_text()) == doc["plan"]
+    assert doc["plan"]["policy"]["sha256"] and doc["plan"]["steps"] == 30
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol)])
+    assert res.exit_code == 0 and "noise multiplier" in res.stdout
+
+
+def test_plan_command_user_errors(ingested, tmp_path):
+    res = CliRunner().invoke(app, ["plan", "--policy", str(DEMO), "--sweep-c"])
+    assert res.exit_code == 2 and "privacy_unit is 'user'" in res.stderr
+    res = CliRunner().invoke(app, ["plan", "--policy", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "no such policy file" in res.stderr
+    res = CliRunner().invoke(app, ["plan", "--policy", str(DEMO), "--snapshot", "snap-nope"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
