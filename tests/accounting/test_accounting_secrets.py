@@ -58,15 +58,24 @@ def test_gamma_bound_holds_against_monte_carlo_map_attacker():
 
 
 def _quad_kl(pmf, sigma, sens):
+    """Both KL directions by adaptive quadrature of the densities themselves (independent of the
+    Gauss–Hermite code path)."""
     mu = np.arange(len(pmf)) * sens
+    logw = np.log(np.maximum(pmf, 1e-300))
+    norm = 1.0 / (sigma * math.sqrt(2 * math.pi))
 
-    def ell(x):
-        return special.logsumexp(np.log(np.maximum(pmf, 1e-300)) + (x * mu - 0.5 * mu ** 2) / sigma ** 2)
+    def ell(x):  # log q(x)/p(x)
+        return special.logsumexp(logw + (x * mu - 0.5 * mu ** 2) / sigma ** 2)
+
+    def q(x):
+        return float(np.sum(pmf * np.exp(-0.5 * ((x - mu) / sigma) ** 2))) * norm
+
+    def p(x):
+        return math.exp(-0.5 * (x / sigma) ** 2) * norm
 
     lo, hi = -12 * sigma, mu[-1] + 12 * sigma
-    qp = integrate.quad(lambda x: sum(w * stats.norm.pdf(x, m, sigma) for w, m in zip(pmf, mu)) * ell(x),
-                        lo, hi, limit=500, points=list(mu[:30]))[0]
-    pq = integrate.quad(lambda x: -stats.norm.pdf(x, 0, sigma) * ell(x), lo, hi, limit=500)[0]
+    qp = integrate.quad(lambda x: q(x) * ell(x), lo, hi, limit=500, points=list(mu[:30]))[0]
+    pq = integrate.quad(lambda x: -p(x) * ell(x), lo, hi, limit=500)[0]
     return qp, pq
 
 
