@@ -5,6 +5,7 @@
     load_plan(path).to_dict()["noise_multiplier"]
 """
 from components.planning.audit_split import AuditSplit, split_for_audit
+from components.planning.data import plan_texts, training_records
 from components.planning.make import Compute, make_plan
 from components.planning.plan import SCHEMA, Plan, load_plan, save_plan
 from components.planning.secret_lp import LPResult, sampling_rates, solve_secret_lp
@@ -24,4 +25,6 @@ __all__ = [
     "select_records",
     "solve_secret_lp",
     "split_for_audit",
+    "plan_texts",
+    "training_records",
 ]

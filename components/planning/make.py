@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.planning.audit_split import split_for_audit
+from components.planning.audit_split import AuditSplit, split_for_audit
 from components.planning.plan import SCHEMA, Plan, seal
 from components.planning.selection import REDRAWN_PER_VISIT, Scorer, select_records
 
@@ -96,6 +96,34 @@ def _calibrate(mechanism: str, *, epsilon: float, delta: float, q: float, steps:
                      cache_dir=cache_dir)
 
 
+@dataclass(frozen=True)
+class _Canaries:
+    records: pa.Table          # snapshot schema, every canary record (trained and held out)
+    users: list[str]
+    merged: AuditSplit         # the real split with the canaries' split folded in
+
+
+def _canaries(policy, records: pa.Table, split: AuditSplit, seed: int) -> _Canaries | None:
+    """Synthetic canary users, split in/out like real users (half each) with attacker samples."""
+    conf = policy.spec.audit.canaries
+    if conf.users <= 0:
+        return None
+    from components.audit import make_canary_users
+
+    m = policy.spec.audit.attacker_samples_per_user
+    counts = records.group_by("user_id").aggregate([("record_id", "count")])["record_id_count"].to_numpy()
+    per_user = max(m + 2, int(np.median(counts)))          # ordinary-sized users, enough for the audit
+    recs = make_canary_users(conf.users, per_user, seed, substring_words=conf.substring_words)
+    c_split = split_for_audit(recs.select(["record_id", "user_id", "text"]), holdout=0.5, m=m, seed=seed)
+    merged = AuditSplit(
+        held_out_users=sorted(split.held_out_users + c_split.held_out_users),
+        trained_users=sorted(split.trained_users + c_split.trained_users),
+        attacker=pa.concat_tables([split.attacker, c_split.attacker]),
+        train=pa.concat_tables([split.train, c_split.train.cast(split.train.schema)]),
+        n_eligible=split.n_eligible)
+    return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
+
+
 def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict | None = None,
               scorer: Scorer | None = None, created_at: str | None = None,
               cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None) -> Plan:
@@ -126,6 +154,9 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
     say("reserving audit users and attacker samples")
     split = split_for_audit(records, holdout=spec.audit.holdout_users, m=spec.audit.attacker_samples_per_user,
                             seed=tr.seed)
+    canaries = _canaries(policy, records, split, tr.seed)
+    if canaries is not None:
+        split = canaries.merged
     caveats: list[str] = [
         "ε covers the training run only: hyperparameters (learning rate, clip norm, C, steps) were not "
         "tuned privately and their tuning is not accounted",
@@ -227,6 +258,11 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
     train_file, train_sha = _write_parquet(train_tbl, out_dir, "train")
     attacker_file, attacker_sha = _write_parquet(_sorted(split.attacker), out_dir, "attacker")
 
+    canary_file = canary_sha = None
+    if canaries is not None:
+        canary_file, canary_sha = _write_parquet(_sorted(canaries.records), out_dir, "canaries")
+        caveats.append(f"{len(canaries.users)} synthetic canary users (seed 003 App. D.2) are part of the training "
+                       "data; their records are in the canary records file, not the snapshot")
     lora = tr.lora.model_dump() if tr.lora is not None else None
     if lora is not None and lora["target_modules"] is not None:
         lora["target_modules"] = list(lora["target_modules"])
@@ -251,7 +287,10 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
                  "train_records_file": train_file, "train_records_sha256": train_sha,
                  "n_train_users": n_train_users, "n_train_records": int(train_tbl.num_rows)},
         "audit": {"held_out_users": list(split.held_out_users), "attacker_records_file": attacker_file,
-                  "attacker_records_sha256": attacker_sha, "canary_users": [],
+                  "attacker_records_sha256": attacker_sha,
+                  "canary_users": list(canaries.users) if canaries is not None else [],
+                  **({"canary_records_file": canary_file, "canary_records_sha256": canary_sha}
+                     if canaries is not None else {}),
                   "attacker_samples_per_user": int(spec.audit.attacker_samples_per_user),
                   "n_attacker_records": int(split.attacker.num_rows),
                   "n_audit_eligible_users": int(split.n_eligible),

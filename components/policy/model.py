@@ -167,7 +167,8 @@ class LoRA(_Strict):
 class Training(_Strict):
     steps: int = Field(default=150, ge=1, le=10_000_000)
     expected_batch_size: int = Field(
-        default=24, ge=1, description="Expected users per step (ULS) or records per step (other mechanisms).")
+        default=24, ge=1, description="Expected users per step (ULS) or records per step (other mechanisms); "
+                                      "under mechanism 'auto', the budget in gradients (records) per step.")
     clip_norm: float = Field(default=1.0, gt=0)
     learning_rate: float = Field(default=5e-3, gt=0)
     seq_len: int = Field(default=128, ge=8, le=65_536)

@@ -172,3 +172,31 @@ def test_uls_random_keeps_every_unreserved_record(demo_plan, snap):
     expected = {r for r, u in zip(snap.records["record_id"].to_pylist(), snap.records["user_id"].to_pylist())
                 if u not in held and (u, text[r]) not in reserved}
     assert train == expected
+
+
+def test_canary_users_are_split_trained_and_resolvable(snap, tmp_path):
+    from components.planning import training_records
+
+    p = tmp_path / "canary.yaml"
+    p.write_text(DEMO.read_text().replace("      users: 0", "      users: 6"))
+    d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
+    canaries = set(d["audit"]["canary_users"])
+    assert len(canaries) == 6
+    att = pq.read_table(d["audit"]["attacker_records_file"])
+    member = dict(zip(att["user_id"].to_pylist(), att["member"].to_pylist()))
+    assert sum(member[u] for u in canaries) == 3 and sum(not member[u] for u in canaries) == 3
+    data = training_records(d, snap.records)
+    trained = set(data["user_id"].to_pylist())
+    assert {u for u in canaries if member[u]} <= trained
+    assert not {u for u in canaries if not member[u]} & trained
+    assert data.num_rows == d["data"]["n_train_records"]
+    canary_file = pq.read_table(d["audit"]["canary_records_file"])
+    sub = {u: json.loads(m)["substring"] for u, m in zip(canary_file["user_id"].to_pylist(),
+                                                          canary_file["metadata"].to_pylist())}
+    for u, t in zip(data["user_id"].to_pylist(), data["text"].to_pylist()):
+        if u in canaries:
+            assert sub[u] in t                             # canary texts come from the canary file
+    # the canary file is checked against its hash
+    Path(d["audit"]["canary_records_file"]).write_bytes(b"tampered")
+    with pytest.raises(VeilError, match="sha256"):
+        training_records(d, snap.records)
