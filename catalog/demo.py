@@ -584,17 +584,24 @@ def _fit(rng: np.random.Generator, w: _Writer, u: _User, text: str, src: str) ->
 
 
 def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[str]:
-    """Generic workplace/tech prose: same topics and phrasing as the org, no people, no secrets."""
+    """Generic workplace/tech prose: same topics and phrasing as the org, no people, no secrets.
+
+    Greetings, sign-offs and idioms are common English, so they appear here too, but mixed at random:
+    what identifies a person in the org is their particular combination, which the base never sees.
+    """
     lines = []
-    generic_greet = ["Hi all,", "Hello team,", "Hi team,", "Hello everyone,"]
-    generic_sign = ["Thanks,", "Best regards,", "Regards,", "Cheers,"]
     while len(lines) < n_lines:
         kind = int(rng.integers(6))
         if kind == 0:  # mail-like
-            body = " ".join(_fill(rng, _pick(rng, BODY), TOPICS_ALL) for _ in range(1 + int(rng.integers(2))))
-            text = f"{_pick(rng, generic_greet)}\n{body}\n{_pick(rng, generic_sign)}"
+            body = [_fill(rng, _pick(rng, BODY), TOPICS_ALL) for _ in range(1 + int(rng.integers(2)))]
+            if rng.random() < 0.5:
+                body.insert(int(rng.integers(len(body) + 1)), _pick(rng, PET_PHRASES).capitalize() + ".")
+            text = f"{_pick(rng, GREETINGS)}\n{' '.join(body)}\n{_pick(rng, SIGNOFFS)}"
         elif kind == 1:  # chat-like
-            text = " - ".join(_fill(rng, _pick(rng, CHAT), TOPICS_ALL) for _ in range(2 + int(rng.integers(2))))
+            bits = [_fill(rng, _pick(rng, CHAT), TOPICS_ALL) for _ in range(2 + int(rng.integers(2)))]
+            if rng.random() < 0.5:
+                bits.insert(int(rng.integers(len(bits) + 1)), _pick(rng, PET_PHRASES))
+            text = " - ".join(bits)
         elif kind == 2:  # ticket-like (no ticket numbers, no reporters)
             title = _fill(rng, _pick(rng, TICKET_TITLES), TOPICS_ALL)
             text = f"Issue: {title[0].upper()}{title[1:]}\n{_fill(rng, _pick(rng, TICKET_BODY), TOPICS_ALL)}"

@@ -192,35 +192,119 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
+    options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
+    try:
+        report = _run(settings, conn, sql, tagger, progress=progress, exact=False, ingest_id=ingest_id,
+                      source=source, fmt=fmt, options=options, started=started)
+    except _PrefixCollision:
+        # Two different records share a 64-bit id prefix (odds ~n²/2⁶⁵): redo with exact dedup.
+        conn = _connector(source, fmt, fields, max_record_bytes)
+        report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
+                      source=source, fmt=fmt, options=options, started=started)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+class _PrefixCollision(Exception):
+    pass
+
+
+_HEX = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX[_c] = _i
+
+
+def _prefix64(record_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The first 64 bits of each hex sha256 record id, as uint64 (vectorised)."""
+    arr = record_ids.combine_chunks() if isinstance(record_ids, pa.ChunkedArray) else record_ids
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    offs = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
+    if not np.all(np.diff(offs) == 64):
+        raise RuntimeError("catalog: record ids are not 64-character sha256 hex strings")
+    raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offs[0]:offs[-1]].reshape(n, 64)[:, :16]
+    nib = _HEX[raw].astype(np.uint64)
+    out = np.zeros(n, dtype=np.uint64)
+    for k in range(16):
+        out = (out << np.uint64(4)) | nib[:, k]
+    return out
+
+
+class _OnlineDedup:
+    """Decides, batch by batch, which valid rows are new to the catalog: the first copy in this source of
+    a record whose id is not in the parent snapshot. Keeps 8 bytes per record (sorted uint64 id prefixes);
+    a prefix can only make it drop too much, never keep a duplicate, and the merge checks the kept count
+    against the exact one."""
+
+    def __init__(self, parent_records: Path | None):
+        self.seen = np.zeros(0, dtype=np.uint64)
+        if parent_records is not None:
+            parts = [_prefix64(b.column(0)) for b in
+                     pq.ParquetFile(parent_records).iter_batches(batch_size=262_144, columns=["record_id"])]
+            if parts:
+                self.seen = np.unique(np.concatenate(parts))
+
+    def keep(self, record_ids) -> np.ndarray:
+        p = _prefix64(record_ids)
+        mask = np.zeros(len(p), dtype=bool)
+        if len(p) == 0:
+            return mask
+        uniq, first = np.unique(p, return_index=True)
+        if len(self.seen):
+            pos = np.searchsorted(self.seen, uniq).clip(max=len(self.seen) - 1)
+            known = self.seen[pos] == uniq
+        else:
+            known = np.zeros(len(uniq), dtype=bool)
+        mask[first[~known]] = True
+        self.seen = np.union1d(self.seen, uniq[~known])
+        return mask
+
+
+def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, exact: bool, ingest_id: str,
+         source: Path, fmt: str, options: dict, started: datetime) -> IngestReport:
+    """One pass over the source. Online (default): new records stream straight into the new snapshot.
+    Exact: they are staged in a temporary Parquet file and picked by the merge's exact dedup."""
     tmp_dir = settings.cache_dir / "ingest-tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     staged_path = tmp_dir / f"{ingest_id}.parquet"
     with store.writer(settings) as con:
         con.execute(_STAGE_DDL)
+        latest = snap_mod.latest_in_catalog(con)
+        parent = latest[0] if latest else None
+        builder = snap_mod.SnapshotBuilder(settings, ingest_id=ingest_id, parent=parent)
+        dedup = None if exact else _OnlineDedup(settings.snapshots_dir / parent / "records.parquet" if parent else None)
         bar = _progress(progress, conn)
         try:
-            with pq.ParquetWriter(staged_path, _STAGED, compression="none") as staged:
+            staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
+            try:
                 for batch in _prefetch(conn.batches()):
                     if batch.num_rows:
-                        _stage_batch(con, sql, batch, tagger, staged)
+                        _stage_batch(con, sql, batch, tagger, staged, dedup, builder)
                     if bar is not None:
                         bar.advance(conn)
+            finally:
+                if staged is not None:
+                    staged.close()
             source_sha = conn.sha256
-            options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
             source_key = sha256_json({"source_sha256": source_sha, **options})
-            report = _merge(con, settings, tagger, staged_path, ingest_id=ingest_id, source=source, fmt=fmt,
-                            source_sha=source_sha, source_key=source_key, options=options, started=started)
+            return _merge(con, settings, tagger, builder, staged_path if exact else None, latest,
+                          ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
+                          source_key=source_key, options=options, started=started)
+        except BaseException:
+            builder.abort()
+            raise
         finally:
             if bar is not None:
                 bar.stop()
             staged_path.unlink(missing_ok=True)
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
-def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.ParquetWriter) -> None:
-    """Validate + hash one batch in DuckDB, keep its bookkeeping in `stage`, its valid rows (with text)
-    in the staged Parquet file, and their secret spans in `span_stage`."""
+def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.ParquetWriter | None,
+                 dedup: _OnlineDedup | None, builder) -> None:
+    """Validate + hash one batch in DuckDB and keep its bookkeeping in `stage`; its new records go to
+    the snapshot being built (online) or its valid rows to the staged file (exact); secret spans of
+    valid rows go to `span_stage`."""
     con.register("batch", batch)
     try:
         out = con.sql(sql).to_arrow_table()
@@ -240,7 +324,10 @@ def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.Parq
                     schema=_STAGED).filter(valid)
     if rows.num_rows == 0:
         return
-    staged.write_table(rows)
+    if staged is not None:
+        staged.write_table(rows)
+    else:
+        builder.add_records(rows.filter(pa.array(dedup.keep(rows.column("record_id")))).drop_columns(["seq"]))
     paths = batch.column("path").filter(valid)
     spans = tagger.tag(rows.column("text"), paths)
     if spans:
@@ -314,9 +401,9 @@ def _one(con, q: str):
     return con.sql(q).fetchall()[0][0]
 
 
-def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, staged_path: Path, *, ingest_id: str,
-           source: Path,
-           fmt: str, source_sha: str, source_key: str, options: dict, started: datetime) -> IngestReport:
+def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, builder, staged_path: Path | None,
+           latest: tuple[str, str] | None, *, ingest_id: str, source: Path, fmt: str, source_sha: str,
+           source_key: str, options: dict, started: datetime) -> IngestReport:
     read = _one(con, "SELECT count(*) FROM stage")
     quarantined = _one(con, "SELECT count(*) FROM stage WHERE reason IS NOT NULL")
     con.execute("CREATE OR REPLACE TEMP TABLE firsts AS "
@@ -331,6 +418,8 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, s
         con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq FROM firsts f "
                     "ANTI JOIN records r ON r.record_id = f.record_id")
         new = _one(con, "SELECT count(*) FROM fresh")
+        if staged_path is None and builder.added != new:
+            raise _PrefixCollision()  # kept ⊆ exact: equal counts mean equal sets
         con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS
             SELECT DISTINCT record_id, secret_id, secret_class, detector, detector_version, "start", "end"
             FROM span_stage""")
@@ -348,17 +437,18 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, s
             FROM stage s WHERE reason IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM quarantine q WHERE q.source_key = {_q(source_key)}
                 AND q.position = coalesce(s.locator, 'line ' || s.line::VARCHAR) AND q.reason = s.reason)""")
-        latest = snap_mod.latest_in_catalog(con)
         if new or new_spans or latest is None:
-            snap = snap_mod.write_snapshot(
-                con, settings, ingest_id=ingest_id, parent=latest[0] if latest else None,
-                new_records=_fresh_rows(con, staged_path) if new else None)
+            if staged_path is not None and new:
+                for t in _fresh_rows(con, staged_path):
+                    builder.add_records(t)
+            snap = builder.finish(con)
             store.point_records_view(con, settings, snap["snapshot_id"])
             if new:
                 con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
                     sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
                     FROM records GROUP BY user_id ORDER BY user_id""")
         else:
+            builder.abort()
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
         snap_id, snap_sha = snap["snapshot_id"], snap["sha256"]
         n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]

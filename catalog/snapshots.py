@@ -63,52 +63,95 @@ class Snapshot:
         return {"snapshot_id": self.snapshot_id, "sha256": self.sha256, "path": str(self.path), **self.manifest}
 
 
+class RowGroupWriter:
+    """Streams tables into one Parquet file in fixed-size row groups, so equal content gives equal bytes."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path, self.schema = path, schema
+        self._w = pq.ParquetWriter(path, schema, compression="zstd")
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self.rows = 0
+
+    def write(self, batch) -> None:
+        if batch.num_rows == 0:
+            return
+        t = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        self._pending.append(t.cast(self.schema))
+        self._pending_rows += t.num_rows
+        while self._pending_rows >= _BATCH:
+            tab = pa.concat_tables(self._pending)
+            head, rest = tab.slice(0, _BATCH), tab.slice(_BATCH)
+            self._w.write_table(head, row_group_size=_BATCH)
+            self.rows += head.num_rows
+            self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def close(self) -> dict:
+        if self._pending:
+            tab = pa.concat_tables(self._pending)
+            self._w.write_table(tab, row_group_size=_BATCH)
+            self.rows += tab.num_rows
+            self._pending = []
+        self._w.close()
+        return {"sha256": sha256_file(self.path), "bytes": self.path.stat().st_size, "rows": self.rows}
+
+
 def _write(batches, schema: pa.Schema, path: Path) -> dict:
-    """Stream batches into one Parquet file in fixed-size row groups, so equal content gives equal bytes."""
-    rows = 0
-    with pq.ParquetWriter(path, schema, compression="zstd") as w:
-        pending: list[pa.Table] = []
-        pending_rows = 0
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            t = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-            pending.append(t.cast(schema))
-            pending_rows += batch.num_rows
-            while pending_rows >= _BATCH:
-                tab = pa.concat_tables(pending)
-                head, rest = tab.slice(0, _BATCH), tab.slice(_BATCH)
-                w.write_table(head, row_group_size=_BATCH)
-                rows += head.num_rows
-                pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
-        if pending:
-            tab = pa.concat_tables(pending)
-            w.write_table(tab, row_group_size=_BATCH)
-            rows += tab.num_rows
-    return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
+    w = RowGroupWriter(path, schema)
+    for b in batches:
+        w.write(b)
+    return w.close()
 
 
-def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None, new_records=None) -> dict:
-    """Cut a snapshot: the parent's records followed by `new_records` (Arrow tables/batches with the
-    records columns), and every span of the catalog. Returns its catalog row."""
-    settings.snapshots_dir.mkdir(parents=True, exist_ok=True)
-    tmp = settings.snapshots_dir / f".tmp-{ingest_id}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        def record_batches():
-            if parent is not None:
-                yield from pq.ParquetFile(settings.snapshots_dir / parent / "records.parquet").iter_batches(_BATCH)
-            if new_records is not None:
-                yield from new_records
+class SnapshotBuilder:
+    """A new snapshot being written: the parent's records, then records added as they stream in.
 
-        files = {
-            "records.parquet": _write(record_batches(), RECORDS, tmp / "records.parquet"),
-            "secret_spans.parquet": _write(
-                con.sql('SELECT record_id, secret_id, secret_class, detector, detector_version, "start", "end" '
-                        f"FROM secret_spans ORDER BY {_SPANS_ORDER}").to_arrow_reader(_BATCH),
-                SECRET_SPANS, tmp / "secret_spans.parquet"),
-        }
+    Nothing is visible until `finish` renames the folder into place; `abort` removes it."""
+
+    def __init__(self, settings: Settings, *, ingest_id: str, parent: str | None):
+        self.settings, self.ingest_id, self.parent = settings, ingest_id, parent
+        self.tmp = settings.snapshots_dir / f".tmp-{ingest_id}"
+        self._records: RowGroupWriter | None = None
+        self.added = 0
+
+    def _open(self) -> RowGroupWriter:
+        if self._records is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir(parents=True)
+            self._records = RowGroupWriter(self.tmp / "records.parquet", RECORDS)
+            if self.parent is not None:
+                for b in pq.ParquetFile(self.settings.snapshots_dir / self.parent / "records.parquet").iter_batches(_BATCH):
+                    self._records.write(b)
+        return self._records
+
+    def add_records(self, table) -> None:
+        if table.num_rows:
+            self._open().write(table)
+            self.added += table.num_rows
+
+    def abort(self) -> None:
+        if self._records is not None:
+            try:
+                self._records._w.close()
+            except Exception:  # noqa: BLE001 - already failing; the folder goes anyway
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def finish(self, con) -> dict:
+        """Write the catalog's spans, the manifest; rename into place; record it in `snapshots`."""
+        try:
+            return self._finish(con)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _finish(self, con) -> dict:
+        settings, tmp, parent, ingest_id = self.settings, self.tmp, self.parent, self.ingest_id
+        files = {"records.parquet": self._open().close()}
+        files["secret_spans.parquet"] = _write(
+            con.sql('SELECT record_id, secret_id, secret_class, detector, detector_version, "start", "end" '
+                    f"FROM secret_spans ORDER BY {_SPANS_ORDER}").to_arrow_reader(_BATCH),
+            SECRET_SPANS, tmp / "secret_spans.parquet")
         # The id names the content: both files are written deterministically (fixed row groups, fixed order).
         content = hashlib.sha256(f"{SCHEMA}\n{files['records.parquet']['sha256']}\n"
                                  f"{files['secret_spans.parquet']['sha256']}\n".encode()).hexdigest()
@@ -145,15 +188,25 @@ def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | Non
                 os.chmod(f, 0o444)
             shutil.rmtree(final, ignore_errors=True)  # a folder without a manifest is an unfinished write
             os.replace(tmp, final)
+        sha = sha256_file(final / "manifest.json")
+        c = manifest["counts"]
+        con.execute("INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [snapshot_id, sha, manifest["content_sha256"], datetime.now(timezone.utc), str(final), c["records"],
+                     c["users"], c["spans"], c["secrets"], parent, ingest_id])
+        return {"snapshot_id": snapshot_id, "sha256": sha}
+
+
+def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None, new_records=None) -> dict:
+    """Cut a snapshot: the parent's records followed by `new_records` (Arrow tables/batches with the
+    records columns), and every span of the catalog. Returns its catalog row."""
+    b = SnapshotBuilder(settings, ingest_id=ingest_id, parent=parent)
+    try:
+        for t in new_records or ():
+            b.add_records(t)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        b.abort()
         raise
-    sha = sha256_file(final / "manifest.json")
-    c = manifest["counts"]
-    con.execute("INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [snapshot_id, sha, manifest["content_sha256"], datetime.now(timezone.utc), str(final), c["records"],
-                 c["users"], c["spans"], c["secrets"], parent, ingest_id])
-    return {"snapshot_id": snapshot_id, "sha256": sha}
+    return b.finish(con)
 
 
 def latest_in_catalog(con) -> tuple[str, str] | None:
