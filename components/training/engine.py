@@ -143,6 +143,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 p.copy_(state["trainable"][n].to(p.device, p.dtype))
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
         resumed_from = start
     prior_attempted = ckpt.read_ledger(out_dir) if (resume and dctx.is_main) else 0
@@ -155,6 +157,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             "private_seed_sha": hashlib.sha256(str(private_seed).encode()).hexdigest(),
             "trainable": {n: p.detach().cpu().clone() for n, p in named},
             "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
             "sampler": sampler.state_dict(step), "losses": losses, "batch_sizes": batch_sizes,
         })
 
@@ -165,27 +168,29 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                      noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
                      micro_batch_size=spec.micro_batch_size, private_seed=private_seed, dctx=dctx,
                      per_record=spec.per_record)
-    with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
-        task = bar.add_task("train", total=spec.steps, completed=start, info="") if bar else None
-        for step in range(start, int(spec.steps)):
-            if dctx.is_main and step + 1 > prior_attempted:
-                ckpt.write_ledger(out_dir, step + 1)
-            chosen, rng = sampler.sample(step)
-            units, ids, lengths = batches.build(chosen, rng)
-            mine = dctx.shard(units)
+    try:
+        with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
+            task = bar.add_task("train", total=spec.steps, completed=start, info="") if bar else None
+            for step in range(start, int(spec.steps)):
+                if dctx.is_main and step + 1 > prior_attempted:
+                    ckpt.write_ledger(out_dir, step + 1)
+                chosen, rng = sampler.sample(step)
+                units, ids, lengths = batches.build(chosen, rng)
+                mine = dctx.shard(units)
 
-            loss_sum, n_rec_tot = step_fn(step, mine, ids, lengths)
-            losses.append(loss_sum / n_rec_tot if n_rec_tot > 0 else float("nan"))
-            batch_sizes.append(int(len(chosen)))
-            done = step + 1
-            if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
-                save(done)
-            if bar is not None:
-                bar.update(task, completed=done, info=f"loss {losses[-1]:.3f} batch {len(chosen)}")
-            if on_step is not None:
-                on_step(done)
+                loss_sum, n_rec_tot = step_fn(step, mine, ids, lengths)
+                losses.append(loss_sum / n_rec_tot if n_rec_tot > 0 else float("nan"))
+                batch_sizes.append(int(len(chosen)))
+                done = step + 1
+                if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
+                    save(done)
+                if bar is not None:
+                    bar.update(task, completed=done, info=f"loss {losses[-1]:.3f} batch {len(chosen)}")
+                if on_step is not None:
+                    on_step(done)
 
-    step_fn.close()
+    finally:
+        step_fn.close()  # the per-record hooks come off the model, even on error
     if state is None and int(spec.steps) == 0:
         save(0)
     dctx.barrier()
