@@ -107,16 +107,10 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
             mlflow.set_tags(privacy_tags(cert))
             mlflow.log_artifact(str(cert_path))
             mlflow.log_artifact(str(plan_path))
-            mlflow.pyfunc.log_model(name="model", python_model=VeilCausalLM(), artifacts=artifacts,
-                                    pip_requirements=["veil"])
+            info = mlflow.pyfunc.log_model(name="model", python_model=VeilCausalLM(), artifacts=artifacts,
+                                           pip_requirements=["veil"])
             run_id = run.info.run_id
-    try:
-        client.create_registered_model(name)
-    except Exception as e:  # already exists
-        if "RESOURCE_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
-            raise
-    mv = client.create_model_version(name=name, source=f"runs:/{run_id}/model", run_id=run_id,
-                                     tags=privacy_tags(cert))
+    mv = mlflow.register_model(info.model_uri, name, tags=privacy_tags(cert))
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
     return Registration(name=name, version=str(mv.version), run_id=run_id,
