@@ -223,12 +223,9 @@ def _prefix64(record_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     offs = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
     if not np.all(np.diff(offs) == 64):
         raise RuntimeError("catalog: record ids are not 64-character sha256 hex strings")
-    raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offs[0]:offs[-1]].reshape(n, 64)[:, :16]
-    nib = _HEX[raw].astype(np.uint64)
-    out = np.zeros(n, dtype=np.uint64)
-    for k in range(16):
-        out = (out << np.uint64(4)) | nib[:, k]
-    return out
+    nib = _HEX[np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offs[0]:offs[-1]].reshape(n, 64)[:, :16]]
+    packed = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2])  # (n, 8) bytes, big-endian order
+    return packed.view(">u8").reshape(n).astype(np.uint64)
 
 
 class _OnlineDedup:
@@ -257,7 +254,9 @@ class _OnlineDedup:
         else:
             known = np.zeros(len(uniq), dtype=bool)
         mask[first[~known]] = True
-        self.seen = np.union1d(self.seen, uniq[~known])
+        merged = np.concatenate([self.seen, uniq[~known]])
+        merged.sort(kind="stable")  # two sorted runs: timsort merges them in linear time
+        self.seen = merged
         return mask
 
 
