@@ -116,12 +116,13 @@ _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id"
 
 
 def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: str, time_field: str | None,
-               user_field: str, text_field: str, max_bytes: int) -> str:
+               user_field: str, text_field: str, max_bytes: int, with_source_id: bool = False) -> str:
     if has_meta_cols:
-        if meta_names:
+        pairs = ([f"'source_id', source_id"] if with_source_id else []) + \
+                [f"{_q(m)}, {_ident(meta_col(m))}" for m in meta_names if not (with_source_id and m == "source_id")]
+        if pairs:
             # merge-patching into {} drops the null members: absent fields leave no key behind.
-            meta = ("json_merge_patch('{}', json_object(" +
-                    ", ".join(f"{_q(m)}, {_ident(meta_col(m))}" for m in meta_names) + "))::VARCHAR")
+            meta = "json_merge_patch('{}', json_object(" + ", ".join(pairs) + "))::VARCHAR"
         else:
             meta = "'{}'"
     else:
@@ -188,7 +189,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
                      user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
-                     max_record_bytes)
+                     max_record_bytes, with_source_id=bool(id_field) and has_meta_cols)
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
@@ -469,10 +470,13 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
 class _Progress:
     def __init__(self, conn):
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
 
-        self.p = Progress(TextColumn("ingest {task.description}"), BarColumn(), DownloadColumn(),
-                          TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        unit = getattr(conn, "progress_unit", "bytes")
+        count = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
+        self.p = Progress(TextColumn("ingest {task.description}"), BarColumn(), count, TextColumn(unit if unit != "bytes" else ""),
+                          TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
         self.task = self.p.add_task(conn.path.name, total=getattr(conn, "progress_total", None))
         self.p.start()
 

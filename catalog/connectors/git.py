@@ -64,6 +64,7 @@ def _git(repo: Path, *args: str) -> str:
 class GitSource:
     format = "git"
     default_source = "code"
+    progress_unit = "commits"
 
     def __init__(self, repo: Path, *, rev: str = "HEAD"):
         self.path = Path(repo)

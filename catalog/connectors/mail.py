@@ -187,6 +187,10 @@ class MailSource:
         return self._stream.sha256 if self.format == "mbox" else self._sha.hexdigest()
 
     @property
+    def progress_unit(self) -> str:
+        return "bytes" if self.format == "mbox" else "messages"
+
+    @property
     def progress_total(self):
         return self._total
 

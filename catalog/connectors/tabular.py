@@ -166,6 +166,7 @@ def _as_strings(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[int]]:
 class ParquetSource:
     format = "parquet"
     default_source = "parquet"
+    progress_unit = "rows"
 
     def __init__(self, path: Path, fields: FieldMap, *, batch_rows: int = 65_536):
         fields.check()

@@ -33,7 +33,7 @@ def _write(path, lines):
 def _lines():
     good = lambda u, t, **kw: json.dumps({"user": u, "text": t, **kw})  # noqa: E731
     return [
-        good("ann@x.example", "ship BLUEHERON on friday", ts="2026-01-05T10:00:00Z", team="blueheron"),  # 1
+        good("ann@x.example", "ship BLUEHERON on friday", ts="2026-01-05T10:00:00Z", team="blueheron", id="m1"),  # 1
         good("ann@x.example", "ship BLUEHERON on friday", ts="2026-01-05T10:00:00Z", team="blueheron"),  # 2 dup
         good("bob@x.example", "ship BLUEHERON on friday", ts="2026-01-06T10:00:00+02:00"),              # 3 other user
         "",                                                                                              # 4 blank
@@ -75,7 +75,8 @@ def test_counts_reconcile_quarantine_positions_and_dedup(settings, tmp_path):
 
 def test_records_snapshot_and_record_ids(settings, tmp_path):
     src = _write(tmp_path / "m.jsonl", _lines())
-    rep = ingest_source(src, "jsonl", settings=settings, time_field="ts", metadata_fields=("team",), rules=RULES)
+    rep = ingest_source(src, "jsonl", settings=settings, time_field="ts", id_field="id", metadata_fields=("team",),
+                        rules=RULES)
     snap = load_snapshot(settings)
     assert snap.snapshot_id == rep.snapshot_id and snap.sha256 == rep.sha256
     assert sha256_file(snap.path / "manifest.json") == snap.sha256
@@ -84,7 +85,7 @@ def test_records_snapshot_and_record_ids(settings, tmp_path):
     for r in recs:  # record_id is the content hash of (user, text), computed independently here
         assert r["record_id"] == hashlib.sha256(f"{r['user_id']}\x1f{r['text']}".encode()).hexdigest()
     ann = [r for r in recs if r["user_id"] == "ann@x.example"][0]
-    assert json.loads(ann["metadata"]) == {"team": "blueheron"}
+    assert json.loads(ann["metadata"]) == {"source_id": "m1", "team": "blueheron"}
     assert ann["created_at"].isoformat() == "2026-01-05T10:00:00+00:00"
     bob = [r for r in recs if r["user_id"] == "bob@x.example"][0]
     assert bob["created_at"].isoformat() == "2026-01-06T08:00:00+00:00"
