@@ -15,6 +15,7 @@ How the number is computed (and why it is never below dp-accounting's own answer
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -271,24 +272,49 @@ def bisect_sigma(f: Callable[[float], float], target: float, *, tol: float, sigm
                  sigma_max: float = 1e4, sigma_min: float = 1e-3, what: str = "target") -> tuple[float, float]:
     """(σ_lo, σ_hi) with f(σ_hi) ≤ target < f(σ_lo) and σ_hi/σ_lo ≤ 1 + tol; f non-increasing in σ.
 
+    Brackets by doubling/halving, then closes the bracket by regula falsi (Illinois) on log ε vs log σ,
+    which is nearly linear, falling back to halving the log-bracket when a value is infinite.
     σ_lo is 0 when even σ_min meets the target.
     """
     hi = sigma0
-    while f(hi) > target:
+    f_hi = f(hi)
+    while f_hi > target:
         hi *= 2.0
         if hi > sigma_max:
             raise VeilError(f"{what}: not reachable with noise_multiplier ≤ {sigma_max:g}")
+        f_hi = f(hi)
     lo = hi / 2.0
-    while f(lo) <= target:
-        hi, lo = lo, lo / 2.0
+    f_lo = f(lo)
+    while f_lo <= target:
+        hi, f_hi, lo = lo, f_lo, lo / 2.0
         if lo < sigma_min:
             return 0.0, hi
+        f_lo = f(lo)
+    log_t = math.log(target)
+
+    def g(v: float) -> float:
+        return math.log(v) - log_t if v > 0 else -math.inf
+
+    g_lo, g_hi, side = g(f_lo), g(f_hi), 0
     while hi / lo - 1.0 > tol:
-        mid = math.sqrt(lo * hi)
-        if f(mid) <= target:
-            hi = mid
+        a, b = math.log(lo), math.log(hi)
+        if math.isfinite(g_lo) and math.isfinite(g_hi) and g_lo != g_hi:
+            x = b - g_hi * (b - a) / (g_hi - g_lo)
+            x = min(max(x, a + 0.02 * (b - a)), b - 0.02 * (b - a))
         else:
-            lo = mid
+            x = 0.5 * (a + b)
+        mid = math.exp(x)
+        v = f(mid)
+        if v <= target:
+            hi, g_hi = mid, g(v)
+            if side == 1:
+                g_lo /= 2.0   # Illinois: the stale end keeps half its weight
+            side = 1
+        else:
+            lo, g_lo = mid, g(v)
+            if side == -1:
+                g_hi /= 2.0
+            side = -1
     return lo, hi
 
 
@@ -319,25 +345,14 @@ def calibrate(mechanism: str, *, epsilon: float, delta: float, sampling_rate: fl
 
     what = f"epsilon={target:g} at delta={d:g}"
     coarse = DISCRETIZATIONS[0]
-    _, sigma = bisect_sigma(lambda s: _epsilon_at(mechanism, q, s, T, d, k, coarse), target, tol=tolerance, what=what)
+    f_coarse = functools.lru_cache(maxsize=None)(lambda s: _epsilon_at(mechanism, q, s, T, d, k, coarse))
+    _, sigma = bisect_sigma(f_coarse, target, tol=tolerance, what=what)
     if sigma == 0.0:
         raise VeilError(f"{what}: met even with noise_multiplier < 1e-3; the target is too loose to calibrate")
-    res = epsilon_result = _eval(mechanism, q, sigma, T, d, k)
-    if res.discretization < coarse:
-        # The coarse grid was not accurate here: bisect again below σ on the grid epsilon() settled on.
-        disc = res.discretization
-        f = lambda s: _epsilon_at(mechanism, q, s, T, d, k, disc)  # noqa: E731
-        lo = sigma
-        while f(lo) <= target and lo > 1e-3:
-            lo /= 1.02
-        hi = sigma
-        while hi / lo - 1.0 > tolerance:
-            mid = math.sqrt(lo * hi)
-            if f(mid) <= target:
-                hi = mid
-            else:
-                lo = mid
-        sigma = hi
+    epsilon_result = _eval(mechanism, q, sigma, T, d, k)
+    if epsilon_result.discretization < coarse:
+        sigma = _refine_on_grid(mechanism, q, T, d, k, epsilon_result.discretization, target, sigma,
+                                epsilon_result.epsilon, f_coarse, tolerance)
         epsilon_result = _eval(mechanism, q, sigma, T, d, k)
     for _ in range(20):  # epsilon() may settle on another grid at the new σ; step up until it agrees
         if epsilon_result.epsilon <= target:
@@ -357,6 +372,26 @@ def calibrate(mechanism: str, *, epsilon: float, delta: float, sampling_rate: fl
         tmp.write_text(json.dumps(cal.to_dict(), sort_keys=True))
         tmp.replace(cache_path)
     return cal
+
+
+def _refine_on_grid(mechanism, q, T, d, k, disc, target, sigma_ok, eps_ok, f_coarse, tol) -> float:
+    """Smallest σ (to tol) with ε ≤ target on grid `disc`, given σ_ok that meets it there.
+
+    The coarse curve minus its gap to the fine grid predicts where the fine curve crosses the target;
+    the bracket around that guess is then closed on the fine grid.
+    """
+    f = functools.lru_cache(maxsize=None)(lambda s: _epsilon_at(mechanism, q, s, T, d, k, disc))
+    f(sigma_ok)  # seed the cache (= eps_ok up to the grid epsilon() settled on)
+    gap = max(0.0, f_coarse(sigma_ok) - eps_ok)
+    _, guess = bisect_sigma(f_coarse, target + gap, tol=tol, sigma0=sigma_ok)
+    guess = min(max(guess, 1e-3), sigma_ok)
+
+    def f_bracketed(s: float) -> float:   # never above the σ known to work
+        return f(min(s, sigma_ok))
+
+    # start just above the guess so that the doubling step lands on σ_ok's side quickly
+    _, hi = bisect_sigma(f_bracketed, target, tol=tol, sigma0=guess * (1 + 4 * tol))
+    return min(hi, sigma_ok)
 
 
 def _eval(mechanism, q, sigma, T, d, k) -> EpsilonResult:
