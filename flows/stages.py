@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file
@@ -77,31 +75,16 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     return {"plan_path": str(path), "plan": p.to_dict()}
 
 
-def _checked_parquet(path: str, sha256: str, what: str) -> pa.Table:
-    if not Path(path).is_file():
-        raise VeilError(f"{what} file {path} is missing")
-    if sha256_file(path) != sha256:
-        raise VeilError(f"{what} file {path} does not match the plan's sha256: refusing to train on it")
-    return pq.read_table(path)
-
-
 def training_data(settings: Settings, plan_doc: dict) -> pa.Table:
-    """The plan's training records joined with their texts from the plan's snapshot."""
+    """The plan's training records (user_id, text[, rate]) from the plan's own snapshot."""
     from catalog.snapshots import load_snapshot
+    from components.planning.data import training_records
 
     data = plan_doc["data"]
     snap = load_snapshot(settings, data["snapshot_id"])
     if snap.sha256 != data["snapshot_sha256"]:
         raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
-    chosen = _checked_parquet(data["train_records_file"], data["train_records_sha256"], "train records")
-    texts = snap.records.select(["record_id", "text"])
-    joined = chosen.join(texts, keys="record_id", join_type="inner")
-    if joined.num_rows != chosen.num_rows:
-        raise VeilError(f"{chosen.num_rows - joined.num_rows} planned records are missing from snapshot {data['snapshot_id']}")
-    cols = ["user_id", "text"] + (["rate"] if "rate" in joined.column_names else [])
-    # Deterministic order: the sampler's seed then fully determines the batches.
-    order = pc.sort_indices(joined, sort_keys=[("user_id", "ascending"), ("record_id", "ascending")])
-    return joined.take(order).select(cols)
+    return training_records(plan_doc, snap.records)
 
 
 def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:

@@ -1,0 +1,70 @@
+"""MLflow registry: certificates travel with models, and a consumer refuses one that does not verify."""
+import json
+
+import pytest
+
+from components.certificate import build_certificate
+from components.core.errors import VeilError
+from components.registry import list_models, load_model, register_model
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    from components.modeling import build_base_model
+
+    texts = [f"the weekly report number {i} is ready for review by the team" for i in range(200)]
+    return build_base_model(texts, tmp_path_factory.mktemp("base"), vocab_size=300, n_layer=1, n_embd=16,
+                            n_head=2, n_positions=32, steps=2, seq_len=16, batch_size=4, progress=False)
+
+
+def _plan_and_cert(epsilon_target=8.0):
+    plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
+            "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
+            "expected_batch_size": 10, "selection": "random",
+            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32},
+            "policy": {"name": "t", "sha256": "01" * 32}}
+    res = {"steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
+    return plan, build_certificate(plan, res).to_dict()
+
+
+def test_register_list_load_and_refuse_tampering(settings, tiny_base):
+    plan, cert = _plan_and_cert()
+    reg = register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+                         policy_max_epsilon=8.0)
+    assert reg.model_uri == "models:/t/1"
+    rows = list_models(settings)
+    assert [(r["name"], r["version"], r["certificate_status"]) for r in rows] == [("t", "1", "verified")]
+    assert rows[0]["certificate"]["epsilon"] == cert["epsilon"] and "latest-certified" in rows[0]["aliases"]
+
+    import mlflow
+
+    run = mlflow.get_run(reg.run_id)
+    assert run.data.metrics["privacy_epsilon"] == pytest.approx(cert["epsilon"])
+    assert run.data.tags["privacy.certificate_sha256"] == cert["sha256"]
+
+    loaded = load_model("models:/t@latest-certified", settings)
+    assert loaded.certificate["sha256"] == cert["sha256"] and loaded.plan["sha256"] == plan["sha256"]
+
+    # A certificate edited after registration (here: ε halved) no longer verifies: consumers refuse it.
+    client = mlflow.MlflowClient()
+    forged = dict(cert, epsilon=cert["epsilon"] / 2)
+    path = settings.home / "certificate.json"
+    path.write_text(json.dumps(forged))
+    client.log_artifact(reg.run_id, str(path))
+    with pytest.raises(VeilError, match="sha256"):
+        load_model("models:/t/1", settings)
+    assert list_models(settings)[0]["certificate_status"].startswith("INVALID")
+
+
+def test_refuses_epsilon_above_the_policy(settings, tiny_base):
+    plan, cert = _plan_and_cert()
+    with pytest.raises(VeilError, match="exceeds the policy"):
+        register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+                       policy_max_epsilon=cert["epsilon"] / 2)
+
+
+def test_bad_model_uri_is_a_user_error(settings):
+    with pytest.raises(VeilError, match="expected models:/"):
+        load_model("runs:/abc/model", settings)
+    with pytest.raises(VeilError, match="no such registered model"):
+        load_model("models:/nope/3", settings)
