@@ -89,3 +89,60 @@ def auroc_ceiling_from_pld(pld, *, epsilons: Sequence[float] | None = None) -> f
                       np.concatenate([np.linspace(0.0, 2.0, 201)[:-1], np.linspace(2.0, 20.0, 361)]))
     deltas = np.clip(np.asarray(pld.get_delta_for_epsilon(grid), dtype=float), 0.0, 1.0)
     return auroc_ceiling_from_profile(grid, deltas)
+
+
+def certificate_pld(certificate, *, discretization: float = 1e-3):
+    """The composed privacy loss distribution of a certificate's *user-level* mechanism, or None.
+
+    uls: Poisson-subsampled Gaussian(σ) per step; els / group-tight: the Binomial(k, q) mixture of
+    Gaussians (Charles et al.). Both pessimistic, composed over the steps actually run. Record-level
+    certificates (and group-naive, which has no user-level PLD) give None: their PLD says nothing
+    about a whole user.
+    """
+    if not certificate or certificate.get("privacy_unit") != "user":
+        return None
+    mech = (certificate.get("accountant") or {}).get("mechanism")
+    q, sigma, steps = (float(certificate["sampling_rate"]), float(certificate["noise_multiplier"]),
+                       int(certificate["steps"]))
+    if steps <= 0 or sigma <= 0:
+        return None
+    if mech == "uls":
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+        one = pld_lib.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=q,
+                                              value_discretization_interval=discretization,
+                                              pessimistic_estimate=True, use_connect_dots=True)
+    elif mech in ("els", "group-tight"):
+        from components.accounting.events import binomial_sensitivities
+        from components.accounting.mixture_pld import mixture_pld
+
+        k = int((certificate.get("contribution_bound") or {}).get("records_per_user") or 0)
+        if k < 1:
+            return None
+        sens, probs = binomial_sensitivities(k, q)
+        one = mixture_pld(sigma, sens, probs, discretization=discretization)
+    else:
+        return None
+    return one.self_compose(steps)
+
+
+def certificate_ceilings(certificate) -> dict:
+    """AUROC ceilings a certificate implies for user inference.
+
+    `auroc_ceiling`: from its user-level (ε, δ) (any (ε, δ)-DP mechanism); `auroc_ceiling_pld`: from
+    the whole δ(ε) profile of the mechanism it certifies (tighter; None when not computable). Both
+    are upper bounds on what any test can reach; neither is claimed for a record-level certificate.
+    """
+    if not certificate or certificate.get("privacy_unit") != "user":
+        return {"auroc_ceiling": 1.0, "auroc_ceiling_pld": None}
+    out = {"auroc_ceiling": auroc_ceiling(float(certificate["epsilon"]), float(certificate["delta"])),
+           "auroc_ceiling_pld": None}
+    try:
+        pld = certificate_pld(certificate)
+    except (KeyError, TypeError, ValueError):
+        pld = None
+    if pld is not None:
+        out["auroc_ceiling_pld"] = min(out["auroc_ceiling"], auroc_ceiling_from_pld(pld))
+    elif "steps" in certificate and int(certificate["steps"]) == 0:
+        out["auroc_ceiling_pld"] = 0.5  # nothing was released that depends on the data
+    return out

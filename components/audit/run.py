@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from components.audit.canaries import canary_probes, is_canary
-from components.audit.ceiling import auroc_ceiling
+from components.audit.ceiling import auroc_ceiling, certificate_ceilings
 from components.audit.exposure import probes_from_spans, probes_from_truth, secret_exposure, exposure_summary
 from components.audit.metrics import bootstrap_metrics
 from components.audit.report import SECTION_SCHEMA, ref_key, roc_plot, secret_ref, write_private
@@ -134,6 +134,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     seed = int(plan["training"].get("seed", 0)) if seed is None else int(seed)
     thresholds = resolve_thresholds(policy_thresholds, plan)
     eps, delta = user_level_guarantee(cert)
+    ceilings = certificate_ceilings(cert) if eps is not None else {"auroc_ceiling": 1.0, "auroc_ceiling_pld": None}
     key = ref_key(settings)
     audit_id = sha256_json({"certificate": cert.get("sha256"), "plan": plan.get("sha256"), "seed": seed,
                             "bootstrap": bootstrap, "n_candidates": n_candidates,
@@ -152,7 +153,8 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     real = scores.filter(pc.invert(canary_mask))
     canary = scores.filter(canary_mask)
     ui = user_inference_report(real, eps, delta, bootstrap=bootstrap, seed=seed,
-                               max_auroc=thresholds["max_user_inference_auroc"])
+                               max_auroc=thresholds["max_user_inference_auroc"],
+                               auroc_ceiling_pld=ceilings["auroc_ceiling_pld"])
     failures = list(ui["failures"])
     m = real["m"].to_pylist()
 
@@ -169,6 +171,8 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         if cy.any() and (~cy).any():
             cb = bootstrap_metrics(cs, cy, n_boot=bootstrap, seed=seed)
             ceiling = auroc_ceiling(eps, delta) if eps is not None else 1.0
+            if ceilings["auroc_ceiling_pld"] is not None:
+                ceiling = min(ceiling, ceilings["auroc_ceiling_pld"])
             over = cb["auroc"] - 2 * cb["auroc_std"] > ceiling
             canary_section.update({"auroc": cb["auroc"], "auroc_std": cb["auroc_std"], "auroc_ceiling": ceiling,
                                    "tpr_at_fpr": cb["tpr_at_fpr"], "above_ceiling": bool(over)})
@@ -235,7 +239,9 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                              real["member"].to_numpy(zero_copy_only=False), Path(settings.home) / "audits" /
                              f"{audit_id}-roc.png", epsilon=eps, delta=delta,
                              title=f"User inference: AUROC {ui['auroc']:.3f} ± {ui['auroc_std']:.3f} "
-                                   f"(DP ceiling {ui['auroc_ceiling']:.3f})",
+                                   f"(DP ceiling {ui['auroc_ceiling']:.3f} from (ε, δ)"
+                                   + (f", {ui['auroc_ceiling_pld']:.3f} from the mechanism's PLD)"
+                                      if ui["auroc_ceiling_pld"] is not None else ")"),
                              canary=(canary["score"].to_numpy(zero_copy_only=False),
                                      canary["member"].to_numpy(zero_copy_only=False)) if canary.num_rows else None)
     passed = not failures
@@ -245,6 +251,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         "schema": SECTION_SCHEMA,
         "audit_id": audit_id,
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "auroc_ceiling_pld": ui["auroc_ceiling_pld"],
         "auroc_point": ui["auroc_point"],
         "auroc_ci95": ui["auroc_ci95"],
         "tpr_at_fpr_std": ui["tpr_at_fpr_std"],

@@ -77,15 +77,16 @@ def score_users(model, tokenizer, samples: pa.Table, *, reference=None, seq_len:
 
 def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float | None, *,
                           bootstrap: int = 100, seed: int = 0, max_auroc: float | None = None,
-                          max_tpr_at_fpr: dict | None = None) -> dict:
+                          max_tpr_at_fpr: dict | None = None, auroc_ceiling_pld: float | None = None) -> dict:
     """Aggregates of the attack next to the DP ceiling, and the verdict.
 
     - `auroc`, `auroc_std`: mean ± std over `bootstrap` resamples of users (within members and
       within non-members); `tpr_at_fpr` likewise (see metrics for the TPR convention).
     - `auroc_ceiling`: 1 − (1−δ)²/(1+e^ε) for the certificate's user-level (ε, δ); 1.0 when the
-      model has no user-level guarantee (epsilon None).
+      model has no user-level guarantee (epsilon None). `auroc_ceiling_pld` (optional): the tighter
+      ceiling from the certified mechanism's whole privacy-loss profile (`ceiling.certificate_ceilings`).
     - `above_ceiling`: the attack clearly beats what DP allows — the bootstrap mean − 2·std of AUROC
-      exceeds the ceiling, or `epsilon_lower_bound` (95% one-sided, from the ROC) exceeds ε. That is a
+      exceeds the ceiling (the PLD one when given), or `epsilon_lower_bound` (95% one-sided, from the ROC) exceeds ε. That is a
       bug in training, accounting or the privacy unit, and fails the audit whatever the policy says.
       TPR ceilings are reported beside the TPRs but not gated on: at low FPR the empirical FPR is too
       coarse (1/n_out) for a bootstrap to say anything, which the ε lower bound handles properly.
@@ -104,12 +105,13 @@ def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float 
     # "Clearly above": the bootstrap mean minus two std still beats the ceiling; or the ROC forces,
     # at 95% confidence (Clopper-Pearson, Bonferroni over thresholds), an ε above the certified one.
     eps_lb = empirical_epsilon_lower_bound(s, y, delta if dp else 0.0)
-    auroc_over = m["auroc"] - 2 * m["auroc_std"] > ceiling
+    binding = min(ceiling, auroc_ceiling_pld) if (dp and auroc_ceiling_pld is not None) else ceiling
+    auroc_over = m["auroc"] - 2 * m["auroc_std"] > binding
     eps_over = dp and eps_lb > epsilon
     above = bool(auroc_over or eps_over)
     failures = []
     if auroc_over:
-        failures.append(f"auroc {m['auroc']:.4f} - 2 std {m['auroc_std']:.4f} > DP ceiling {ceiling:.4f}: "
+        failures.append(f"auroc {m['auroc']:.4f} - 2 std {m['auroc_std']:.4f} > DP ceiling {binding:.4f}: "
                         "treat as a bug in training, accounting or the privacy unit")
     if eps_over:
         failures.append(f"empirical epsilon lower bound {eps_lb:.3f} > certified epsilon {epsilon}: "
@@ -130,6 +132,7 @@ def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float 
         "users_in": m["users_in"],
         "users_out": m["users_out"],
         "passed": not failures,
+        "auroc_ceiling_pld": auroc_ceiling_pld if dp else None,
         "auroc_point": m["auroc_point"],
         "auroc_ci95": m["auroc_ci95"],
         "tpr_at_fpr_std": m["tpr_at_fpr_std"],

@@ -100,3 +100,28 @@ def test_bad_input_is_a_veil_error():
         auroc_ceiling(-1.0, 1e-5)
     with pytest.raises(VeilError):
         auroc_ceiling(1.0, 2.0)
+
+
+def _cert(mech, q, sigma, steps, k=None, eps=8.0, delta=1e-5):
+    return {"privacy_unit": "user", "epsilon": eps, "delta": delta, "accountant": {"mechanism": mech},
+            "sampling_rate": q, "noise_multiplier": sigma, "steps": steps,
+            "contribution_bound": {"records_per_user": k}}
+
+
+def test_certificate_pld_ceiling_gaussian_and_cross_implementation():
+    from components.audit.ceiling import certificate_ceilings
+    sigma = 1.5
+    truth = norm.cdf(1 / (sigma * math.sqrt(2)))  # q = 1, T = 1: one Gaussian mechanism
+    got = certificate_ceilings(_cert("uls", 1.0, sigma, 1))["auroc_ceiling_pld"]
+    assert truth - 1e-6 <= got <= truth + 3e-3
+    # ELS with k = 1 is the same Poisson-subsampled Gaussian, through the mixture implementation
+    a = certificate_ceilings(_cert("uls", 0.1, 1.2, 50))["auroc_ceiling_pld"]
+    b = certificate_ceilings(_cert("els", 0.1, 1.2, 50, k=1))["auroc_ceiling_pld"]
+    assert a == pytest.approx(b, abs=3e-3)
+    # the whole profile can only be tighter than one (ε, δ) point of it
+    from components.accounting import epsilon as account
+    e = account("uls", sampling_rate=0.12, noise_multiplier=1.18, steps=150, delta=1e-5).epsilon
+    c = certificate_ceilings(_cert("uls", 0.12, 1.18, 150, eps=e))
+    assert c["auroc_ceiling_pld"] <= c["auroc_ceiling"] and c["auroc_ceiling"] == pytest.approx(auroc_ceiling(e, 1e-5))
+    assert certificate_ceilings({"privacy_unit": "record", "epsilon": 1.0, "delta": 1e-5}) == {
+        "auroc_ceiling": 1.0, "auroc_ceiling_pld": None}

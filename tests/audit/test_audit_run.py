@@ -103,6 +103,7 @@ def test_without_user_level_guarantee_only_policy_decides(world, settings):
                     plot=False)
     s = res.summary()
     assert s["auroc_ceiling"] == 1.0 and not s["above_ceiling"] and s["epsilon"] is None
+    assert s["auroc_ceiling_pld"] is None
     assert s["passed"] == (s["auroc"] <= 0.99)
     res = run_audit(_loaded(world, unit="record"), world.records, settings=settings, reference=world.reference, bootstrap=20, plot=False,
                     policy_thresholds={"max_user_inference_auroc": 0.55, "max_secret_exposure": 0.0},
