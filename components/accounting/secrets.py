@@ -57,9 +57,9 @@ def _check_kappa(kappa: float) -> float:
 
 def _d_kl(gamma: float, kappa: float) -> float:
     """d_KL(Bernoulli(γ) ‖ Bernoulli(κ))."""
-    first = special.xlogy(gamma, gamma / kappa) if gamma > 0 else 0.0
-    second = special.xlogy(1.0 - gamma, (1.0 - gamma) / (1.0 - kappa)) if gamma < 1 else 0.0
-    return float(first + second)
+    first = gamma * math.log(gamma / kappa) if gamma > 0 else 0.0
+    second = (1.0 - gamma) * math.log((1.0 - gamma) / (1.0 - kappa)) if gamma < 1 else 0.0
+    return first + second
 
 
 def kl_budget(kappa: float, gamma: float) -> float:
@@ -98,6 +98,17 @@ def gamma_from_kl(kl: float, kappa: float) -> float:
 
 # --- the per-secret mixture -----------------------------------------------------------------------
 
+def _binom_pmf(n: int, p: float) -> np.ndarray:
+    if p >= 1.0:
+        out = np.zeros(n + 1)
+        out[n] = 1.0
+        return out
+    j = np.arange(n + 1)
+    log_pmf = (special.gammaln(n + 1) - special.gammaln(j + 1) - special.gammaln(n - j + 1)
+               + j * math.log(p) + (n - j) * math.log1p(-p))
+    return np.exp(log_pmf)
+
+
 def count_pmf(rates: Sequence[float]) -> np.ndarray:
     """Poisson-binomial pmf of how many of these records land in one Poisson batch.
 
@@ -111,11 +122,8 @@ def count_pmf(rates: Sequence[float]) -> np.ndarray:
     p = p[p > 0]
     pmf = np.array([1.0])
     values, counts = np.unique(p, return_counts=True)
-    from scipy import stats
-
     for v, n in zip(values, counts):
-        part = stats.binom.pmf(np.arange(n + 1), n, v)
-        pmf = np.convolve(pmf, part)
+        pmf = np.convolve(pmf, _binom_pmf(int(n), float(v)))
     pmf = np.clip(pmf, 0.0, None)
     return pmf / pmf.sum()
 
@@ -148,17 +156,23 @@ def mixture_kl(pmf: np.ndarray, noise_multiplier: float, sensitivity: float) -> 
     logw = np.log(w)
     inv_var = 1.0 / (s * s)
 
-    def loss(x: np.ndarray) -> np.ndarray:  # log dQ/dP(x), x of any shape
+    const = logw - 0.5 * mu ** 2 * inv_var
+    slope = mu * inv_var
+
+    def loss(x: np.ndarray) -> np.ndarray:  # log dQ/dP(x) = LSE_j(log w_j + (μ_j x − μ_j²/2)/σ²)
         flat = x.reshape(-1)
         out = np.empty_like(flat)
         step = max(1, 4_000_000 // len(mu))
         for i in range(0, len(flat), step):
-            z = logw[None, :] + (np.multiply.outer(flat[i:i + step], mu) - 0.5 * mu ** 2) * inv_var
-            out[i:i + step] = special.logsumexp(z, axis=1)
+            z = const[None, :] + np.multiply.outer(flat[i:i + step], slope)
+            m = z.max(axis=1)
+            out[i:i + step] = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
         return out.reshape(x.shape)
 
-    kl_qp = float((w * _expect_gauss(loss, mu, s)).sum())
-    kl_pq = float(-_expect_gauss(loss, np.array([0.0]), s)[0])
+    # one quadrature pass: rows 0..J−1 for E_Q (component means), last row for E_P (mean 0)
+    both = _expect_gauss(loss, np.concatenate([mu, [0.0]]), s)
+    kl_qp = float((w * both[:-1]).sum())
+    kl_pq = float(-both[-1])
     # KL is jointly convex: Q = (1−τ)·Q_kept + τ·Q_dropped gives KL ≤ KL(kept) + Σ_dropped w_j μ_j²/2σ²
     # in both directions (KL ≥ 0, so (1−τ)·KL(kept) ≤ KL(kept)).
     return max(kl_qp, 0.0) + added, max(kl_pq, 0.0) + added
