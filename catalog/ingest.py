@@ -116,9 +116,12 @@ _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id"
 
 
 def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: str, time_field: str | None,
-               user_field: str, text_field: str, max_bytes: int, with_source_id: bool = False) -> str:
+               user_field: str, text_field: str, max_bytes: int, with_source_id: bool = False,
+               with_path: bool = False) -> str:
     if has_meta_cols:
+        # The source's own id and the path (what path_glob rules see, so a re-tag sees it too) are kept.
         pairs = ([f"'source_id', source_id"] if with_source_id else []) + \
+                ([f"'path', path"] if with_path and "path" not in meta_names else []) + \
                 [f"{_q(m)}, {_ident(meta_col(m))}" for m in meta_names if not (with_source_id and m == "source_id")]
         if pairs:
             # merge-patching into {} drops the null members: absent fields leave no key behind.
@@ -189,7 +192,8 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
                      user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
-                     max_record_bytes, with_source_id=bool(id_field) and has_meta_cols)
+                     max_record_bytes, with_source_id=bool(id_field) and has_meta_cols,
+                     with_path=bool(path_field) and has_meta_cols)
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 

@@ -147,7 +147,20 @@ class SnapshotBuilder:
 
     def _finish(self, con) -> dict:
         settings, tmp, parent, ingest_id = self.settings, self.tmp, self.parent, self.ingest_id
-        files = {"records.parquet": self._open().close()}
+        if self._records is None and parent is not None:
+            # No new records (only new spans): the parent's file is reused as is — hard-linked, it is
+            # read-only and its bytes are exactly what a copy would write.
+            tmp.mkdir(parents=True, exist_ok=True)
+            src = settings.snapshots_dir / parent / "records.parquet"
+            try:
+                os.link(src, tmp / "records.parquet")
+            except OSError:
+                shutil.copy2(src, tmp / "records.parquet")
+            rows = pq.ParquetFile(tmp / "records.parquet").metadata.num_rows
+            files = {"records.parquet": {"sha256": sha256_file(tmp / "records.parquet"),
+                                         "bytes": (tmp / "records.parquet").stat().st_size, "rows": rows}}
+        else:
+            files = {"records.parquet": self._open().close()}
         files["secret_spans.parquet"] = _write(
             con.sql('SELECT record_id, secret_id, secret_class, detector, detector_version, "start", "end" '
                     f"FROM secret_spans ORDER BY {_SPANS_ORDER}").to_arrow_reader(_BATCH),
@@ -185,7 +198,8 @@ class SnapshotBuilder:
         else:
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             for f in tmp.iterdir():
-                os.chmod(f, 0o444)
+                if f.stat().st_mode & 0o222:
+                    os.chmod(f, 0o444)
             shutil.rmtree(final, ignore_errors=True)  # a folder without a manifest is an unfinished write
             os.replace(tmp, final)
         sha = sha256_file(final / "manifest.json")

@@ -140,6 +140,25 @@ def snapshots(json_out: bool = typer.Option(False, "--json", help="print one JSO
     out.print(t)
 
 
+@catalog_app.command("retag")
+def retag_cmd(
+    policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML whose secret rules replace the current tags"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Re-tag every record under a policy's rules: spans replaced, records untouched, a new snapshot."""
+    from catalog.retag import retag
+
+    if not policy.is_file():
+        raise VeilError(f"--policy: {policy}: no such file")
+    d = retag(_settings(), str(policy))
+    if json_out:
+        _print_json(d)
+        return
+    what = "new snapshot" if d["changed"] else "no change, same snapshot"
+    out.print(f"{what} {d['snapshot_id']} · {d['spans']:,} spans · rules sha256 {d['rules_sha256'][:12]}… · "
+              f"{d['seconds']:.2f} s")
+
+
 @catalog_app.command("quarantine")
 def quarantine(
     limit: int = typer.Option(50, "--limit", help="at most this many rows"),

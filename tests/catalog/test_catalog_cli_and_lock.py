@@ -122,3 +122,27 @@ def test_cli_ingest_json_stats_secrets_and_exit_codes(veil_home, tmp_path):
         res = runner.invoke(app, bad)
         assert res.exit_code == 2, (bad, res.output)
         assert "Traceback" not in res.output and res.output.strip().startswith("error:")
+
+
+def test_retag_replaces_spans_keeps_records(settings, tmp_path):
+    from catalog.retag import retag
+
+    src = _source(tmp_path)
+    first = ingest_source(src, "jsonl", settings=settings, rules=RULES)
+    old = load_snapshot(settings)
+    same = retag(settings, RULES)
+    assert not same["changed"] and same["snapshot_id"] == first.snapshot_id
+    new_rules = [{"secret_class": "note", "kind": "regex", "patterns": [r"note (?P<secret>\d+) from 3"],
+                  "case_sensitive": True}]
+    res = retag(settings, new_rules)
+    assert res["changed"] and res["snapshot_id"] != first.snapshot_id
+    snap = load_snapshot(settings)
+    assert snap.manifest["files"]["records.parquet"]["sha256"] == old.manifest["files"]["records.parquet"]["sha256"]
+    assert snap.records.equals(old.records)
+    texts = dict(zip(snap.records.column("record_id").to_pylist(), snap.records.column("text").to_pylist()))
+    spans = snap.secret_spans.to_pylist()
+    assert {s["secret_class"] for s in spans} == {"note"}
+    assert len(spans) == 10  # user u3 wrote notes 0..9
+    for s in spans:
+        assert texts[s["record_id"]][s["start"]:s["end"]] == s["secret_id"].split(":", 1)[1]
+    assert load_snapshot(settings, first.snapshot_id).secret_spans.num_rows == old.secret_spans.num_rows
