@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Sampler = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+Sampler = Callable[..., dict[str, torch.Tensor]]  # (module, input, grad_output, skip) -> {local: [B, ...]}
 _SAMPLERS: dict[type, Sampler] = {}
 
 
@@ -30,18 +30,18 @@ def _flat(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
 
 
-def _wants(module: nn.Module, name: str) -> bool:
+def _wants(module: nn.Module, name: str, skip=frozenset()) -> bool:
     p = getattr(module, name, None)
-    return isinstance(p, nn.Parameter) and p.requires_grad
+    return name not in skip and isinstance(p, nn.Parameter) and p.requires_grad
 
 
 @register_grad_sampler(nn.Linear)
-def _linear(module, a, g):
+def _linear(module, a, g, skip=frozenset()):
     a, g = _flat(a, g)
     out = {}
-    if _wants(module, "weight"):
+    if _wants(module, "weight", skip):
         out["weight"] = torch.einsum("blo,bli->boi", g, a.to(g.dtype))
-    if _wants(module, "bias"):
+    if _wants(module, "bias", skip):
         out["bias"] = g.sum(1)
     return out
 
@@ -54,12 +54,12 @@ def _conv1d_types() -> tuple[type, ...]:
         return ()
 
 
-def _conv1d(module, a, g):  # HF GPT-2 Conv1D: y = x @ W + b, W is [in, out]
+def _conv1d(module, a, g, skip=frozenset()):  # HF GPT-2 Conv1D: y = x @ W + b, W is [in, out]
     a, g = _flat(a, g)
     out = {}
-    if _wants(module, "weight"):
+    if _wants(module, "weight", skip):
         out["weight"] = torch.einsum("bli,blo->bio", a.to(g.dtype), g)
-    if _wants(module, "bias"):
+    if _wants(module, "bias", skip):
         out["bias"] = g.sum(1)
     return out
 
@@ -69,9 +69,9 @@ if _conv1d_types():
 
 
 @register_grad_sampler(nn.Embedding)
-def _embedding(module, ids, g):
+def _embedding(module, ids, g, skip=frozenset()):
     out = {}
-    if _wants(module, "weight"):
+    if _wants(module, "weight", skip):
         B = g.shape[0]
         if ids.shape[0] != B:  # e.g. position ids [1, T] shared by the whole batch
             ids = ids.expand((B,) + tuple(ids.shape[1:]))
@@ -85,15 +85,60 @@ def _embedding(module, ids, g):
 
 
 @register_grad_sampler(nn.LayerNorm)
-def _layer_norm(module, a, g):
+def _layer_norm(module, a, g, skip=frozenset()):
     x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
     dims = list(range(1, a.dim() - len(module.normalized_shape)))
     out = {}
-    if _wants(module, "weight"):
+    if _wants(module, "weight", skip):
         out["weight"] = (g * x_hat.to(g.dtype)).sum(dims) if dims else g * x_hat
-    if _wants(module, "bias"):
+    if _wants(module, "bias", skip):
         out["bias"] = g.sum(dims) if dims else g
     return out
+
+
+# --- ghost norms + book-keeping for matmul weights --------------------------------------------
+# For y = x W (Linear / Conv1D), a unit's weight gradient is Σ_t g_t a_tᵀ over the unit's tokens,
+# so its squared norm is Σ_{t,s} (a_t·a_s)(g_t·g_s): O(L²(i+o)) instead of instantiating the
+# o×i gradient, O(L·i·o). The clipped sum is then Σ_r f_r g_rᵀ a_r: one matmul, no per-record
+# gradient kept. Chosen per layer when L(i+o) < i·o (long sequences, wide layers: full
+# fine-tuning); LoRA's rank-r matrices always instantiate.
+
+def _ghost_kind(module: nn.Module) -> str | None:
+    if type(module) is nn.Linear:
+        return "linear"
+    if _conv1d_types() and isinstance(module, _conv1d_types()):
+        return "conv1d"
+    return None
+
+
+def _weight_dims(module: nn.Module, kind: str) -> tuple[int, int]:
+    w = module.weight
+    return (w.shape[1], w.shape[0]) if kind == "linear" else (w.shape[0], w.shape[1])  # (in, out)
+
+
+def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
+    """[B, L, d] per record -> [U, K·L, d] per unit (slots [U, K] index records, B = zero pad)."""
+    if slots is None:
+        return x
+    pad = torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])
+    u = pad[slots]                                      # [U, K, L, d]
+    return u.reshape(u.shape[0], -1, u.shape[-1])
+
+
+def ghost_norm_sq(a: torch.Tensor, g: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
+    a, g = _flat(a, g)
+    a, g = _unit_tokens(a.to(g.dtype), slots), _unit_tokens(g, slots)
+    return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+
+def bookkept_weight_sum(kind: str, a: torch.Tensor, g: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Σ_r f_r · (record r's weight gradient), without forming the per-record gradients."""
+    a, g = _flat(a, g)
+    gf = g * f.to(g.dtype).view(-1, 1, 1)
+    a = a.to(g.dtype)
+    if kind == "linear":
+        return gf.reshape(-1, gf.shape[-1]).T @ a.reshape(-1, a.shape[-1])
+    return a.reshape(-1, a.shape[-1]).T @ gf.reshape(-1, gf.shape[-1])
 
 
 def supported(model: nn.Module) -> bool:
@@ -120,6 +165,7 @@ class HookPerRecord:
                 self.layers.append((m, own))
         self._acts: dict[int, list[torch.Tensor]] = {}
         self._grads: dict[int, list[torch.Tensor]] = {}
+        self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
         self._handles = []
         self._active = False
         for m, _ in self.layers:
@@ -127,6 +173,10 @@ class HookPerRecord:
 
     def _forward_hook(self, module, inputs, output):
         if not self._active or not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
+            return
+        if self._calls is not None:  # book-keeping mode: keep (layer, input, output) in call order
+            if output.requires_grad:
+                self._calls.append((module, inputs[0].detach(), output))
             return
         key = id(module)
         self._acts.setdefault(key, []).append(inputs[0].detach())
@@ -154,7 +204,7 @@ class HookPerRecord:
                 if g.shape[0] != ids.shape[0]:
                     raise RuntimeError(f"{type(m).__name__}: output not batched per record "
                                        f"({tuple(g.shape)}); use per_record='vmap'")
-                for local, t in _SAMPLERS[type(m)](m, a, g).items():
+                for local, t in _SAMPLERS[type(m)](m, a, g, frozenset()).items():
                     name = own[local]
                     per[name] = per[name] + t if name in per else t  # tied weights: sum over uses
             for p in m.parameters(recurse=False):
@@ -167,6 +217,89 @@ class HookPerRecord:
             if n not in per:
                 per[n] = torch.zeros((B,) + tuple(params[n].shape), dtype=params[n].dtype, device=ids.device)
         return per, losses.detach()
+
+    def clipped_group(self, ids: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor, owner: torch.Tensor,
+                      n_units: int, clip_norm: float, loss_fn, ghost: str = "auto") -> tuple[dict, torch.Tensor]:
+        """Σ_u clip_C(Σ_{r∈u} w_r ∇ℓ_r) for one micro-batch holding whole units, from one
+        forward and one backward to the layer outputs only (no parameter .grad is formed).
+
+        weights [B]: w_r; owner [B]: the unit of each record (0..n_units-1); ghost: "auto"
+        (per-layer cost rule), "always" (every Linear/Conv1D weight used once), "never"."""
+        B = ids.shape[0]
+        self._calls = []
+        self._active = True
+        try:
+            pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False)
+            losses = loss_fn(out.logits, ids, lengths)
+            calls = self._calls
+        finally:
+            self._active = False
+            self._calls = None
+        outs = [o for _, _, o in calls]
+        gouts = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), outs, allow_unused=True)
+
+        singletons = n_units == B
+        slots = None
+        if not singletons:  # [U, K] record indices per unit, padded with B (a zero row)
+            counts = torch.bincount(owner, minlength=n_units)
+            K = int(counts.max())
+            order = torch.argsort(owner, stable=True)
+            starts = torch.cumsum(counts, 0) - counts
+            pos_in_unit = torch.arange(B, device=owner.device) - starts[owner[order]]
+            slots = torch.full((n_units, K), B, dtype=torch.long, device=owner.device)
+            slots[owner[order], pos_in_unit] = order
+        unit_len = ids.shape[1] * (1 if slots is None else slots.shape[1])
+
+        uses: dict[str, int] = {}
+        for m, _, _ in calls:
+            for name in self._own(m).values():
+                uses[name] = uses.get(name, 0) + 1
+
+        sq = torch.zeros(n_units, dtype=torch.float32, device=ids.device)
+        per_record: dict[str, torch.Tensor] = {}
+        ghosted: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # name, kind, a, g
+        for (m, a, o), g in zip(calls, gouts):
+            if g is None:
+                continue
+            if g.shape[0] != B:
+                raise RuntimeError(f"{type(m).__name__}: output not batched per record "
+                                   f"({tuple(g.shape)}); use per_record='vmap'")
+            own = self._own(m)
+            skip = set()
+            kind = _ghost_kind(m)
+            if kind and "weight" in own and uses[own["weight"]] == 1 and ghost != "never":
+                i, o_ = _weight_dims(m, kind)
+                if ghost == "always" or unit_len * (i + o_) < i * o_:
+                    skip.add("weight")
+                    sq += ghost_norm_sq(a, g, slots).float()
+                    ghosted.append((own["weight"], kind, a, g))
+            for local, t in _SAMPLERS[type(m)](m, a, g, frozenset(skip)).items():
+                name = own[local]
+                per_record[name] = per_record[name] + t if name in per_record else t
+        per_unit: dict[str, torch.Tensor] = {}
+        for name, t in per_record.items():
+            if singletons:
+                u = t
+            else:
+                u = t.new_zeros((n_units,) + tuple(t.shape[1:]))
+                u.index_add_(0, owner, t)
+            per_unit[name] = u
+            sq += u.flatten(1).float().pow(2).sum(1)
+        factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
+        params = dict(self.model.named_parameters())
+        sums = {n: torch.zeros_like(params[n]) for n in self.names}
+        for name, u in per_unit.items():
+            sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)
+        f_rec = factor[owner]
+        for name, kind, a, g in ghosted:
+            sums[name] += bookkept_weight_sum(kind, a, g, f_rec).to(sums[name].dtype)
+        return sums, losses.detach()
+
+    def _own(self, module: nn.Module) -> dict[str, str]:
+        if not hasattr(self, "_own_cache"):
+            self._own_cache = {id(m): own for m, own in self.layers}
+        return self._own_cache[id(module)]
 
     def remove(self) -> None:
         for h in self._handles:

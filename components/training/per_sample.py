@@ -54,17 +54,22 @@ class PerUnitGradients:
     """Computes Σ_u clip_C(Σ_{r∈u} w_u ∇ℓ_r) over the trainable parameters of `model`."""
 
     def __init__(self, model: torch.nn.Module, names: list[str], micro_batch_size: int, method: str = "auto"):
-        """method: "hooks" (per-layer samplers, one batched backward), "vmap" (torch.func), or
-        "auto" (hooks when every trainable layer has a sampler, else vmap)."""
+        """method: "mixed" (per-layer samplers on one batched backward; ghost norm or
+        instantiation chosen per layer), "hooks" (always instantiate), "ghost" (ghost norm for
+        every matmul weight), "vmap" (torch.func), or "auto" (mixed when every trainable layer
+        has a sampler, else vmap)."""
         from components.training.grad_samplers import HookPerRecord, supported
 
         self.model = model
         self.names = names
         self.micro_batch_size = int(micro_batch_size)
         if method == "auto":
-            method = "hooks" if supported(model) else "vmap"
+            method = "mixed" if supported(model) else "vmap"
         self.method = method
-        self._hooks = HookPerRecord(model, names) if method == "hooks" else None
+        self._hooks = HookPerRecord(model, names) if method in ("mixed", "hooks", "ghost") else None
+        # mixed: ghost norm or instantiation chosen per layer; hooks: always instantiate; ghost:
+        # ghost norm for every Linear/Conv1D weight (tests use the last two to pin both paths)
+        self._ghost = {"mixed": "auto", "hooks": "never", "ghost": "always"}.get(method, "never")
 
         def loss_one(params, ids, length):
             out = functional_call(model, params, (ids.unsqueeze(0),), {"use_cache": False})
@@ -94,6 +99,17 @@ class PerUnitGradients:
             recs = np.concatenate([u.records for u in group])
             owner = np.repeat(np.arange(len(group)), [len(u.records) for u in group])
             w = np.repeat(np.array([u.weight for u in group], dtype=np.float64), [len(u.records) for u in group])
+            if self._hooks is not None and len(recs) <= mbs:  # whole units in one pass: book-keeping
+                T = max(2, int(lengths_all[recs].max()))
+                sums, losses = self._hooks.clipped_group(
+                    torch.as_tensor(ids_all[recs, :T], device=device), torch.as_tensor(lengths_all[recs], device=device),
+                    torch.as_tensor(w, device=device), torch.as_tensor(owner, device=device), len(group),
+                    clip_norm, sequence_losses, ghost=self._ghost)
+                for n in self.names:
+                    total[n] += sums[n]
+                loss_sum += float(losses.sum())
+                n_rec += len(recs)
+                continue
             singletons = len(recs) == len(group) and all(u.weight == 1.0 for u in group)
             unit_grads = None
             for start in range(0, len(recs), mbs):

@@ -15,7 +15,7 @@ MECHANISMS = ("uls", "els", "group", "record", "secret", "nonprivate")
 # Modes whose privacy unit is sampled as a user (everything else samples records).
 USER_SAMPLED = ("uls",)
 OPTIMIZERS = ("adam", "sgd")
-PER_RECORD = ("auto", "hooks", "vmap")  # how per-record gradients are computed (same numbers)
+PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,10 @@ class TrainSpec:
     private_seed: drives batch sampling and noise. Leave None: it is then drawn from the OS at the
       first start and kept in the run folder only. A published seed would reveal the batches and
       the noise, and with them the privacy. Tests set it for reproducibility.
-    per_record: "auto" (per-layer hook samplers when every trainable layer has one, else
-      torch.func vmap), "hooks" or "vmap".
+    per_record: "auto" (= "mixed" when every trainable layer has a registered sampler, else
+      "vmap"); "mixed": per-layer samplers on one backward, ghost norm or instantiated per-record
+      gradient chosen per layer by cost, clipped sum by book-keeping; "hooks": always instantiate;
+      "ghost": ghost norms wherever possible; "vmap": torch.func. All give the same update.
     selection: the plan's strategy. Only "random-chunk" changes what training does: under ULS each
       visit of a user draws G random seq_len-token chunks of the user's concatenated text instead
       of G of their records. Other strategies were applied by planning (the data holds their pick).

@@ -114,10 +114,12 @@ def _run_and_brute(tiny_lm, tok, tmp_path, mechanism, data, *, q=0.5, k=None, lo
     return res, n_clipped, len(units)
 
 
-@pytest.mark.parametrize("method", ["hooks", "vmap"])
-def test_uls_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method):
+@pytest.mark.parametrize("method,mbs", [("mixed", 3), ("hooks", 3), ("ghost", 3), ("vmap", 3),
+                                        ("mixed", 2)])  # mbs 2 < G 3: a user spans micro-batches
+def test_uls_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method, mbs):
     data = tiny_lm.make_texts(n_users=10, per_user=(1, 6), seed=3)
-    res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "uls", data, k=3, method=method)
+    res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "uls", data, k=3, method=method,
+                                             mbs=mbs)
     assert 0 < n_clipped < n_units, "C should clip some users and not others"
     assert res.expected_batch_size == pytest.approx(0.5 * 10)
 
@@ -150,7 +152,7 @@ def test_nonprivate_update_is_unclipped_sum(tiny_lm, tiny_tokenizer, tmp_path):
     _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "nonprivate", data, q=0.6)
 
 
-@pytest.mark.parametrize("method", ["hooks", "vmap"])
+@pytest.mark.parametrize("method", ["mixed", "hooks", "ghost", "vmap"])
 def test_full_finetuning_record_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method):
     # tied input/output embeddings, Conv1D, LayerNorm, Embedding: every layer sampler is exercised
     data = tiny_lm.make_texts(n_users=4, per_user=(1, 2), seed=7)
