@@ -55,7 +55,12 @@ class JsonlSource:
         offset = 0      # byte offset of `carry` in the decompressed stream
         line = 0        # lines before `carry`
         skipping = False
+        first = True
         for data in self.stream.chunks():
+            if first:
+                first = False
+                if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not part of line 1
+                    data, offset = data[3:], 3
             if skipping:  # inside an oversized line: drop bytes up to its newline
                 nl = data.find(b"\n")
                 if nl < 0:

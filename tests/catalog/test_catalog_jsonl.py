@@ -174,3 +174,14 @@ def test_id_prefix_collision_falls_back_to_exact_dedup(settings, tmp_path, monke
     assert (got.accepted, got.duplicates, got.quarantined, got.new) == (ref.accepted, ref.duplicates,
                                                                        ref.quarantined, ref.new)
     assert got.snapshot_id == ref.snapshot_id  # same content, same bytes, same id, whichever path wrote it
+
+
+def test_bom_crlf_and_blank_lines(settings, tmp_path):
+    src = tmp_path / "w.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + b'{"user": "a", "text": "one"}\r\n\r\n   \r\n{"user": "b", "text": "two"}\r\n{bad\r\n')
+    rep = ingest_source(src, "jsonl", settings=settings, rules=RULES)
+    assert (rep.read, rep.accepted, rep.quarantined) == (3, 2, 1)
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    assert con.sql("SELECT line, byte_offset FROM quarantine").fetchall() == [(5, src.read_bytes().index(b"{bad"))]
+    con.close()
+    assert sorted(load_snapshot(settings).records.column("text").to_pylist()) == ["one", "two"]
