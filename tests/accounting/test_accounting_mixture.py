@@ -7,7 +7,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from scipy import stats
 
-from components.accounting import epsilon
+from components.accounting import calibrate, epsilon
 from components.accounting.accountant import REFERENCE_DISCRETIZATION
 from components.accounting.events import binomial_sensitivities
 from components.accounting.mixture_pld import _Mixture, mixture_pld
@@ -82,3 +82,12 @@ def test_seed_values_recovered():
 def test_naive_infeasible_is_infinite_not_an_error():
     r = epsilon("group-naive", sampling_rate=0.0128, noise_multiplier=1.0, steps=300, delta=1e-6, k=8)
     assert r.epsilon == float("inf") and r.to_dict()["epsilon"] is None and r.notes
+
+
+def test_seed_000_calibrations_recovered():
+    """Research note 000 §3.6 (dp-accounting 0.6.0 at Δ=1e-3, tol 1e-3; N=18,195 users, M=240,173
+    records, B=1024, T=1000, δ=1e-5). Ours runs on finer grids, so σ may only be a little smaller."""
+    uls = calibrate("uls", epsilon=8.0, delta=1e-5, sampling_rate=1024 / 18195, steps=1000).noise_multiplier
+    assert 1.294 * 0.99 <= uls <= 1.294 * 1.002
+    els = calibrate("els", epsilon=8.0, delta=1e-5, sampling_rate=1024 / 240173, steps=1000, k=2).noise_multiplier
+    assert 0.583 * 0.99 <= els <= 0.583 * 1.002
