@@ -41,6 +41,8 @@ def build(args):
                      vocab_size=args.vocab, n_positions=max(args.seq_len, 64), bos_token_id=0, eos_token_id=0,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     base = GPT2LMHeadModel(cfg)
+    if args.full:
+        return base.to(args.device)
     lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
                       target_modules=["c_attn", "c_proj", "c_fc"])
     return get_peft_model(base, lora).to(args.device)
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    ap.add_argument("--per-record", default="auto", help="veil's per-record gradient method")
     ap.add_argument("--no-opacus", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
         opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-4)
         step = DPStep(m, opt, private=private, clip_norm=C, noise_multiplier=sigma,
                       expected_batch_size=args.batch, micro_batch_size=args.batch, private_seed=1,
-                      dctx=DistContext())
+                      dctx=DistContext(), per_record=args.per_record)
         counter = iter(range(10 ** 9))
         runners[name] = (lambda step=step, counter=counter: step(next(counter), units, ids, lengths))
 
@@ -105,10 +109,13 @@ def main(argv=None) -> int:
                            loss_reduction="sum")
         x = torch.as_tensor(ids, device=dev)
         lens = torch.as_tensor(lengths, device=dev)
+        pos = torch.arange(x.shape[1], device=dev).expand_as(x)
 
         def opacus_step():
             popt.zero_grad(set_to_none=True)
-            out = gsm(input_ids=x, use_cache=False)
+            # per-row position ids (as dp-transformers does): Opacus cannot split a [1, T] position
+            # embedding gradient per record
+            out = gsm(input_ids=x, position_ids=pos, use_cache=False)
             sequence_losses(out.logits, x, lens).sum().backward()
             popt.step()
 
@@ -139,7 +146,7 @@ def main(argv=None) -> int:
         "veil_over_nonprivate": med["veil"] / med["nonprivate"],
         "opacus_over_veil": (med["opacus"] / med["veil"]) if "opacus" in med else None,
         "config": {"layers": args.layers, "d_model": args.d_model, "vocab": args.vocab, "seq_len": args.seq_len,
-                   "batch": args.batch, "lora_r": args.lora_r, "lora_targets": ["c_attn", "c_proj", "c_fc"],
+                   "batch": args.batch, "lora_r": None if args.full else args.lora_r, "per_record": args.per_record, "lora_targets": None if args.full else ["c_attn", "c_proj", "c_fc"],
                    "rounds": args.rounds, "device": str(dev), "threads": torch.get_num_threads(),
                    "trainable_params": sum(p.numel() for p in template.parameters() if p.requires_grad),
                    "torch": torch.__version__, "opacus": opacus_version, "python": platform.python_version()},
@@ -150,7 +157,8 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    tab = Table(title=f"DP step, GPT-2 {args.layers}×{args.d_model} + LoRA r={args.lora_r}, "
+    tuning = "full fine-tuning" if args.full else f"LoRA r={args.lora_r}"
+    tab = Table(title=f"DP step, GPT-2 {args.layers}×{args.d_model} {tuning}, "
                       f"batch {args.batch} × {args.seq_len} tokens, {dev}")
     for col in ("engine", "median s/step", "min", "max", "× non-private", "median CPU s", "× non-private (CPU)"):
         tab.add_column(col, justify="right" if col != "engine" else "left")
