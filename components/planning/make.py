@@ -36,6 +36,7 @@ class Compute:
     steps: int | None = None
     expected_batch_size: int | None = None
     user_grad_ratio: Callable[[int], float] | None = None
+    base_model: tuple | None = None        # (model, tokenizer): estimate user_grad_ratio on the training data
 
 
 def _compute(compute: Any) -> Compute:
@@ -170,9 +171,22 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
     if mechanism == "auto":
         from components.planning.mechanism import choose_mechanism
 
+        ratio = comp.user_grad_ratio
+        if ratio is None and comp.base_model is not None and spec.privacy_unit == "user":
+            from components.planning.gradient_diversity import estimate_user_grad_ratio
+
+            say("estimating per-user gradient diversity at the base model")
+            g_values = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= k]
+            ratio = estimate_user_grad_ratio(comp.base_model[0], comp.base_model[1], split.train, g_values=g_values,
+                                             seq_len=tr.seq_len, seed=tr.seed)
+        if ratio is not None:
+            caveats.append("the mechanism choice used gradient norms of private records at the base model "
+                           "(seed 001's estimate), without noise; this choice is not accounted")
+            if getattr(ratio, "table", None):
+                decision["user_grad_ratio"] = {str(g): v for g, v in sorted(ratio.table.items())}
         say("comparing mechanisms for 'auto'")
         choice = choose_mechanism(policy, split.train, steps=steps, expected_batch_size=batch,
-                                  user_grad_ratio=comp.user_grad_ratio, cache_dir=cache_dir)
+                                  user_grad_ratio=ratio, cache_dir=cache_dir)
         mechanism = choice.mechanism
         decision.update(choice.to_dict())
         if mechanism == "uls":
@@ -297,6 +311,9 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
                   "thresholds": {"max_user_inference_auroc": float(spec.audit.max_user_inference_auroc),
                                  "max_secret_exposure": float(spec.audit.max_secret_exposure)}},
         "policy": {"name": policy.name, "path": policy.path, "sha256": policy.sha256},
+        "lifetime_budget": None if spec.lifetime_budget is None else spec.lifetime_budget.model_dump(),
+        "release": {"required_certificate_fields": list(spec.release.required_certificate_fields),
+                    "promoters": list(spec.release.promoters)},
         "decision": decision,
         "caveats": caveats,
         **extra,

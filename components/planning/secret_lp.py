@@ -59,18 +59,37 @@ class LPResult:
                 "solver": self.solver, "seconds": round(self.seconds, 3)}
 
 
+def _unique_pairs(rec: np.ndarray, sec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique (record, secret) pairs; packed into one int64 key when the ranges allow (fast path)."""
+    rec, sec = rec.astype(np.int64), sec.astype(np.int64)
+    m = int(sec.max()) + 1
+    if int(rec.max()) + 1 < (1 << 62) // max(m, 1):
+        key = np.unique(rec * m + sec)
+        return key // m, key % m
+    pairs = np.unique(np.stack([rec, sec], axis=1), axis=0)
+    return pairs[:, 0], pairs[:, 1]
+
+
 def _set_rows(rec: np.ndarray, sec: np.ndarray, n_records: int):
     """Unique (record, secret) pairs → tagged record ids, their group index, group secret lists, counts."""
-    pairs = np.unique(np.stack([rec.astype(np.int64), sec.astype(np.int64)], axis=1), axis=0)
-    rec_u, sec_u = pairs[:, 0], pairs[:, 1]
+    rec_u, sec_u = _unique_pairs(rec, sec)
     tagged, start, per = np.unique(rec_u, return_index=True, return_counts=True)
     width = int(per.max()) if per.size else 0
     # Pad each record's sorted secret list to `width` with -1; identical rows = identical secret sets.
     pos = np.arange(rec_u.size) - np.repeat(start, per)
     mat = np.full((tagged.size, max(width, 1)), -1, dtype=np.int64)
     mat[np.repeat(np.arange(tagged.size), per), pos] = sec_u
-    groups, inverse, counts = np.unique(mat, axis=0, return_inverse=True, return_counts=True)
-    return tagged, inverse.reshape(-1), groups, counts
+    m = int(sec_u.max()) + 2 if sec_u.size else 2
+    bits = max(1, (m - 1).bit_length())
+    if bits * mat.shape[1] <= 62:  # pack each row into one integer: 1-D unique is far faster than axis=0
+        key = np.zeros(tagged.size, dtype=np.int64)
+        for col in range(mat.shape[1]):
+            key = (key << bits) | (mat[:, col] + 1)
+        _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+        groups = mat[first]
+    else:
+        groups, inverse, counts = np.unique(mat, axis=0, return_inverse=True, return_counts=True)
+    return tagged, inverse.reshape(-1), groups, counts, (rec_u, sec_u)
 
 
 def solve_secret_lp(rec: np.ndarray, sec: np.ndarray, rho: np.ndarray, n_records: int, *, c: float,
@@ -89,7 +108,7 @@ def solve_secret_lp(rec: np.ndarray, sec: np.ndarray, rho: np.ndarray, n_records
     if rec.size == 0:
         return _result(w, c, n_records, 0, m, 0, 0, "no secrets", "none", t0, rec, sec, m)
 
-    tagged, group_of, groups, counts = _set_rows(np.asarray(rec), np.asarray(sec), n_records)
+    tagged, group_of, groups, counts, upairs = _set_rows(np.asarray(rec), np.asarray(sec), n_records)
     J = groups.shape[0]
     gi, gk = np.nonzero(groups >= 0)                      # group j holds secret groups[j, k]
     gs = groups[gi, gk]
@@ -128,7 +147,7 @@ def solve_secret_lp(rec: np.ndarray, sec: np.ndarray, rho: np.ndarray, n_records
     if np.any(over):
         W *= float(np.min(cap[over] / load[over])) if np.all(load[over] > 0) else 0.0
     w[tagged] = W[group_of] / counts[group_of]
-    return _result(w, c, n_records, tagged.size, m, J, act_idx.size, status, solver, t0, rec, sec, m, cap)
+    return _result(w, c, n_records, tagged.size, m, J, act_idx.size, status, solver, t0, *upairs, m, cap)
 
 
 # Below this many variables HiGHS answers in well under a second: solve in-process.
@@ -191,9 +210,8 @@ def _repo_root() -> str:
 def _result(w, c, n, n_tagged, m, J, n_cons, status, solver, t0, rec, sec, n_secrets, cap=None) -> LPResult:
     load = np.zeros(n_secrets)
     binding = 0
-    if np.size(rec):  # recount on unique pairs: a record listing a secret twice counts once
-        pairs = np.unique(np.stack([np.asarray(rec, np.int64), np.asarray(sec, np.int64)], axis=1), axis=0)
-        load = np.bincount(pairs[:, 1], weights=w[pairs[:, 0]], minlength=n_secrets)
+    if np.size(rec):  # on unique pairs: a record listing a secret twice counts once
+        load = np.bincount(sec, weights=w[rec], minlength=n_secrets)
         if cap is not None:
             binding = int(np.sum((load > 0) & (load >= cap * (1 - 1e-6) - 1e-9)))
     return LPResult(weights=w, c=float(c), objective=float(w.sum()), n_records=n, n_tagged=int(n_tagged),

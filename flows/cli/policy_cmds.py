@@ -130,7 +130,8 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
                                                                "of C (writes no plan)"),
          c_values: Optional[str] = typer.Option(None, "--c-values", help="C values for --sweep-c, e.g. 1,3,10"),
          base_model: Optional[Path] = typer.Option(None, "--base-model",
-                                                   help="public base model dir (ppl-high/ppl-low selection)")) -> None:
+                                                   help="public base model dir: ppl-high/ppl-low selection; "
+                                                        "gradient diversity for mechanism auto")) -> None:
     """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split."""
     from catalog.snapshots import load_snapshot
     from components.planning import make_plan, save_plan
@@ -148,9 +149,15 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
             raise VeilError(f"selection '{pol.spec.contribution.selection}' scores records with the public base "
                             "model: pass --base-model DIR")
         scorer = _scorer(base_model, pol.spec.training.seq_len)
+    compute = None
+    if pol.spec.mechanism == "auto" and pol.spec.privacy_unit == "user" and base_model is not None:
+        from components.modeling import load_base
+
+        compute = {"base_model": load_base(base_model)}
     progress = None if json_out else (lambda msg: err.print(f"[dim]plan:[/dim] {msg}"))
     with err.status("planning…", spinner="dots") if not json_out else _null():
-        p = make_plan(pol, snap, out_dir=s.plans_dir, scorer=scorer, cache_dir=s.cache_dir, progress=progress)
+        p = make_plan(pol, snap, out_dir=s.plans_dir, scorer=scorer, cache_dir=s.cache_dir, progress=progress,
+                      compute=compute)
     path = save_plan(p, s.plans_dir)
     if json_out:
         _print_json({"plan_path": str(path), "plan": p.to_dict()})
