@@ -35,7 +35,7 @@ from catalog import store
 from catalog.connectors.base import FieldMap, meta_col
 from catalog.tagging import Tagger
 from components.core.errors import VeilError
-from components.core.hashing import sha256_json
+from components.core.hashing import sha256_file, sha256_json
 from components.core.settings import Settings
 
 FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git")
@@ -265,6 +265,44 @@ class _OnlineDedup:
         return mask
 
 
+_INSERT_INGEST = ('INSERT INTO ingests (ingest_id, source_key, source, format, source_sha256, options, rules_sha256, '
+                  'started_at, finished_at, "read", accepted, new_records, quarantined, duplicates, users, '
+                  'snapshot_id, tagged_records) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)')
+
+
+def _already_ingested(con, conn, tagger: Tagger, latest: tuple[str, str], *, ingest_id: str, source: Path,
+                      fmt: str, options: dict, started: datetime) -> IngestReport | None:
+    """The same bytes, mapping and rules were ingested before: records and spans only ever grow, so the
+    catalog already holds everything this run would add. Report the earlier counts, skip the work.
+    A file is hashed up front only when an earlier ingest of the same path with the same options exists."""
+    opts = json.dumps(options, sort_keys=True)
+    prior = con.execute(
+        'SELECT source_sha256, "read", accepted, quarantined, duplicates, users, source_key, tagged_records '
+        "FROM ingests WHERE source = ? AND format = ? AND options = ? AND rules_sha256 = ? ORDER BY finished_at DESC LIMIT 1",
+        [str(source), fmt, opts, tagger.rules_sha256]).fetchall()
+    if not prior:
+        return None
+    sha, read, accepted, quarantined, duplicates, users, source_key, tagged = prior[0]
+    if fmt in ("jsonl", "csv", "parquet", "mbox"):
+        current = sha256_file(source)
+    elif fmt == "git":
+        current = conn.sha256  # HEAD commit + .mailmap, known before reading the log
+    else:
+        return None  # maildir: its hash needs every file read anyway
+    if current != sha:
+        return None
+    reasons = dict(con.execute("SELECT regexp_replace(reason, ':.*', '') AS r, count(*) FROM quarantine "
+                               "WHERE source_key = ? GROUP BY r ORDER BY r", [source_key]).fetchall())
+    n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
+    con.execute(_INSERT_INGEST, [ingest_id, source_key, str(source), fmt, sha, opts, tagger.rules_sha256, started,
+                                 datetime.now(timezone.utc), read, accepted, 0, quarantined, duplicates, users,
+                                 latest[0], tagged])
+    return IngestReport(snapshot_id=latest[0], sha256=latest[1], read=read, accepted=accepted,
+                        quarantined=quarantined, duplicates=duplicates, users=users, records=n_records, seconds=0.0,
+                        new=0, snapshot_users=n_users, new_spans=0, tagged_records=tagged or 0, source=str(source),
+                        format=fmt, source_sha256=sha, ingest_id=ingest_id, quarantine_reasons=reasons)
+
+
 def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, exact: bool, ingest_id: str,
          source: Path, fmt: str, options: dict, started: datetime) -> IngestReport:
     """One pass over the source. Online (default): new records stream straight into the new snapshot.
@@ -275,6 +313,11 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     with store.writer(settings) as con:
         con.execute(_STAGE_DDL)
         latest = snap_mod.latest_in_catalog(con)
+        if not exact and latest is not None:
+            again = _already_ingested(con, conn, tagger, latest, ingest_id=ingest_id, source=source, fmt=fmt,
+                                      options=options, started=started)
+            if again is not None:
+                return again
         parent = latest[0] if latest else None
         builder = snap_mod.SnapshotBuilder(settings, ingest_id=ingest_id, parent=parent)
         dedup = None if exact else _OnlineDedup(settings.snapshots_dir / parent / "records.parquet" if parent else None)
@@ -456,10 +499,10 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
         snap_id, snap_sha = snap["snapshot_id"], snap["sha256"]
         n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
-        con.execute("INSERT INTO ingests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [ingest_id, source_key, str(source), fmt, source_sha, json.dumps(options, sort_keys=True),
-                     tagger.rules_sha256, started, datetime.now(timezone.utc), read, accepted, new, quarantined,
-                     duplicates, users, snap_id])
+        con.execute(_INSERT_INGEST, [ingest_id, source_key, str(source), fmt, source_sha,
+                                     json.dumps(options, sort_keys=True), tagger.rules_sha256, started,
+                                     datetime.now(timezone.utc), read, accepted, new, quarantined, duplicates, users,
+                                     snap_id, tagged])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

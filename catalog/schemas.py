@@ -66,5 +66,6 @@ CREATE TABLE IF NOT EXISTS ingests (
     source_sha256 VARCHAR, options VARCHAR NOT NULL, rules_sha256 VARCHAR NOT NULL,
     started_at TIMESTAMPTZ NOT NULL, finished_at TIMESTAMPTZ NOT NULL, "read" BIGINT NOT NULL,
     accepted BIGINT NOT NULL, new_records BIGINT NOT NULL, quarantined BIGINT NOT NULL,
-    duplicates BIGINT NOT NULL, users BIGINT NOT NULL, snapshot_id VARCHAR NOT NULL);
+    duplicates BIGINT NOT NULL, users BIGINT NOT NULL, snapshot_id VARCHAR NOT NULL, tagged_records BIGINT);
+ALTER TABLE ingests ADD COLUMN IF NOT EXISTS tagged_records BIGINT;
 """
