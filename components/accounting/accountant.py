@@ -1,17 +1,19 @@
 """ε for a mechanism, σ for a target: dp_accounting's pessimistic PLD, made fast.
 
-How the number is computed (and why it is never below dp-accounting's own answer):
+How the number is computed:
   * one step's PLD is built by pessimistic Connect-the-Dots on a grid of losses spaced Δ
-    (record/uls: dp_accounting's `from_gaussian_mechanism`; els/group-tight: `mixture_pld`, the same
-    construction as dp_accounting's mixture PLD but vectorised), then dp_accounting self-composes it
-    and reads ε(δ);
-  * grids are nested (Δ = 2^j · 1e-4), and a coarser nested Connect-the-Dots PLD dominates a finer
-    one, so ε only falls as Δ shrinks toward the reference Δ = 1e-4;
-  * we start coarse and halve Δ until two successive grids agree within 0.25 % (the error of the
-    finer one is then ≤ 0.25 % even if it shrank only linearly in Δ; it shrinks quadratically),
-    stopping at the reference Δ = 1e-4 at the latest;
-  * a relative 1e-7 allowance is added for floating-point differences from dp_accounting's own
-    code path (different but equally exact root finding).
+    (record/uls: dp_accounting's `from_gaussian_mechanism`; els/group-tight: `mixture_pld`, the
+    construction of dp_accounting's mixture PLD, vectorised), then dp_accounting self-composes it and
+    reads ε(δ). Connect-the-Dots is pessimistic on any grid, so every value reported is a valid upper
+    bound on the true ε whatever Δ was used — the grid only decides how tight;
+  * grids are nested (Δ = 2^j · 1e-4), and Connect-the-Dots on a subset of points dominates the finer
+    one, so ε only falls as Δ shrinks toward the reference Δ = 1e-4: we are never below dp-accounting's
+    reference (pessimistic, Δ = 1e-4) on the same event;
+  * we start at Δ = 6.4e-3 and halve Δ until two successive grids agree within 0.25 % (the finer one is
+    then within 0.25 % of the Δ → 0 limit if the error shrinks at least linearly in Δ; it shrinks
+    about quadratically), stopping at the reference Δ = 1e-4 at the latest;
+  * a relative 1e-7 allowance is added for floating-point differences from dp_accounting's own code
+    path (a different but equally exact root finding).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ Definition 3.1 with arbitrary transformations does not give. That the add/remove
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
