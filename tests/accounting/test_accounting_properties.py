@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from components.accounting import epsilon
 
-_SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _eps(mech="els", q=0.02, sigma=1.5, T=40, k=2, delta=1e-5):
@@ -41,7 +41,7 @@ def test_epsilon_increases_in_k(k, extra):
     assert _eps(k=k, q=0.05) <= _eps(k=k + extra, q=0.05)
 
 
-@pytest.mark.parametrize("q,sigma,T,delta", [(0.01, 1.0, 300, 1e-5), (0.05, 2.0, 200, 1e-6)])
+@pytest.mark.parametrize("q,sigma,T,delta", [(0.01, 1.0, 300, 1e-5)])
 def test_record_level_agrees_with_opacus(q, sigma, T, delta):
     """Opacus' RDP accountant is an upper bound (looser than PLD); its PRV accountant estimates ε to
     ±eps_error and returns the upper end."""
