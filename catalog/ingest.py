@@ -117,7 +117,7 @@ _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id"
 
 def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: str, time_field: str | None,
                user_field: str, text_field: str, max_bytes: int, with_source_id: bool = False,
-               with_path: bool = False) -> str:
+               with_path: bool = False, candidate: str = "false") -> str:
     if has_meta_cols:
         # The source's own id and the path (what path_glob rules see, so a re-tag sees it too) are kept.
         pairs = ([f"'source_id', source_id"] if with_source_id else []) + \
@@ -150,7 +150,8 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
            CASE WHEN reason IS NOT NULL THEN coalesce(raw, encode(to_json(struct_pack(
                 "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END AS raw,
            coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
-           cts::TIMESTAMPTZ AS created_at, {meta} AS metadata
+           cts::TIMESTAMPTZ AS created_at, {meta} AS metadata,
+           CASE WHEN reason IS NULL THEN {candidate} ELSE false END AS candidate
     FROM v
     """
 
@@ -193,7 +194,8 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
                      user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
                      max_record_bytes, with_source_id=bool(id_field) and has_meta_cols,
-                     with_path=bool(path_field) and has_meta_cols)
+                     with_path=bool(path_field) and has_meta_cols,
+                     candidate=tagger.candidate_sql("text", "path"))
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
@@ -376,7 +378,7 @@ def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.Parq
     else:
         builder.add_records(rows.filter(pa.array(dedup.keep(rows.column("record_id")))).drop_columns(["seq"]))
     paths = batch.column("path").filter(valid)
-    spans = tagger.tag(rows.column("text"), paths)
+    spans = tagger.tag(rows.column("text"), paths, mask=out.column("candidate").filter(valid))
     if spans:
         sp = _spans_table(spans, rows.column("seq").to_pylist(), rows.column("record_id").to_pylist())
         con.register("sp", sp)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
@@ -106,13 +108,39 @@ def _write(batches, schema: pa.Schema, path: Path) -> dict:
 class SnapshotBuilder:
     """A new snapshot being written: the parent's records, then records added as they stream in.
 
-    Nothing is visible until `finish` renames the folder into place; `abort` removes it."""
+    Records are encoded and compressed in a writer thread (in arrival order), so that work overlaps
+    the next batch's parsing and hashing. Nothing is visible until `finish` renames the folder into
+    place; `abort` removes it."""
 
     def __init__(self, settings: Settings, *, ingest_id: str, parent: str | None):
         self.settings, self.ingest_id, self.parent = settings, ingest_id, parent
         self.tmp = settings.snapshots_dir / f".tmp-{ingest_id}"
         self._records: RowGroupWriter | None = None
         self.added = 0
+        self._q: queue.Queue = queue.Queue(maxsize=4)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _writer(self) -> None:
+        failed = False
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if failed:
+                continue  # keep draining so the producer never blocks
+            try:
+                self._open().write(item)
+            except BaseException as e:  # handed to the producer at its next call
+                self._error, failed = e, True
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
 
     def _open(self) -> RowGroupWriter:
         if self._records is None:
@@ -125,11 +153,20 @@ class SnapshotBuilder:
         return self._records
 
     def add_records(self, table) -> None:
+        if self._error is not None:
+            self._join()
         if table.num_rows:
-            self._open().write(table)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name="veil-snapshot-writer", daemon=True)
+                self._thread.start()
+            self._q.put(table)
             self.added += table.num_rows
 
     def abort(self) -> None:
+        try:
+            self._join()
+        except BaseException:  # noqa: BLE001 - already failing; the folder goes anyway
+            pass
         if self._records is not None:
             try:
                 self._records._w.close()
@@ -147,6 +184,7 @@ class SnapshotBuilder:
 
     def _finish(self, con) -> dict:
         settings, tmp, parent, ingest_id = self.settings, self.tmp, self.parent, self.ingest_id
+        self._join()
         if self._records is None and parent is not None:
             # No new records (only new spans): the parent's file is reused as is — hard-linked, it is
             # read-only and its bytes are exactly what a copy would write.

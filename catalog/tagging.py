@@ -375,9 +375,22 @@ class Tagger:
                     out.append(Span(row, f"{cls}:{glob}", cls, "path_glob", version, 0, len(text)))
         return out
 
-    def tag(self, texts: pa.Array | pa.ChunkedArray, paths=None) -> list[Span]:
-        """Spans of a batch (`row` indexes `texts`): one RE2 scan picks candidate rows, a per-rule RE2
-        scan of those picks the rules to run exactly, Python `re` gives the spans."""
+    def candidate_sql(self, text_col: str, path_col: str) -> str:
+        """The candidate test as a DuckDB expression (DuckDB runs the same RE2 engine, on all threads)."""
+        def q(p: str) -> str:
+            return "'" + p.replace("'", "''") + "'"
+
+        parts = []
+        if self._prefilter is not None:
+            parts.append(f"coalesce(regexp_matches({text_col}, {q(self._prefilter)}), false)")
+        if self._glob_prefilter is not None:
+            parts.append(f"coalesce(regexp_matches({path_col}, {q(self._glob_prefilter)}), false)")
+        return " OR ".join(parts) if parts else "false"
+
+    def tag(self, texts: pa.Array | pa.ChunkedArray, paths=None, mask=None) -> list[Span]:
+        """Spans of a batch (`row` indexes `texts`): one RE2 scan picks candidate rows (or `mask`, the
+        same test computed elsewhere), a per-rule RE2 scan of those picks the rules to run exactly,
+        Python `re` gives the spans."""
         n = len(texts)
         if n == 0:
             return []
@@ -388,7 +401,10 @@ class Tagger:
             texts = texts.cast(pa.string())
         if paths is not None and pa.types.is_null(paths.type):
             paths = None
-        mask = self.candidate_mask(texts, paths)
+        if mask is None:
+            mask = self.candidate_mask(texts, paths)
+        elif isinstance(mask, pa.ChunkedArray):
+            mask = mask.combine_chunks()
         idx = pc.indices_nonzero(mask)
         out: list[Span] = []
         if len(idx):

@@ -130,3 +130,20 @@ def test_rules_from_a_policy_file():
     t = Tagger(str(demo))
     got = _spans(t, "OSPREY launch; key AKIAABCDEFGHIJKLMNOP")
     assert ("codename:OSPREY", "literal", 0, 6) in got
+
+
+def test_duckdb_candidate_test_equals_pyarrow():
+    """Ingest computes the candidate rows inside DuckDB's SQL; it must agree with the pyarrow scan."""
+    import duckdb
+
+    rng = random.Random(3)
+    t = Tagger(RULES)
+    pieces = ["BLUEHERON", "falcon nine", "AKIAABCDEFGHIJKLMNOP", "TCK-4242", "a.b@c-d.example", "+44 20 7946 0958",
+              "(212) 555-0199", "pwd: s3cretvalue", "it's", "the", " ", "\n", "é"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(400)]
+    paths = [rng.choice([None, "teams/blueheron/x.py", "b.pem", "x/y"]) for _ in range(400)]
+    tab = pa.table({"text": texts, "path": pa.array(paths, pa.string())})
+    con = duckdb.connect()
+    got = con.sql(f"SELECT {t.candidate_sql('text', 'path')} AS c FROM tab").to_arrow_table().column("c").to_pylist()
+    want = t.candidate_mask(pa.array(texts), pa.array(paths, pa.string())).to_pylist()
+    assert got == want and any(want) and not all(want)
