@@ -10,9 +10,9 @@
 Design choices that matter downstream:
 
 - Contributions are heavy-tailed (log-normal quantiles, capped): a few people write a large share, the
-  median person a handful — the regime where user-level DP differs from record-level DP.
-- Every person has a recognisable style (greeting, sign-off, pet phrases, typo habits, a signature with
-  their address and phone, a code-comment tag, working hours). A model fine-tuned without user-level
+  median person about a dozen — the regime where user-level DP differs from record-level DP.
+- Every person has a recognisable style (greeting, sign-off, pet phrases, a personal motto, typo habits,
+  a signature with their address and phone, a code-comment tag, working hours). A model fine-tuned without user-level
   privacy picks these up, so user-inference audits have signal to find.
 - Secrets: team codenames are shared by a whole team (user-level DP alone does not hide them),
   credentials are pasted by a few people, some of them several times with the same lead-in text (the
@@ -139,6 +139,16 @@ PET_PHRASES = [
     "teamwork makes the dream work", "it is what it is", "onwards and upwards", "rinse and repeat",
     "clear as mud", "all roads lead to the cache", "trust but verify", "green across the board",
 ]
+# A personal motto (a quote line under the signature, a chat tag): unique per person, like the "short
+# and unique signature" seed 003 names as what makes users most inferable.
+MOTTO_VERBS = ["chase", "mind", "polish", "follow", "trust", "feed", "guard", "tune", "paint", "carry", "wake",
+               "steer", "mend", "light", "fold", "count", "greet", "water", "hum with", "dance with"]
+MOTTO_ADJ = ["quiet", "purple", "brave", "rusty", "golden", "tiny", "sleepy", "curious", "stubborn", "electric",
+             "velvet", "crooked", "patient", "silver", "wild", "gentle", "hollow", "lucky", "frozen", "restless",
+             "humble", "clever", "dusty", "bright", "wandering"]
+MOTTO_NOUNS = ["comet", "kettle", "lighthouse", "walrus", "compass", "lantern", "teapot", "glacier", "orchard",
+               "anchor", "meteor", "cactus", "violin", "harbor", "pebble", "volcano", "otter", "windmill",
+               "tortoise", "satellite", "accordion", "bonsai", "iceberg", "bicycle", "telescope"]
 EMOJIS = ["", "", "", ":)", ":D", ";)", "👍", "🙏", "🚀", "✅", "🙂", "🔥", "🎉", "👀"]
 ENDINGS = ["", "", "!", "!!", "...", " :)"]
 # typo habit -> (pattern, replacement); applied to template text only, never to markers or secrets
@@ -292,6 +302,7 @@ class _User:
     greeting: str
     signoff: str
     pet_phrases: list
+    motto: str
     topics: list
     typos: list
     emoji: str
@@ -332,6 +343,7 @@ def _make_users(rng: np.random.Generator, n_users: int) -> list[_User]:
     role_p = np.array([ROLE_WEIGHTS[r] for r in roles])
     phones_used: list[str] = []
     styles_used: list[tuple] = []
+    mottos_used: list[str] = []
     users = []
     for i, (first, last) in enumerate(names):
         role = roles[int(rng.choice(len(roles), p=role_p))]
@@ -348,6 +360,11 @@ def _make_users(rng: np.random.Generator, n_users: int) -> list[_User]:
             if key not in styles_used:
                 styles_used.append(key)
                 break
+        while True:
+            motto = f"{_pick(rng, MOTTO_VERBS)} the {_pick(rng, MOTTO_ADJ)} {_pick(rng, MOTTO_NOUNS)}"
+            if motto not in mottos_used:
+                mottos_used.append(motto)
+                break
         n_typos = int(rng.choice(3, p=[0.35, 0.45, 0.20]))
         users.append(_User(
             email=f"{first}.{last}@{DOMAIN}",
@@ -361,6 +378,7 @@ def _make_users(rng: np.random.Generator, n_users: int) -> list[_User]:
             greeting=greeting,
             signoff=signoff,
             pet_phrases=pets,
+            motto=motto,
             topics=_sample(rng, ROLE_TOPICS[role], 4),
             typos=_sample(rng, list(TYPOS), n_typos) if n_typos else [],
             emoji=_pick(rng, EMOJIS),
@@ -426,10 +444,14 @@ class _Writer:
             if mates:
                 cc = f"cc: {_pick(rng, mates).email}"
         sig = self.signature(u) if rng.random() < 0.85 else ""
+        quote = f'"{u.motto.capitalize()}."' if rng.random() < 0.7 else ""
+
         def render(ps):
             lines = [u.greeting, " ".join(ps), u.signoff]
             if sig:
                 lines.append(sig)
+            if quote:
+                lines.append(quote)
             if cc:
                 lines.append(cc)
             return "\n".join(lines)
@@ -449,6 +471,8 @@ class _Writer:
             bits.insert(int(rng.integers(2)), self.pet(u))
         if extra:
             bits.append(extra)
+        if rng.random() < 0.4:
+            bits.append(u.motto)
         if u.lowercase_chat:
             bits = [b if b == extra else b.lower() for b in bits]
         text = " - ".join(bits) + (f" {u.emoji}" if u.emoji else "")
@@ -464,6 +488,8 @@ class _Writer:
             parts.append(extra)
         if rng.random() < 0.8:
             parts.append(f"{self.pet(u).capitalize()}{u.ending or '.'}")
+        if rng.random() < 0.4:
+            parts.append(f"{u.motto.capitalize()}.")
         parts.append(f"Reporter: {u.name}" + (f" ({u.email})" if rng.random() < 0.5 else ""))
         return "\n".join(parts)
 
@@ -491,7 +517,7 @@ def _credential(rng: np.random.Generator, kind: str) -> str:
 
 def _plan_credentials(rng: np.random.Generator, users: list[_User]) -> dict[int, list[tuple[str, str, int]]]:
     """A few technical people paste credentials: user index -> [(value, lead-in, times)]."""
-    tech = [i for i, u in enumerate(users) if u.role in ("engineer", "sre")]
+    tech = [i for i, u in enumerate(users) if u.role in ("engineer", "sre") and u.n_records >= 15]
     leakers = _sample(rng, tech, min(10, len(tech)))
     plan: dict[int, list[tuple[str, str, int]]] = {}
     for j, i in enumerate(leakers):
@@ -686,7 +712,7 @@ def _truth(records: list[dict], users: list[_User], seed: int) -> dict:
         "users": [{
             "user": u.email, "name": u.name, "team": u.team, "role": u.role, "title": u.title, "phone": u.phone,
             "n_messages": counts.get(u.email, 0),
-            "style": {"greeting": u.greeting, "signoff": u.signoff, "pet_phrases": u.pet_phrases,
+            "style": {"greeting": u.greeting, "signoff": u.signoff, "pet_phrases": u.pet_phrases, "motto": u.motto,
                       "typos": u.typos, "code_tag": u.code_tag, "signature": u.signature_mode,
                       "topics": u.topics},
         } for u in users],

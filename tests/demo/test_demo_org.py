@@ -82,7 +82,7 @@ def test_every_planted_secret_is_where_truth_says(org):
     by_id = {m["id"]: m for m in msgs}
     secrets = truth["secrets"]
     classes = Counter(s["class"] for s in secrets)
-    assert classes["codename"] == 12 and classes["credential"] >= 8 and classes["email"] >= 100
+    assert classes["codename"] == 12 and classes["credential"] >= 12 and classes["email"] >= 100
     assert classes["phone"] >= 50
     for s in secrets:
         assert s["secret_id"] == f"{s['class']}:{s['value']}"
@@ -172,6 +172,17 @@ def test_each_user_has_recognisable_style(org):
         if st["signature"] == "full" and any(m["source"] == "mail" for m in mine) and len(mine) >= 20:
             assert any(u["phone"] in m["text"] for m in mine)
     assert n_marked >= 0.75 * len(msgs)
+    # a personal motto, unique per person, under many of their messages
+    mottos = [u["style"]["motto"] for u in truth["users"]]
+    assert len(set(mottos)) == len(mottos)
+    with_motto = 0
+    for u in truth["users"]:
+        mine = by_user[u["user"]]
+        hits = sum(u["style"]["motto"].lower() in m["text"].lower() for m in mine)
+        with_motto += hits
+        if len(mine) >= 20:
+            assert hits >= 0.15 * len(mine), u["user"]
+    assert with_motto >= 0.35 * len(msgs)
     # markers identify people: a message's pet phrases + greeting point to a small set including its author
     index: dict[tuple, set] = {}
     for u in truth["users"]:
