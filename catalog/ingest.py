@@ -2,8 +2,10 @@
 
     report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
 
-A connector streams RAW batches (catalog/schemas.py). Each batch is validated, hashed and tagged
-vectorised and appended to a staging table; the merge into the catalog is one transaction:
+A connector streams RAW batches (catalog/schemas.py) from a reader thread. Each batch is validated and
+hashed in one DuckDB query (which also runs the tagger's RE2 candidate test), its bookkeeping goes to
+a staging table, its new records stream into the new snapshot (catalog/dedup.py decides which are
+new), its secret spans to a span staging table. The merge into the catalog is one transaction:
 
 - read = accepted + quarantined + duplicates, always. `accepted` counts the source's distinct valid
   records (`new` of them were not in the catalog before); `duplicates` are later copies of a record
@@ -33,6 +35,7 @@ import pyarrow.parquet as pq
 from catalog import snapshots as snap_mod
 from catalog import store
 from catalog.connectors.base import FieldMap, meta_col
+from catalog.dedup import OnlineDedup
 from catalog.tagging import Tagger
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
@@ -102,7 +105,8 @@ def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
 
-# Per-row bookkeeping of one ingest (no text: the text goes to a temporary Parquet file).
+# Per-row bookkeeping of one ingest (no text: that streams into the snapshot, or in exact mode into a
+# temporary Parquet file).
 _STAGE_DDL = """
 CREATE OR REPLACE TEMP TABLE stage (
     seq BIGINT, line BIGINT, byte_offset BIGINT, locator VARCHAR, user_id VARCHAR, reason VARCHAR,
@@ -216,57 +220,6 @@ class _PrefixCollision(Exception):
     pass
 
 
-_HEX = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-
-
-def _prefix64(record_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """The first 64 bits of each hex sha256 record id, as uint64 (vectorised)."""
-    arr = record_ids.combine_chunks() if isinstance(record_ids, pa.ChunkedArray) else record_ids
-    n = len(arr)
-    if n == 0:
-        return np.zeros(0, dtype=np.uint64)
-    offs = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
-    if not np.all(np.diff(offs) == 64):
-        raise RuntimeError("catalog: record ids are not 64-character sha256 hex strings")
-    nib = _HEX[np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offs[0]:offs[-1]].reshape(n, 64)[:, :16]]
-    packed = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2])  # (n, 8) bytes, big-endian order
-    return packed.view(">u8").reshape(n).astype(np.uint64)
-
-
-class _OnlineDedup:
-    """Decides, batch by batch, which valid rows are new to the catalog: the first copy in this source of
-    a record whose id is not in the parent snapshot. Keeps 8 bytes per record (sorted uint64 id prefixes);
-    a prefix can only make it drop too much, never keep a duplicate, and the merge checks the kept count
-    against the exact one."""
-
-    def __init__(self, parent_records: Path | None):
-        self.seen = np.zeros(0, dtype=np.uint64)
-        if parent_records is not None:
-            parts = [_prefix64(b.column(0)) for b in
-                     pq.ParquetFile(parent_records).iter_batches(batch_size=262_144, columns=["record_id"])]
-            if parts:
-                self.seen = np.unique(np.concatenate(parts))
-
-    def keep(self, record_ids) -> np.ndarray:
-        p = _prefix64(record_ids)
-        mask = np.zeros(len(p), dtype=bool)
-        if len(p) == 0:
-            return mask
-        uniq, first = np.unique(p, return_index=True)
-        if len(self.seen):
-            pos = np.searchsorted(self.seen, uniq).clip(max=len(self.seen) - 1)
-            known = self.seen[pos] == uniq
-        else:
-            known = np.zeros(len(uniq), dtype=bool)
-        mask[first[~known]] = True
-        merged = np.concatenate([self.seen, uniq[~known]])
-        merged.sort(kind="stable")  # two sorted runs: timsort merges them in linear time
-        self.seen = merged
-        return mask
-
-
 _INSERT_INGEST = ('INSERT INTO ingests (ingest_id, source_key, source, format, source_sha256, options, rules_sha256, '
                   'started_at, finished_at, "read", accepted, new_records, quarantined, duplicates, users, '
                   'snapshot_id, tagged_records) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)')
@@ -322,7 +275,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 return again
         parent = latest[0] if latest else None
         builder = snap_mod.SnapshotBuilder(settings, ingest_id=ingest_id, parent=parent)
-        dedup = None if exact else _OnlineDedup(settings.snapshots_dir / parent / "records.parquet" if parent else None)
+        dedup = None if exact else OnlineDedup(settings.snapshots_dir / parent / "records.parquet" if parent else None)
         bar = _progress(progress, conn)
         try:
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
@@ -350,7 +303,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
 
 
 def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.ParquetWriter | None,
-                 dedup: _OnlineDedup | None, builder) -> None:
+                 dedup: OnlineDedup | None, builder) -> None:
     """Validate + hash one batch in DuckDB and keep its bookkeeping in `stage`; its new records go to
     the snapshot being built (online) or its valid rows to the staged file (exact); secret spans of
     valid rows go to `span_stage`."""

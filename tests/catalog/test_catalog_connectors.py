@@ -5,7 +5,6 @@ import gzip
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa

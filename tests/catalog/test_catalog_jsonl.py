@@ -173,13 +173,13 @@ def test_id_prefix_collision_falls_back_to_exact_dedup(settings, tmp_path, monke
     the ingest with exact dedup. Forced here by making every prefix equal; the result must not change."""
     import numpy as np
 
-    import catalog.ingest as ci
+    import catalog.dedup as cd
     from components.core.settings import load_settings
 
     src = _write(tmp_path / "m.jsonl", _lines())
     ref = ingest_source(src, "jsonl", settings=settings, time_field="ts", rules=RULES)
     other = load_settings(tmp_path / "other-home").ensure()
-    monkeypatch.setattr(ci, "_prefix64", lambda ids: np.zeros(len(ids), dtype=np.uint64))
+    monkeypatch.setattr(cd, "prefix64", lambda ids: np.zeros(len(ids), dtype=np.uint64))
     got = ingest_source(src, "jsonl", settings=other, time_field="ts", rules=RULES)
     assert (got.accepted, got.duplicates, got.quarantined, got.new) == (ref.accepted, ref.duplicates,
                                                                        ref.quarantined, ref.new)
