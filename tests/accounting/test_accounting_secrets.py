@@ -131,3 +131,18 @@ def test_calibrate_secrets_meets_every_target_minimally():
     worst = cal.secrets[0]
     assert worst.gamma / worst.gamma_target == max(r.gamma / r.gamma_target for r in cal.secrets)
     assert cal.to_dict()["sensitivity"] == 2.0
+
+
+@pytest.mark.parametrize("rates,sigma", [([0.1, 0.2, 0.3], 1.0), ([0.9, 0.9], 1.5), ([0.05] * 10, 1.0)])
+def test_sensitivity_two_mixture_bounds_aligned_flips_of_several_records(rates, sigma):
+    """All records holding the secret flip +C → −C together: Σ_j π_j N(j) vs Σ_j π_j N(−j)."""
+    pmf = count_pmf(rates)
+    j = np.arange(len(pmf))
+    norm = 1 / (sigma * math.sqrt(2 * math.pi))
+
+    def dens(x, sign):
+        return float(np.sum(pmf * np.exp(-0.5 * ((x - sign * j) / sigma) ** 2))) * norm
+
+    lim = len(pmf) + 12 * sigma
+    sub = integrate.quad(lambda x: dens(x, 1) * math.log(dens(x, 1) / dens(x, -1)), -lim, lim, limit=400)[0]
+    assert secret_kl(rates, sigma, steps=1, sensitivity=2.0).kl >= sub
