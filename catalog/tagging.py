@@ -41,7 +41,7 @@ _CREDENTIALS = [
     ("live_api_key", r"\b[A-Za-z0-9]{2,32}_live_[A-Za-z0-9]{16,128}\b", 0),
     ("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]{0,16384}?-----END [A-Z0-9 ]*PRIVATE KEY-----", 0),
     ("password_assignment",
-     r"(?i)\b(?:password|passwd|pwd|passphrase|secret|secret_access_key|api[_-]?key|access[_-]?token|auth[_-]?token)"
+     r"(?i)(?<![A-Za-z0-9])(?:password|passwd|pwd|passphrase|client[_-]?secret|secret[_-]?key|secret[_-]?access[_-]?key|api[_-]?key|access[_-]?token|auth[_-]?token)"
      r"\s*[:=]\s*[\"']?([^\s\"',;]{4,200})", 1),
 ]
 _EMAIL = [("email", r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b", 0)]
@@ -62,7 +62,7 @@ _PREFILTER_OVERRIDE = {
     "slack_token": r"xox[abposr]-",
     "live_api_key": r"_live_[A-Za-z0-9]",
     "private_key": r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----",
-    "password_assignment": r"(?i)(?:password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?token|auth[_-]?token)\s*[:=]",
+    "password_assignment": r"(?i)(?:password|passwd|pwd|passphrase|client[_-]?secret|secret[_-]?key|secret[_-]?access[_-]?key|api[_-]?key|access[_-]?token|auth[_-]?token)\s*[:=]",
     "email": r"@[A-Za-z0-9-]+\.",
     "phone_international": r"\+\d",
     "phone_nanp": r"\d\d\d[-. ]\d\d\d\d",

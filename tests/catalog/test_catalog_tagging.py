@@ -147,3 +147,12 @@ def test_duckdb_candidate_test_equals_pyarrow():
     got = con.sql(f"SELECT {t.candidate_sql('text', 'path')} AS c FROM tab").to_arrow_table().column("c").to_pylist()
     want = t.candidate_mask(pa.array(texts), pa.array(paths, pa.string())).to_pylist()
     assert got == want and any(want) and not all(want)
+
+
+def test_assignment_detector_takes_values_not_prose():
+    t = Tagger([{"secret_class": "credential", "kind": "detector", "patterns": ["credentials"]}])
+    got = {g[0] for g in _spans(t, "password = 'hunter2x' and API_KEY: zz9plural and our secret: plans")}
+    assert got == {"credential:hunter2x", "credential:zz9plural"}
+    assert _spans(t, "the password: is required") == []
+    aws = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    assert {g[0] for g in _spans(t, f"aws_secret_access_key = {aws}")} == {f"credential:{aws}"}
