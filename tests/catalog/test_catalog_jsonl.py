@@ -195,3 +195,16 @@ def test_bom_crlf_and_blank_lines(settings, tmp_path):
     assert con.sql("SELECT line, byte_offset FROM quarantine").fetchall() == [(5, src.read_bytes().index(b"{bad"))]
     con.close()
     assert sorted(load_snapshot(settings).records.column("text").to_pylist()) == ["one", "two"]
+
+
+def test_two_objects_on_one_line_and_whitespace_lines_keep_positions(settings, tmp_path):
+    src = tmp_path / "x.jsonl"
+    src.write_text('{"user": "a", "text": "one"}\n{"user": "b", "text": "two"} {"user": "c", "text": "three"}\n'
+                   '  \t \n{"user": "d", "text": "four"}\n')
+    rep = ingest_source(src, "jsonl", settings=settings, rules=RULES)
+    assert (rep.read, rep.accepted, rep.quarantined) == (3, 2, 1)
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    (line, reason), = con.sql("SELECT line, reason FROM quarantine").fetchall()
+    con.close()
+    assert line == 2 and reason.startswith("malformed JSON")
+    assert sorted(load_snapshot(settings).records.column("user_id").to_pylist()) == ["a", "d"]
