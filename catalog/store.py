@@ -30,7 +30,7 @@ def lock_path(settings: Settings) -> Path:
 
 
 @contextmanager
-def writer(settings: Settings, *, memory_limit: str = "2GB") -> Iterator[duckdb.DuckDBPyConnection]:
+def writer(settings: Settings, *, memory_limit: str = "1GB") -> Iterator[duckdb.DuckDBPyConnection]:
     """Exclusive read-write connection to the catalog (creates it and its tables on first use)."""
     settings.ensure()
     lp = lock_path(settings)
