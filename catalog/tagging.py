@@ -253,12 +253,15 @@ class Tagger:
         self.rules_sha256 = sha256_json(self.rules)
         self._matchers: list[_Matcher] = []
         self._globs: list[tuple[str, str, str, re.Pattern]] = []  # (class, glob, version, regex)
-        class_norm: dict[str, Callable[[str], str]] = {}
+        # A class whose detectors are all of one kind normalizes its regex matches that way too
+        # (a phone found by a regex and by the phone detector is one secret).
+        class_dets: dict[str, set[str]] = {}
         for r in self.rules:
             if r.get("kind") == "detector":
                 for name in r.get("patterns") or []:
                     if name in _NORMALIZERS:
-                        class_norm.setdefault(r.get("secret_class"), _NORMALIZERS[name])
+                        class_dets.setdefault(r.get("secret_class"), set()).add(name)
+        class_norm = {c: _NORMALIZERS[next(iter(d))] for c, d in class_dets.items() if len(d) == 1}
         for i, r in enumerate(self.rules):
             where = f"tagging rule {i + 1}"
             cls, kind, patterns = r.get("secret_class"), r.get("kind"), r.get("patterns")
@@ -299,7 +302,7 @@ class Tagger:
                                         f"{', '.join(BUILTIN_DETECTORS)}")
                     for sub, p, group in BUILTIN_DETECTORS[name]:
                         m = _Matcher(cls, f"{name}.{sub}", DETECTOR_VERSION, re.compile(p, re.ASCII), group,
-                                     class_norm.get(cls, _NORMALIZERS[name]),
+                                     _NORMALIZERS[name],
                                      check=_phone_ok if name == "phone" else None, family=f"{cls}/{name}")
                         self._add(m, _PREFILTER_OVERRIDE.get(sub) or loosen(p))
         filtered = [m.prefilter for m in self._matchers if m.prefilter is not None]

@@ -156,3 +156,9 @@ def test_assignment_detector_takes_values_not_prose():
     assert _spans(t, "the password: is required") == []
     aws = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
     assert {g[0] for g in _spans(t, f"aws_secret_access_key = {aws}")} == {f"credential:{aws}"}
+
+
+def test_each_detector_normalizes_its_own_matches_in_a_mixed_class():
+    t = Tagger([{"secret_class": "pii", "kind": "detector", "patterns": ["email", "phone"]}])
+    ids = {g[0] for g in _spans(t, "Ann.Lee@X.example or +1-555-012-3456")}
+    assert ids == {"pii:ann.lee@x.example", "pii:+15550123456"}
