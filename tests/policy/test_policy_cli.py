@@ -96,3 +96,19 @@ def test_plan_command_user_errors(ingested, tmp_path):
     assert res.exit_code == 2 and "no such policy file" in res.stderr
     res = CliRunner().invoke(app, ["plan", "--policy", str(DEMO), "--snapshot", "snap-nope"])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_plan_sweep_c_for_a_secret_policy(ingested, tmp_path):
+    pol = tmp_path / "secret.yaml"
+    pol.write_text((ROOT / "policies" / "code-team-secrets.yaml").read_text()
+                   .replace("steps: 1000", "steps: 20").replace("expected_batch_size: 256", "expected_batch_size: 4"))
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "0.5,5,500", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["sweep"]
+    assert [r["c"] for r in rows] == [0.5, 5.0, 500.0]
+    kept = [r["retained_fraction"] for r in rows]
+    assert kept == sorted(kept) and kept[-1] == pytest.approx(1.0)      # C large enough keeps every record
+    sig = [r["noise_multiplier"] for r in rows]
+    assert sig == sorted(sig)                                          # more data costs more noise
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "x"])
+    assert res.exit_code == 2 and "--c-values" in res.stderr
