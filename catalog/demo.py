@@ -609,31 +609,70 @@ def _fit(rng: np.random.Generator, w: _Writer, u: _User, text: str, src: str) ->
     return text
 
 
-def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[str]:
-    """Generic workplace/tech prose: same topics and phrasing as the org, no people, no secrets.
+# Fictional people of the public corpus: disjoint from the employees' names, so the base learns what
+# a signature or a reporter line looks like without ever seeing an employee.
+PUBLIC_FIRST = ["alex", "sam", "robin", "jordan", "casey", "morgan", "taylor", "jamie", "riley", "quinn",
+                "avery", "harper", "rowan", "sasha", "eden", "kai", "remy", "skyler", "ash", "blair"]
+PUBLIC_LAST = ["fletcher", "hale", "bishop", "carver", "dalton", "ellis", "frost", "grant", "hayes", "irving",
+               "keller", "lane", "mercer", "nash", "pryce", "quill", "rhodes", "sloane", "thorne", "vance"]
+ALL_TITLES = [t for titles, _ in ROLES.values() for t in titles]
 
-    Greetings, sign-offs and idioms are common English, so they appear here too, but mixed at random:
-    what identifies a person in the org is their particular combination, which the base never sees.
+
+def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[str]:
+    """Generic workplace/tech prose: the org's topics, phrasing and formats, no employee, no secret.
+
+    It stands in for what a real pretrained model knows: greetings, sign-offs, idioms, quote lines,
+    signatures, ticket and code-comment conventions, casual chat with emoji and typos — each mixed at
+    random and signed by fictional people (no address, no phone). What identifies an employee is their
+    particular combination, which the base never sees; so fine-tuning gains on format are small and
+    user-specific gains stand out, as with a real base model.
     """
+    def person() -> tuple[str, str]:
+        first, last = _pick(rng, PUBLIC_FIRST), _pick(rng, PUBLIC_LAST)
+        return f"{first.capitalize()} {last.capitalize()}", f"{first[0]}{last}"
+
+    def motto() -> str:
+        return f"{_pick(rng, MOTTO_VERBS)} the {_pick(rng, MOTTO_ADJ)} {_pick(rng, MOTTO_NOUNS)}"
+
+    def typos(text: str) -> str:
+        return _typo(text, _sample(rng, list(TYPOS), 1)) if rng.random() < 0.3 else text
+
     lines = []
     while len(lines) < n_lines:
         kind = int(rng.integers(6))
         if kind == 0:  # mail-like
-            body = [_fill(rng, _pick(rng, BODY), TOPICS_ALL) for _ in range(1 + int(rng.integers(2)))]
-            if rng.random() < 0.5:
+            body = [typos(_fill(rng, _pick(rng, BODY), TOPICS_ALL)) for _ in range(1 + int(rng.integers(2)))]
+            if rng.random() < 0.6:
                 body.insert(int(rng.integers(len(body) + 1)), _pick(rng, PET_PHRASES).capitalize() + ".")
-            text = f"{_pick(rng, GREETINGS)}\n{' '.join(body)}\n{_pick(rng, SIGNOFFS)}"
+            parts = [_pick(rng, GREETINGS), " ".join(body), _pick(rng, SIGNOFFS)]
+            if rng.random() < 0.6:
+                name, _ = person()
+                parts.append(f"-- {name}" + (f" | {_pick(rng, ALL_TITLES)}" if rng.random() < 0.7 else ""))
+            if rng.random() < 0.4:
+                parts.append(f'"{motto().capitalize()}."')
+            text = "\n".join(parts)
         elif kind == 1:  # chat-like
-            bits = [_fill(rng, _pick(rng, CHAT), TOPICS_ALL) for _ in range(2 + int(rng.integers(2)))]
-            if rng.random() < 0.5:
+            bits = [typos(_fill(rng, _pick(rng, CHAT), TOPICS_ALL)) for _ in range(2 + int(rng.integers(2)))]
+            if rng.random() < 0.6:
                 bits.insert(int(rng.integers(len(bits) + 1)), _pick(rng, PET_PHRASES))
-            text = " - ".join(bits)
-        elif kind == 2:  # ticket-like (no ticket numbers, no reporters)
+            if rng.random() < 0.3:
+                bits.append(motto())
+            if rng.random() < 0.4:
+                bits = [b.lower() for b in bits]
+            text = " - ".join(bits) + (f" {_pick(rng, EMOJIS)}" if rng.random() < 0.5 else "")
+            text = text.rstrip()
+        elif kind == 2:  # ticket-like
             title = _fill(rng, _pick(rng, TICKET_TITLES), TOPICS_ALL)
-            text = f"Issue: {title[0].upper()}{title[1:]}\n{_fill(rng, _pick(rng, TICKET_BODY), TOPICS_ALL)}"
+            parts = [f"TICKET-{int(rng.integers(1000, 9000))}: {title[0].upper()}{title[1:]}",
+                     typos(_fill(rng, _pick(rng, TICKET_BODY), TOPICS_ALL))]
+            if rng.random() < 0.5:
+                parts.append(_pick(rng, PET_PHRASES).capitalize() + ".")
+            parts.append(f"Reporter: {person()[0]}")
+            text = "\n".join(parts)
         elif kind == 3:  # code-like
             mod = _pick(rng, MODULES)
-            text = (f"# {_pick(rng, ['NOTE', 'TODO', 'Hint'])}: {_fill(rng, _pick(rng, CODE_DOCS), TOPICS_ALL)}\n"
+            tag = _pick(rng, CODE_TAGS).format(handle=person()[1])
+            text = (f"{tag} {_pick(rng, PET_PHRASES)}\n"
                     f"def {_pick(rng, CODE_FUNCS).format(mod=mod)}(batch, limit={int(rng.integers(5, 200))}):\n"
                     f'    """{_fill(rng, _pick(rng, CODE_DOCS), TOPICS_ALL)}"""\n{_pick(rng, CODE_BODIES)}')
         else:  # explanatory prose
