@@ -219,6 +219,10 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         private_seed_source=seed_source, resumed_from_step=resumed_from,
         steps_attempted=max(prior_attempted, len(batch_sizes)), world_size=dctx.world_size,
         trainable_params=int(sum(p.numel() for p in params)),
+        extra={"per_record": step_fn.per_unit.method if step_fn.per_unit else "plain-backward",
+               "selection": spec.selection, "optimizer": spec.optimizer,
+               "normalisation": "sum of clipped unit gradients + N(0, σ²C²), divided by the expected batch size",
+               "noise": "added once per step after the all-reduce (same per-step seeded stream on every rank)"},
     )
     if dctx.is_main:
         d = result.to_dict()

@@ -188,10 +188,7 @@ class HookPerRecord:
         self._grads.clear()
         self._active = True
         try:
-            # per-row position ids: a [1, T] broadcast would sum the position-embedding gradient
-            # over the batch before our hook sees it
-            pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-            out = self.model(input_ids=ids, position_ids=pos, use_cache=False)
+            out = self._forward(ids)
             losses = loss_fn(out.logits, ids, lengths)
             losses.sum().backward()
         finally:
@@ -229,8 +226,7 @@ class HookPerRecord:
         self._calls = []
         self._active = True
         try:
-            pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-            out = self.model(input_ids=ids, position_ids=pos, use_cache=False)
+            out = self._forward(ids)
             losses = loss_fn(out.logits, ids, lengths)
             calls = self._calls
         finally:
@@ -295,6 +291,18 @@ class HookPerRecord:
         for name, kind, a, g in ghosted:
             sums[name] += bookkept_weight_sum(kind, a, g, f_rec).to(sums[name].dtype)
         return sums, losses.detach()
+
+    def _forward(self, ids: torch.Tensor):
+        # Per-row position ids: a [1, T] broadcast would sum the position-embedding gradient over
+        # the batch before a hook sees it. A model without position_ids gets none; a layer whose
+        # output is then not per record is caught by the batch-dimension check.
+        pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        try:
+            return self.model(input_ids=ids, position_ids=pos, use_cache=False)
+        except TypeError as e:
+            if "position_ids" not in str(e):
+                raise
+            return self.model(input_ids=ids, use_cache=False)
 
     def _own(self, module: nn.Module) -> dict[str, str]:
         if not hasattr(self, "_own_cache"):
