@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from _planning_fixtures import make_snapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo.yaml"
+DEMO_STEPS = re.search(r"    steps: \d+", DEMO.read_text()).group(0).strip()
+DEMO_BATCH = re.search(r"expected_batch_size: \d+", DEMO.read_text()).group(0)
 WHEN = "2026-01-01T00:00:00+00:00"
 CONTRACT_KEYS = {"schema", "created_at", "sha256", "mechanism", "privacy_unit", "neighbouring", "target",
                  "sampling_rate", "noise_multiplier", "steps", "expected_batch_size", "clip_norm",
@@ -133,7 +136,7 @@ def test_save_and_load_round_trip_and_detect_tampering(demo_plan, tmp_path):
 
 
 def test_batch_larger_than_the_population_is_refused(snap, tmp_path):
-    text = DEMO.read_text().replace("expected_batch_size: 24", "expected_batch_size: 500")
+    text = DEMO.read_text().replace(DEMO_BATCH, "expected_batch_size: 500")
     p = tmp_path / "big.yaml"
     p.write_text(text)
     with pytest.raises(VeilError, match="expected_batch_size"):
@@ -143,7 +146,7 @@ def test_batch_larger_than_the_population_is_refused(snap, tmp_path):
 def test_els_and_group_bound_records_per_user(snap, tmp_path):
     for mech in ("els", "group"):
         text = (DEMO.read_text().replace("mechanism: uls", f"mechanism: {mech}")
-                .replace("expected_batch_size: 24", "expected_batch_size: 16").replace("steps: 150", "steps: 20"))
+                .replace(DEMO_BATCH, "expected_batch_size: 16").replace(DEMO_STEPS, "steps: 20"))
         p = tmp_path / f"{mech}.yaml"
         p.write_text(text)
         d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()

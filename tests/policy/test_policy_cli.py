@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from flows.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo.yaml"
+DEMO_STEPS = re.search(r"    steps: \d+", DEMO.read_text()).group(0).strip()
+DEMO_BATCH = re.search(r"expected_batch_size: \d+", DEMO.read_text()).group(0)
 
 
 def test_check_valid_policy_prints_ok():
@@ -76,8 +79,8 @@ def ingested(settings, tmp_path):
 
 def test_plan_command_writes_a_plan_and_prints_json(ingested, tmp_path):
     pol = tmp_path / "p.yaml"
-    pol.write_text(DEMO.read_text().replace("expected_batch_size: 24", "expected_batch_size: 8")
-                   .replace("steps: 150", "steps: 30"))
+    pol.write_text(DEMO.read_text().replace(DEMO_BATCH, "expected_batch_size: 8")
+                   .replace(DEMO_STEPS, "steps: 30"))
     res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -102,10 +105,10 @@ def test_plan_sweep_c_for_a_secret_policy(ingested, tmp_path):
     pol = tmp_path / "secret.yaml"
     pol.write_text((ROOT / "policies" / "code-team-secrets.yaml").read_text()
                    .replace("steps: 1000", "steps: 20").replace("expected_batch_size: 256", "expected_batch_size: 4"))
-    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "0.5,5,500", "--json"])
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "0.5,5,5000", "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["sweep"]
-    assert [r["c"] for r in rows] == [0.5, 5.0, 500.0]
+    assert [r["c"] for r in rows] == [0.5, 5.0, 5000.0]
     kept = [r["retained_fraction"] for r in rows]
     assert kept == sorted(kept) and kept[-1] == pytest.approx(1.0)      # C large enough keeps every record
     sig = [r["noise_multiplier"] for r in rows]
