@@ -177,7 +177,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
                   text_field: str = "text", id_field: str | None = None, time_field: str | None = None,
                   metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
                   progress: bool = False, source_field: str | None = "source", path_field: str | None = "path",
-                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> IngestReport:
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, keep_duplicates: bool = False) -> IngestReport:
     """Read `source` (format `fmt`), tag secrets with `rules` (a list of rule dicts, a policy path, or
     None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot."""
     t0 = time.perf_counter()
@@ -204,8 +204,10 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     started = datetime.now(timezone.utc)
 
     options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
+    if keep_duplicates:
+        options["keep_duplicates"] = True
     try:
-        report = _run(settings, conn, sql, tagger, progress=progress, exact=False, ingest_id=ingest_id,
+        report = _run(settings, conn, sql, tagger, progress=progress, exact=keep_duplicates, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
     except _PrefixCollision:
         # Two different records share a 64-bit id prefix (odds ~n²/2⁶⁵): redo with exact dedup.
@@ -342,8 +344,11 @@ def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.Parq
 
 
 def _fresh_rows(con, staged_path: Path):
-    """The staged rows to add to the catalog (first copy of each record not in it yet), in source order."""
-    fresh = np.sort(np.asarray(con.sql("SELECT seq FROM fresh").to_arrow_table().column("seq").to_numpy()))
+    """The staged rows to add to the catalog (first copy of each record not in it yet, or every copy
+    kept with its own id), in source order, with the record ids the merge decided."""
+    fresh_t = con.sql("SELECT seq, record_id FROM fresh ORDER BY seq").to_arrow_table()
+    fresh = fresh_t.column("seq").to_numpy()
+    ids = fresh_t.column("record_id")
     if len(fresh) == 0:
         return
     for batch in pq.ParquetFile(staged_path).iter_batches(batch_size=65_536):
@@ -351,7 +356,9 @@ def _fresh_rows(con, staged_path: Path):
         pos = np.searchsorted(fresh, seq).clip(max=len(fresh) - 1)
         keep = fresh[pos] == seq
         if keep.any():
-            yield pa.Table.from_batches([batch]).filter(pa.array(keep)).drop_columns(["seq"])
+            t = pa.Table.from_batches([batch]).filter(pa.array(keep)).drop_columns(["seq"])
+            rid = ids.take(pa.array(pos[keep]))
+            yield t.set_column(t.schema.get_field_index("record_id"), "record_id", rid)
 
 
 def _prefetch(it, depth: int = 2):
@@ -408,8 +415,15 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
            source_key: str, options: dict, started: datetime) -> IngestReport:
     read = _one(con, "SELECT count(*) FROM stage")
     quarantined = _one(con, "SELECT count(*) FROM stage WHERE reason IS NOT NULL")
-    con.execute("CREATE OR REPLACE TEMP TABLE firsts AS "
-                "SELECT record_id, min(seq) AS seq FROM stage WHERE reason IS NULL GROUP BY record_id")
+    if options.get("keep_duplicates"):
+        # Every copy is kept; the k-th extra copy of a record gets its own id, sha256(id + "#k").
+        con.execute("""CREATE OR REPLACE TEMP TABLE firsts AS SELECT seq,
+            CASE WHEN k = 0 THEN record_id ELSE sha256(record_id || '#' || k::VARCHAR) END AS record_id
+            FROM (SELECT seq, record_id, row_number() OVER (PARTITION BY record_id ORDER BY seq) - 1 AS k
+                  FROM stage WHERE reason IS NULL)""")
+    else:
+        con.execute("CREATE OR REPLACE TEMP TABLE firsts AS "
+                    "SELECT record_id, min(seq) AS seq FROM stage WHERE reason IS NULL GROUP BY record_id")
     accepted = _one(con, "SELECT count(*) FROM firsts")
     duplicates = read - quarantined - accepted
     users = _one(con, "SELECT count(DISTINCT user_id) FROM stage WHERE reason IS NULL")
@@ -417,14 +431,18 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
                            "WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall())
     con.execute("BEGIN TRANSACTION")
     try:
-        con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq FROM firsts f "
+        con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq, f.record_id FROM firsts f "
                     "ANTI JOIN records r ON r.record_id = f.record_id")
         new = _one(con, "SELECT count(*) FROM fresh")
         if staged_path is None and builder.added != new:
             raise _PrefixCollision()  # kept ⊆ exact: equal counts mean equal sets
-        con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS
-            SELECT DISTINCT record_id, secret_id, secret_class, detector, detector_version, "start", "end"
-            FROM span_stage""")
+        if options.get("keep_duplicates"):  # spans follow each copy's own id
+            con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS SELECT DISTINCT f.record_id, p.secret_id,
+                p.secret_class, p.detector, p.detector_version, p."start", p."end"
+                FROM span_stage p JOIN firsts f ON p.seq = f.seq""")
+        else:  # a copy's spans are its first's: DISTINCT folds them
+            con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS SELECT DISTINCT record_id, secret_id,
+                secret_class, detector, detector_version, "start", "end" FROM span_stage""")
         tagged = _one(con, "SELECT count(DISTINCT record_id) FROM new_spans")
         con.execute("""CREATE OR REPLACE TEMP TABLE add_spans AS SELECT n.* FROM new_spans n ANTI JOIN secret_spans s
             ON s.record_id = n.record_id AND s.secret_id = n.secret_id AND s.detector = n.detector

@@ -37,6 +37,8 @@ def ingest(
     source_field: str = typer.Option("source", "--source-field", help="field naming the record's source/channel"),
     meta: List[str] = typer.Option([], "--meta", help="a field to keep in metadata (repeatable)"),
     policy: Optional[Path] = typer.Option(None, "--policy", "-p", help="policy YAML whose secret rules tag records"),
+    keep_duplicates: bool = typer.Option(False, "--keep-duplicates",
+                                         help="keep within-user duplicate records (default: drop and count them)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Ingest a source into the catalog: users, secrets, quarantine, and a new immutable snapshot."""
@@ -49,7 +51,8 @@ def ingest(
     s = _settings()
     rep = ingest_source(source, fmt, settings=s, user_field=user_field, text_field=text_field, id_field=id_field,
                         time_field=time_field, metadata_fields=tuple(meta), source_field=source_field,
-                        rules=str(policy) if policy else None, progress=not json_out)
+                        rules=str(policy) if policy else None, progress=not json_out,
+                        keep_duplicates=keep_duplicates)
     d = rep.to_dict()
     if json_out:
         _print_json(d)
@@ -62,7 +65,8 @@ def ingest(
     t.add_row("accepted", f"{rep.accepted:,}", f"{rep.new:,} new to the catalog · {rep.users:,} users")
     reasons = ", ".join(f"{k} {v:,}" for k, v in rep.quarantine_reasons.items())
     t.add_row("quarantined", f"{rep.quarantined:,}", reasons + (" (veil catalog quarantine)" if reasons else ""))
-    t.add_row("duplicates", f"{rep.duplicates:,}", "same user, same text: dropped")
+    t.add_row("duplicates", f"{rep.duplicates:,}",
+              "same user, same text: dropped" if not keep_duplicates else "kept (--keep-duplicates)")
     t.add_row("tagged", f"{rep.tagged_records:,}", f"records with a secret · {rep.new_spans:,} new spans")
     t.add_row("snapshot", rep.snapshot_id, f"{rep.records:,} records · {rep.snapshot_users:,} users · "
                                            f"sha256 {rep.sha256[:12]}…")

@@ -292,3 +292,21 @@ def test_fuzzed_jsonl_matches_a_line_by_line_reference(settings, tmp_path, monke
     assert (rep.read, rep.quarantined, rep.duplicates, rep.accepted) == (read, len(bad), dups, len(seen))
     assert set(load_snapshot(settings).records.column("record_id").to_pylist()) == seen
     assert 5 < calls["slow"] < calls["block"] - 5  # both paths ran
+
+
+def test_keep_duplicates_gives_each_copy_its_own_id(settings, tmp_path):
+    lines = [json.dumps({"user": "u", "text": "same BLUEHERON"})] * 3 + [json.dumps({"user": "v", "text": "other"})]
+    src = _write(tmp_path / "d.jsonl", lines)
+    rep = ingest_source(src, "jsonl", settings=settings, rules=RULES, keep_duplicates=True)
+    assert (rep.read, rep.accepted, rep.duplicates) == (4, 4, 0)
+    snap = load_snapshot(settings)
+    base = hashlib.sha256("u\x1fsame BLUEHERON".encode()).hexdigest()
+    want = {base, hashlib.sha256(f"{base}#1".encode()).hexdigest(), hashlib.sha256(f"{base}#2".encode()).hexdigest(),
+            hashlib.sha256("v\x1fother".encode()).hexdigest()}
+    assert set(snap.records.column("record_id").to_pylist()) == want
+    tagged = set(snap.secret_spans.column("record_id").to_pylist())
+    assert tagged == want - {hashlib.sha256("v\x1fother".encode()).hexdigest()}  # every copy carries its span
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(src.read_bytes())  # another path: the whole pipeline runs again, adds nothing
+    again = ingest_source(copy, "jsonl", settings=settings, rules=RULES, keep_duplicates=True)
+    assert again.snapshot_id == rep.snapshot_id and again.new == 0 and again.new_spans == 0
