@@ -100,3 +100,16 @@ def test_from_plan_maps_contract_keys():
     assert s.expected_batch_size == 12 and s.private_seed is None
     with pytest.raises(VeilError, match="noise_multiplier"):
         TrainSpec.from_plan({k: v for k, v in plan.items() if k != "noise_multiplier"})
+
+
+def test_uls_training_learns_and_leaves_model_clean(tiny_lm, tiny_tokenizer, tmp_path):
+    model = tiny_lm.make_model()
+    data = tiny_lm.make_texts(n_users=12, per_user=(2, 5), seed=9)
+    spec = TrainSpec(mechanism="uls", sampling_rate=0.5, noise_multiplier=0.3, clip_norm=1.0, steps=12,
+                     records_per_user=2, lora=None, learning_rate=0.01,
+                     seq_len=24, micro_batch_size=8, private_seed=3)
+    res = train(spec, data, model, tiny_tokenizer, tmp_path / "r", progress=False)
+    first, last = np.nanmean(res.losses[:3]), np.nanmean(res.losses[-3:])
+    assert last < first - 0.3, (first, last)
+    assert res.extra["per_record"] == "mixed"
+    assert all(not m._forward_hooks for m in model.modules())  # per-record hooks removed
