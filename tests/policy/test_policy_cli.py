@@ -69,7 +69,8 @@ def ingested(settings, tmp_path):
     rows = []
     for u in range(40):
         for j in range(3 + u % 9):
-            text = f"note {j} from person {u}: the KESTREL launch moves to week {j + u}"
+            name = "KESTREL" if j % 3 == 0 else "new"
+            text = f"note {j} from person {u}: the {name} launch moves to week {j + u}"
             rows.append({"user": f"p{u:02d}@acme-corp.example", "text": text})
     src = tmp_path / "org.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -105,13 +106,14 @@ def test_plan_sweep_c_for_a_secret_policy(ingested, tmp_path):
     pol = tmp_path / "secret.yaml"
     pol.write_text((ROOT / "policies" / "code-team-secrets.yaml").read_text()
                    .replace("steps: 1000", "steps: 20").replace("expected_batch_size: 256", "expected_batch_size: 4"))
-    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "0.5,5,5000", "--json"])
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "0.5,50,500,5000",
+                                   "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["sweep"]
-    assert [r["c"] for r in rows] == [0.5, 5.0, 5000.0]
+    assert [r["c"] for r in rows] == [0.5, 50.0, 500.0, 5000.0]
     kept = [r["retained_fraction"] for r in rows]
     assert kept == sorted(kept) and kept[-1] == pytest.approx(1.0)      # C large enough keeps every record
     sig = [r["noise_multiplier"] for r in rows]
-    assert sig == sorted(sig)                                          # more data costs more noise
+    assert sig == sorted(sig) and sig[0] < sig[-1]                     # more data costs more noise
     res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "x"])
     assert res.exit_code == 2 and "--c-values" in res.stderr
