@@ -229,13 +229,17 @@ _INSERT_INGEST = ('INSERT INTO ingests (ingest_id, source_key, source, format, s
 
 def _already_ingested(con, conn, tagger: Tagger, latest: tuple[str, str], *, ingest_id: str, source: Path,
                       fmt: str, options: dict, started: datetime) -> IngestReport | None:
-    """The same bytes, mapping and rules were ingested before: records and spans only ever grow, so the
-    catalog already holds everything this run would add. Report the earlier counts, skip the work.
+    """The same bytes, mapping and rules were ingested before, and no re-tag replaced spans since:
+    records and spans only grow between re-tags, so the catalog already holds everything this run
+    would add. Report the earlier counts, skip the work.
     A file is hashed up front only when an earlier ingest of the same path with the same options exists."""
     opts = json.dumps(options, sort_keys=True)
     prior = con.execute(
         'SELECT source_sha256, "read", accepted, quarantined, duplicates, users, source_key, tagged_records '
-        "FROM ingests WHERE source = ? AND format = ? AND options = ? AND rules_sha256 = ? ORDER BY finished_at DESC LIMIT 1",
+        "FROM ingests i WHERE source = ? AND format = ? AND options = ? AND rules_sha256 = ? "
+        # a re-tag since then replaced spans: the source must be tagged again
+        "AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.ingest_id LIKE '%-retag-%' AND s.created_at >= i.started_at) "
+        "ORDER BY finished_at DESC LIMIT 1",
         [str(source), fmt, opts, tagger.rules_sha256]).fetchall()
     if not prior:
         return None

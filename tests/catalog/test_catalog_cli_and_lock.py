@@ -146,3 +146,15 @@ def test_retag_replaces_spans_keeps_records(settings, tmp_path):
     for s in spans:
         assert texts[s["record_id"]][s["start"]:s["end"]] == s["secret_id"].split(":", 1)[1]
     assert load_snapshot(settings, first.snapshot_id).secret_spans.num_rows == old.secret_spans.num_rows
+
+
+def test_reingest_after_retag_tags_again(settings, tmp_path):
+    from catalog.retag import retag
+
+    src = _source(tmp_path)
+    first = ingest_source(src, "jsonl", settings=settings, rules=RULES)
+    retag(settings, [{"secret_class": "x", "kind": "literal", "patterns": ["zzz"]}])
+    assert load_snapshot(settings).secret_spans.num_rows == 0
+    again = ingest_source(src, "jsonl", settings=settings, rules=RULES)  # must not take the unchanged-file shortcut
+    assert again.new == 0 and again.new_spans == load_snapshot(settings, first.snapshot_id).secret_spans.num_rows
+    assert again.snapshot_id == first.snapshot_id  # same records, same spans: the same content again
