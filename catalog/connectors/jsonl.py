@@ -21,6 +21,7 @@ import pyarrow.json as pj
 
 from catalog.connectors.base import RAW_KEEP, FieldMap, HashedStream, RawRows, as_text, meta_col
 from catalog.schemas import RAW
+from components.core.errors import VeilError
 
 
 class JsonlSource:
@@ -51,6 +52,38 @@ class JsonlSource:
 
     # -- the stream, cut into whole-line blocks ------------------------------------------------------
     def batches(self) -> Iterator[pa.Table]:
+        checked = False
+        for t in self._batches():
+            if not checked:
+                checked = self._check_mapping(t)
+            yield t
+
+    def _check_mapping(self, t: pa.Table) -> bool:
+        """A mapped user/text field absent from every well-formed line of the first block is a wrong
+        --user-field/--text-field, not a million bad records: say so before quarantining them all."""
+        ok = pc.is_null(t.column("error"))
+        if not pc.any(ok).as_py():
+            return False
+        for role, col, name in (("user", "user", self.fields.user), ("text", "text", self.fields.text)):
+            present = pc.sum(pc.and_(ok, pc.is_valid(t.column(col)))).as_py() or 0
+            if present == 0:
+                keys = self._first_keys()
+                raise VeilError(f"{self.path}: no line of the first block has the {role} field {name!r}"
+                                + (f" (line 1 has: {', '.join(keys)})" if keys else "")
+                                + f"; pass --{role}-field")
+        return True
+
+    def _first_keys(self) -> list[str]:
+        try:
+            for chunk in HashedStream(self.path, block=1 << 16).chunks():
+                line = chunk.lstrip(b"\xef\xbb\xbf").split(b"\n", 1)[0]
+                obj = json.loads(line.decode("utf-8"))
+                return sorted(obj)[:20] if isinstance(obj, dict) else []
+        except (ValueError, UnicodeDecodeError):
+            return []
+        return []
+
+    def _batches(self) -> Iterator[pa.Table]:
         carry = b""
         offset = 0      # byte offset of `carry` in the decompressed stream
         line = 0        # lines before `carry`

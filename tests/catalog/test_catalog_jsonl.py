@@ -310,3 +310,11 @@ def test_keep_duplicates_gives_each_copy_its_own_id(settings, tmp_path):
     copy.write_bytes(src.read_bytes())  # another path: the whole pipeline runs again, adds nothing
     again = ingest_source(copy, "jsonl", settings=settings, rules=RULES, keep_duplicates=True)
     assert again.snapshot_id == rep.snapshot_id and again.new == 0 and again.new_spans == 0
+
+
+def test_wrong_field_mapping_is_named_not_quarantined(settings, tmp_path):
+    src = _write(tmp_path / "m.jsonl", [json.dumps({"author": "a", "body": "x"})] * 3)
+    with pytest.raises(VeilError, match=r"user field 'user' \(line 1 has: author, body\); pass --user-field"):
+        ingest_source(src, "jsonl", settings=settings)
+    rep = ingest_source(src, "jsonl", settings=settings, user_field="author", text_field="body")
+    assert rep.accepted == 1 and rep.duplicates == 2
