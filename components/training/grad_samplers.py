@@ -281,7 +281,7 @@ class HookPerRecord:
                 u = t.new_zeros((n_units,) + tuple(t.shape[1:]))
                 u.index_add_(0, owner, t)
             per_unit[name] = u
-            sq += u.flatten(1).float().pow(2).sum(1)
+            sq += torch.linalg.vector_norm(u.flatten(1), dim=1, dtype=torch.float32).square()
         factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
         params = dict(self.model.named_parameters())
         sums = {n: torch.zeros_like(params[n]) for n in self.names}

@@ -132,7 +132,8 @@ class PerUnitGradients:
                 for n in self.names:
                     gn = g[n]
                     unit_grads[n].index_add_(0, idx, gn * wt.to(gn.dtype).view((-1,) + (1,) * (gn.dim() - 1)))
-            sq = sum(unit_grads[n].flatten(1).pow(2).sum(1) for n in self.names)
+            sq = sum(torch.linalg.vector_norm(unit_grads[n].flatten(1), dim=1, dtype=torch.float32).square()
+                     for n in self.names)
             factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
             for n in self.names:
                 total[n] += torch.tensordot(factor.to(unit_grads[n].dtype), unit_grads[n], dims=1)
