@@ -286,9 +286,9 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
         try:
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
             try:
-                for batch in _prefetch(conn.batches()):
+                for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql)):
                     if batch.num_rows:
-                        _stage_batch(con, sql, batch, tagger, staged, dedup, builder)
+                        _stage_batch(con, batch, out, tagger, staged, dedup, builder)
                     if bar is not None:
                         bar.advance(conn)
             finally:
@@ -308,18 +308,39 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             staged_path.unlink(missing_ok=True)
 
 
-def _stage_batch(con, sql: str, batch: pa.Table, tagger: Tagger, staged: pq.ParquetWriter | None,
+class _Normalizer:
+    """Validates and hashes a batch with the stage query, on a private in-memory DuckDB owned by the
+    reader thread (the query reads only the batch), so that work overlaps the main thread's."""
+
+    def __init__(self, sql: str):
+        self.sql = sql
+        self.con: duckdb.DuckDBPyConnection | None = None
+
+    def __call__(self, batch: pa.Table):
+        if batch.num_rows == 0:
+            return batch, None
+        if self.con is None:
+            self.con = duckdb.connect()
+            self.con.execute("SET TimeZone = 'UTC'")
+        self.con.register("batch", batch)
+        try:
+            out = self.con.sql(self.sql).to_arrow_table()
+        finally:
+            self.con.unregister("batch")
+        if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
+            raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
+        return batch, out
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+
+
+def _stage_batch(con, batch: pa.Table, out: pa.Table, tagger: Tagger, staged: pq.ParquetWriter | None,
                  dedup: OnlineDedup | None, builder) -> None:
-    """Validate + hash one batch in DuckDB and keep its bookkeeping in `stage`; its new records go to
-    the snapshot being built (online) or its valid rows to the staged file (exact); secret spans of
-    valid rows go to `span_stage`."""
-    con.register("batch", batch)
-    try:
-        out = con.sql(sql).to_arrow_table()
-    finally:
-        con.unregister("batch")
-    if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
-        raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
+    """Keep a normalized batch's bookkeeping in `stage`; its new records go to the snapshot being built
+    (online) or its valid rows to the staged file (exact); secret spans of valid rows go to `span_stage`."""
     con.register("o", out.select(["seq", "line", "byte_offset", "locator", "user_id", "reason", "record_id", "raw"]))
     try:
         con.execute("INSERT INTO stage SELECT * FROM o")
@@ -365,9 +386,10 @@ def _fresh_rows(con, staged_path: Path):
             yield t.set_column(t.schema.get_field_index("record_id"), "record_id", rid)
 
 
-def _prefetch(it, depth: int = 2):
-    """Run a connector in a background thread, `depth` batches ahead: parsing (pyarrow, zlib, git,
-    releasing the GIL) overlaps hashing, tagging and staging of the previous batch."""
+def _prefetch(it, depth: int = 2, transform=None):
+    """Run a connector (and `transform` on each item) in a background thread, `depth` batches ahead:
+    parsing, validating and hashing (pyarrow, DuckDB, zlib, git: all release the GIL) overlap tagging
+    and writing of the previous batch."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()
@@ -375,6 +397,8 @@ def _prefetch(it, depth: int = 2):
     def work():
         try:
             for item in it:
+                if transform is not None:
+                    item = transform(item)
                 while not stop.is_set():
                     try:
                         q.put(item, timeout=0.1)
@@ -405,9 +429,10 @@ def _prefetch(it, depth: int = 2):
             except queue.Empty:
                 pass
             t.join(timeout=0.05)
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+        for obj in (it, transform):
+            close = getattr(obj, "close", None)
+            if close is not None:
+                close()
 
 
 def _one(con, q: str):
