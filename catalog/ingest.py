@@ -2,8 +2,8 @@
 
     report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
 
-A connector streams RAW batches (catalog/schemas.py) from a reader thread. Each batch is validated and
-hashed in one DuckDB query (which also runs the tagger's RE2 candidate test), its bookkeeping goes to
+A connector streams RAW batches (catalog/schemas.py) from a reader thread, which also validates and
+hashes each in one DuckDB query (with the tagger's RE2 candidate test). Its bookkeeping goes to
 a staging table, its new records stream into the new snapshot (catalog/dedup.py decides which are
 new), its secret spans to a span staging table. The merge into the catalog is one transaction:
 
