@@ -8,7 +8,8 @@ three protection tiers (seed 004 Lemma 3.2 KL budgets), constant C. Target: 1M Ã
     python bench/lp.py --no-baseline --json
 
 "ours" = components.planning.solve_secret_lp: identical secret sets merged into one variable, constraints
-that cannot bind dropped, HiGHS interior point with a hard deadline. "plain" = scipy.optimize.linprog
+that cannot bind dropped, secrets whose single-secret records fill their budget settled by dominance (to a
+fixed point), the rest to HiGHS' interior point with a hard deadline. Variables/constraints = what HiGHS got. "plain" = scipy.optimize.linprog
 (HiGHS interior point) on the unreduced LP, one variable per record. Both report Î£w; they must agree.
 """
 from __future__ import annotations
@@ -67,7 +68,7 @@ def ours(rec, sec, rho, n, c, time_limit):
     t0 = time.perf_counter()
     r = solve_secret_lp(rec, sec, rho, n, c=c, time_limit_s=time_limit)
     return {"seconds": time.perf_counter() - t0, "objective": r.objective, "status": r.status,
-            "variables": r.n_variables, "constraints": r.n_constraints, "retained": r.retained_fraction,
+            "variables": r.n_lp_variables, "merged_variables": r.n_variables, "constraints": r.n_constraints, "retained": r.retained_fraction,
             "binding": r.n_binding}
 
 
@@ -103,7 +104,7 @@ def main() -> None:
         t.add_column(col, justify="right")
     for r in rows:
         o = r["ours"]
-        t.add_row(f"{r['c']:g}", "ours (merged + dropped)", f"{o['variables']:,}", f"{o['constraints']:,}",
+        t.add_row(f"{r['c']:g}", "ours (merged + reduced)", f"{o['variables']:,}", f"{o['constraints']:,}",
                   f"{o['objective']:,.1f} ({o['retained']:.1%})", f"{o['seconds']:.1f}", o["status"])
         if r["plain"]:
             p = r["plain"]

@@ -12,7 +12,10 @@ Reductions, each preserving the optimum value:
 * records with the same set of secrets are interchangeable: one variable W_j ∈ [0, n_j] stands for the
   n_j of them (any optimum can be averaged within the group without changing Σw or feasibility);
 * a constraint whose total count Σ_{j∋s} n_j is within C·ρ_s can never bind: dropped; variables left in
-  no constraint take their upper bound.
+  no constraint take their upper bound;
+* singleton dominance: when the records holding exactly {s} can fill s's budget alone, some optimum does
+  so and gives every other record holding s weight 0 (moving weight onto the {s} records keeps Σw and
+  only frees other secrets' budgets). Applied with the rule above to a fixed point; HiGHS gets the rest.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ class LPResult:
     n_variables: int               # after merging identical secret sets
     n_constraints: int             # after dropping constraints that cannot bind
     n_binding: int                 # secrets whose constraint is tight at the solution
+    n_lp_variables: int            # variables left for HiGHS after the reductions
     status: str
     solver: str
     seconds: float
@@ -54,7 +58,7 @@ class LPResult:
         return {"c": self.c, "objective": self.objective, "retained_fraction": self.retained_fraction,
                 "n_records": self.n_records, "n_tagged_records": self.n_tagged, "n_secrets": self.n_secrets,
                 "n_variables": self.n_variables, "n_constraints": self.n_constraints,
-                "n_binding": self.n_binding, "n_zero_weight": int(np.sum(w <= 0)),
+                "n_binding": self.n_binding, "n_lp_variables": self.n_lp_variables, "n_zero_weight": int(np.sum(w <= 0)),
                 "n_fractional_weight": int(np.sum((w > 0) & (w < 1))), "status": self.status,
                 "solver": self.solver, "seconds": round(self.seconds, 3)}
 
@@ -112,24 +116,24 @@ def solve_secret_lp(rec: np.ndarray, sec: np.ndarray, rho: np.ndarray, n_records
     J = groups.shape[0]
     gi, gk = np.nonzero(groups >= 0)                      # group j holds secret groups[j, k]
     gs = groups[gi, gk]
-    load_all = np.bincount(gs, weights=counts[gi], minlength=m)   # Σ_{j∋s} n_j: load when every w = 1
-    active = load_all > cap * (1 + 1e-12) + _FEAS_TOL
+    fixed, W, active = _reduce(groups, counts, gi, gs, cap, m)
     act_idx = np.flatnonzero(active)
     row_of = np.full(m, -1)
     row_of[act_idx] = np.arange(act_idx.size)
-    keep = active[gs]
+    keep = active[gs] & ~fixed[gi]
     A_rows, A_cols = row_of[gs[keep]], gi[keep]
     in_lp = np.zeros(J, dtype=bool)
     in_lp[A_cols] = True
-    W = counts.astype(float).copy()                       # groups in no active constraint: all ones
-    status, solver = "optimal (no constraint can bind)", "none"
+    status, solver = "optimal (solved by reductions)", "none"
     lp_vars = np.flatnonzero(in_lp)
     if lp_vars.size:
         col_of = np.full(J, -1)
         col_of[lp_vars] = np.arange(lp_vars.size)
         A = sp.csr_matrix((np.ones(A_rows.size), (A_rows, col_of[A_cols])), shape=(act_idx.size, lp_vars.size))
         bounds = np.column_stack([np.zeros(lp_vars.size), counts[lp_vars].astype(float)])
-        res = _linprog_with_deadline(A, cap[act_idx], bounds, method, float(time_limit_s))
+        in_fixed = active[gs] & fixed[gi]              # fixed groups still inside active constraints (at 0)
+        rhs = cap[act_idx] - np.bincount(row_of[gs[in_fixed]], weights=W[gi[in_fixed]], minlength=act_idx.size)
+        res = _linprog_with_deadline(A, np.maximum(rhs, 0.0), bounds, method, float(time_limit_s))
         solver = f"scipy {scipy.__version__} {method}"
         if res is None or res.status == 1:
             raise VeilError(f"secret LP: HiGHS stopped at its time limit ({time_limit_s:g} s) with "
@@ -147,7 +151,58 @@ def solve_secret_lp(rec: np.ndarray, sec: np.ndarray, rho: np.ndarray, n_records
     if np.any(over):
         W *= float(np.min(cap[over] / load[over])) if np.all(load[over] > 0) else 0.0
     w[tagged] = W[group_of] / counts[group_of]
-    return _result(w, c, n_records, tagged.size, m, J, act_idx.size, status, solver, t0, *upairs, m, cap)
+    return _result(w, c, n_records, tagged.size, m, J, act_idx.size, status, solver, t0, *upairs, m, cap,
+                   n_lp=int(lp_vars.size))
+
+
+def _reduce(groups, counts, gi, gs, cap, m):
+    """Fix what the optimum is known to be, to a fixed point; returns (fixed, W, active constraints).
+
+    * A constraint that holds with every free group at its upper bound cannot bind: dropped.
+    * A group left in no active constraint takes its upper bound n_j.
+    * Singleton dominance: if the records holding exactly {s} alone can fill s's budget (n_{s} ≥ C·ρ_s),
+      some optimum fills s with them and gives every other group holding s weight 0 (moving weight
+      from a group holding s and more onto the {s} group keeps Σw and frees the other secrets' budgets).
+    """
+    J = counts.size
+    size = (groups >= 0).sum(axis=1)
+    single = np.flatnonzero(size == 1)
+    single_of = np.full(m, -1)
+    single_of[groups[single, 0]] = single
+    fixed = np.zeros(J, dtype=bool)
+    W = np.zeros(J)
+    active = np.zeros(m, dtype=bool)
+    active[np.unique(gs)] = True
+    n = counts.astype(float)
+    while True:
+        changed = False
+        load = np.bincount(gs, weights=np.where(fixed[gi], W[gi], n[gi]), minlength=m)
+        slack = active & (load <= cap * (1 + 1e-12) + _FEAS_TOL)
+        if slack.any():
+            active &= ~slack
+            changed = True
+        s_idx = np.flatnonzero(active & (single_of >= 0))
+        if s_idx.size:
+            g = single_of[s_idx]
+            ok = ~fixed[g] & (n[g] >= cap[s_idx])
+            s_idx, g = s_idx[ok], g[ok]
+        if s_idx.size:
+            dominated = np.zeros(m, dtype=bool)
+            dominated[s_idx] = True
+            hit = np.unique(gi[dominated[gs]])
+            hit = hit[~fixed[hit]]
+            fixed[hit], W[hit] = True, 0.0
+            W[g] = cap[s_idx]
+            active[s_idx] = False
+            changed = True
+        in_active = np.zeros(J, dtype=bool)
+        in_active[gi[active[gs]]] = True
+        free_alone = ~fixed & ~in_active
+        if free_alone.any():
+            fixed[free_alone], W[free_alone] = True, n[free_alone]
+            changed = True
+        if not changed:
+            return fixed, W, active
 
 
 # Below this many variables HiGHS answers in well under a second: solve in-process.
@@ -207,7 +262,8 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _result(w, c, n, n_tagged, m, J, n_cons, status, solver, t0, rec, sec, n_secrets, cap=None) -> LPResult:
+def _result(w, c, n, n_tagged, m, J, n_cons, status, solver, t0, rec, sec, n_secrets, cap=None,
+            n_lp: int = 0) -> LPResult:
     load = np.zeros(n_secrets)
     binding = 0
     if np.size(rec):  # on unique pairs: a record listing a secret twice counts once
@@ -216,6 +272,7 @@ def _result(w, c, n, n_tagged, m, J, n_cons, status, solver, t0, rec, sec, n_sec
             binding = int(np.sum((load > 0) & (load >= cap * (1 - 1e-6) - 1e-9)))
     return LPResult(weights=w, c=float(c), objective=float(w.sum()), n_records=n, n_tagged=int(n_tagged),
                     n_secrets=int(m), n_variables=int(J), n_constraints=int(n_cons), n_binding=binding,
+                    n_lp_variables=int(n_lp),
                     status=status, solver=solver, seconds=time.perf_counter() - t0, secret_load=load)
 
 
