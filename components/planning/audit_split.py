@@ -52,6 +52,10 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int) -> 
     if n_out and n_out >= len(by_user):
         raise VeilError(f"audit.holdout_users: holding out {n_out} users leaves none to train on "
                         f"({len(by_user)} users in the snapshot)")
+    if holdout >= 1 and int(holdout) >= len(eligible) > 0:
+        raise VeilError(f"audit.holdout_users: {int(holdout)} held-out users would be every one of the "
+                        f"{len(eligible)} users with at least {m + 1} distinct records, leaving no trained user "
+                        "to audit; hold out fewer (or a fraction)")
     held_out = sorted(keyed_order(seed, "holdout", eligible)[:n_out])
     out_set = set(held_out)
 

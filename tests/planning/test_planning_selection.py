@@ -111,6 +111,8 @@ def test_audit_split_eligibility_and_counts(recs):
     assert small <= set(sp.trained_users)
     counted = split_for_audit(recs, holdout=5, m=m, seed=0)
     assert len(counted.held_out_users) == 5
+    with pytest.raises(VeilError, match="no trained user to audit"):
+        split_for_audit(recs, holdout=len(eligible), m=m, seed=0)
     with pytest.raises(VeilError, match="leaves none to train"):
         split_for_audit(recs.filter(pc.is_in(recs["user_id"], pa.array(sorted(eligible)[:3]))),
                         holdout=3, m=m, seed=0)
