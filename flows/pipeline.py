@@ -83,7 +83,8 @@ def demo_flow(home: str | None = None, audit: bool = True) -> dict:
     settings = load_settings(home).ensure()
     org = stages.demo_data(settings)
     return pipeline_flow(str(stages.DEMO_POLICY), org["messages"], "jsonl", home=str(settings.home),
-                         public_corpus=org["public"], model_name="veil-demo", audit=audit, truth=org["truth"])
+                         public_corpus=org["public"], model_name="veil-demo", mapping=stages.DEMO_MAPPING,
+                         audit=audit, truth=org["truth"])
 
 
 def serve_retraining(policy: str, source: str, fmt: str, cron: str, *, home: str | None = None,

@@ -17,6 +17,8 @@ from components.core.hashing import sha256_file
 from components.core.settings import Settings
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.yaml"
+# How the demo organization's JSONL maps onto catalog records (user and text use the defaults).
+DEMO_MAPPING = {"id_field": "id", "time_field": "ts", "metadata_fields": ["team", "path"]}
 
 
 def demo_data(settings: Settings, out_dir: Path | None = None, seed: int = 0) -> dict:

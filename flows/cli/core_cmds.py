@@ -65,7 +65,7 @@ def demo(json_out: bool = typer.Option(False, "--json", help="print the run's re
 
         org = stages.demo_data(s)
         result = run_stages(s, str(stages.DEMO_POLICY), org["messages"], "jsonl", public_corpus=org["public"],
-                            model_name="veil-demo", audit=audit, truth=org["truth"])
+                            model_name="veil-demo", mapping=stages.DEMO_MAPPING, audit=audit, truth=org["truth"])
     if json_out:
         _print_json(result)
     else:

@@ -43,7 +43,8 @@ def test_pipeline_through_prefect(prefect_harness, veil_home, tiny_policy, tiny_
     policy_path, policy = tiny_policy
     org, base = tiny_base
     result = pipeline_flow(str(policy_path), org["messages"], "jsonl", home=str(veil_home),
-                           base_model_dir=str(base), model_name="e2e", truth=org["truth"])
+                           base_model_dir=str(base), model_name="e2e", truth=org["truth"],
+                           mapping=stages.DEMO_MAPPING)
 
     ing, plan, cert, reg = result["ingest"], result["plan"], result["certificate"], result["registration"]
     assert ing["read"] == ing["accepted"] + ing["quarantined"] + ing["duplicates"]
