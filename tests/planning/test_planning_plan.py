@@ -203,3 +203,17 @@ def test_canary_users_are_split_trained_and_resolvable(snap, tmp_path):
     Path(d["audit"]["canary_records_file"]).write_bytes(b"tampered")
     with pytest.raises(VeilError, match="sha256"):
         training_records(d, snap.records)
+
+
+def test_record_level_plan(snap, tmp_path):
+    p = tmp_path / "record.yaml"
+    p.write_text(DEMO.read_text().replace("privacy_unit: user", "privacy_unit: record")
+                 .replace("mechanism: uls", "mechanism: record").replace(DEMO_STEPS, "steps: 20"))
+    d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
+    assert (d["mechanism"], d["neighbouring"], d["records_per_user"], d["selection"]) == \
+        ("record", "add_remove_record", None, None)
+    train = pq.read_table(d["data"]["train_records_file"])
+    assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / train.num_rows)
+    eps = account("record", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
+                  steps=d["steps"], delta=d["target"]["delta"]).epsilon
+    assert eps <= d["target"]["epsilon"] + 1e-9
