@@ -238,10 +238,11 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         plot_path = roc_plot(real["score"].to_numpy(zero_copy_only=False),
                              real["member"].to_numpy(zero_copy_only=False), Path(settings.home) / "audits" /
                              f"{audit_id}-roc.png", epsilon=eps, delta=delta,
-                             title=f"User inference: AUROC {ui['auroc']:.3f} ± {ui['auroc_std']:.3f} "
-                                   f"(DP ceiling {ui['auroc_ceiling']:.3f} from (ε, δ)"
-                                   + (f", {ui['auroc_ceiling_pld']:.3f} from the mechanism's PLD)"
-                                      if ui["auroc_ceiling_pld"] is not None else ")"),
+                             title=f"User inference: AUROC {ui['auroc']:.3f} ± {ui['auroc_std']:.3f} " + (
+                                 "(no user-level DP guarantee, no ceiling)" if eps is None else
+                                 f"(DP ceiling {ui['auroc_ceiling']:.3f} from (ε, δ)"
+                                 + (f", {ui['auroc_ceiling_pld']:.3f} from the mechanism's PLD)"
+                                    if ui["auroc_ceiling_pld"] is not None else ")")),
                              canary=(canary["score"].to_numpy(zero_copy_only=False),
                                      canary["member"].to_numpy(zero_copy_only=False)) if canary.num_rows else None)
     passed = not failures
