@@ -82,9 +82,9 @@ def _locate(root: yaml.Node, loc: tuple) -> int:
     """Line of the deepest node along `loc` (the key's line for mapping entries)."""
     node, line = root, _line(root)
     for part in loc:
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+        if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
-                if str(k.value) == part:
+                if str(k.value) == str(part):
                     node, line = v, _line(k)
                     break
             else:
@@ -163,6 +163,8 @@ def _explain(err: dict) -> tuple[tuple, str]:
         if allowed:
             text += f"; allowed here: {', '.join(allowed)}"
         return loc, text
+    if typ == "invalid_key":
+        return loc, f"key {loc[-1]!r} is not a name; keys are words like 'epsilon'" if loc else "keys must be names"
     if typ == "missing":
         return loc, "required but missing"
     if typ in ("model_type", "model_attributes_type", "dict_type"):

@@ -35,7 +35,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # strict: `steps: yes` or `epsilon: "8"` are mistakes, not values to coerce
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class Metadata(_Strict):

@@ -233,3 +233,14 @@ def test_schema_rejects_unknown_keys_everywhere():
     objects = [d for d in schema["$defs"].values() if d.get("type") == "object"]
     assert objects and all(d.get("additionalProperties") is False for d in objects)
     assert schema.get("additionalProperties") is False
+
+
+def test_no_silent_coercion_and_non_text_keys(tmp_path):
+    text = MINIMAL.replace("  owner: me@example.org\n", "  owner: me@example.org\n  1: x\n").replace(
+        "  secrets:", "  training:\n    seed: true\n  secrets:")
+    path, probs = _problems(tmp_path, text)
+    by_field = {p.field: p for p in probs}
+    assert by_field["metadata[1]"].line == 6 and "not a name" in by_field["metadata[1]"].message
+    assert by_field["spec.training.seed"].line == 14 and "boolean" in by_field["spec.training.seed"].message
+    p = _only(tmp_path, MINIMAL.replace("epsilon: 4", "epsilon: '4'"))
+    assert p.field == "spec.target.epsilon" and "expected a number" in p.message
