@@ -148,7 +148,7 @@ def main(argv=None) -> int:
                   "" if r["reference_seconds"] is None else f"{r['reference_seconds']:.1f}",
                   f"{r['ratio']:.6f}" if "ratio" in r else "", f"{r['speedup']:.0f}×" if "speedup" in r else "",
                   "; ".join(note))
-    Console().print(t)
+    Console(width=max(160, Console().width)).print(t)
     return 0
 
 
