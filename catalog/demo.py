@@ -616,6 +616,9 @@ PUBLIC_FIRST = ["alex", "sam", "robin", "jordan", "casey", "morgan", "taylor", "
 PUBLIC_LAST = ["fletcher", "hale", "bishop", "carver", "dalton", "ellis", "frost", "grant", "hayes", "irving",
                "keller", "lane", "mercer", "nash", "pryce", "quill", "rhodes", "sloane", "thorne", "vance"]
 ALL_TITLES = [t for titles, _ in ROLES.values() for t in titles]
+# Their contact details use other domains and the UK's drama range (+44 20 7946 0xxx), never the
+# org's domain or +1-555: the base learns what addresses and numbers look like, not anyone's.
+PUBLIC_DOMAINS = ["northwind.example", "globex.example", "initech.example", "contoso.example"]
 
 
 def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[str]:
@@ -623,13 +626,14 @@ def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[st
 
     It stands in for what a real pretrained model knows: greetings, sign-offs, idioms, quote lines,
     signatures, ticket and code-comment conventions, casual chat with emoji and typos — each mixed at
-    random and signed by fictional people (no address, no phone). What identifies an employee is their
+    random and signed by fictional people (contact details on other domains and number ranges). What identifies an employee is their
     particular combination, which the base never sees; so fine-tuning gains on format are small and
     user-specific gains stand out, as with a real base model.
     """
-    def person() -> tuple[str, str]:
+    def person() -> tuple[str, str, str, str]:
         first, last = _pick(rng, PUBLIC_FIRST), _pick(rng, PUBLIC_LAST)
-        return f"{first.capitalize()} {last.capitalize()}", f"{first[0]}{last}"
+        return (f"{first.capitalize()} {last.capitalize()}", f"{first[0]}{last}",
+                f"{first}.{last}@{_pick(rng, PUBLIC_DOMAINS)}", f"+44-20-7946-0{int(rng.integers(1000)):03d}")
 
     def motto() -> str:
         return f"{_pick(rng, MOTTO_VERBS)} the {_pick(rng, MOTTO_ADJ)} {_pick(rng, MOTTO_NOUNS)}"
@@ -645,11 +649,14 @@ def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[st
             if rng.random() < 0.6:
                 body.insert(int(rng.integers(len(body) + 1)), _pick(rng, PET_PHRASES).capitalize() + ".")
             parts = [_pick(rng, GREETINGS), " ".join(body), _pick(rng, SIGNOFFS)]
-            if rng.random() < 0.6:
-                name, _ = person()
-                parts.append(f"-- {name}" + (f" | {_pick(rng, ALL_TITLES)}" if rng.random() < 0.7 else ""))
+            if rng.random() < 0.7:
+                name, _, address, phone = person()
+                parts.append(f"-- {name}" + (f" | {_pick(rng, ALL_TITLES)} | {address} | {phone}"
+                                             if rng.random() < 0.7 else ""))
             if rng.random() < 0.4:
                 parts.append(f'"{motto().capitalize()}."')
+            if rng.random() < 0.3:
+                parts.append(f"cc: {person()[2]}")
             text = "\n".join(parts)
         elif kind == 1:  # chat-like
             bits = [typos(_fill(rng, _pick(rng, CHAT), TOPICS_ALL)) for _ in range(2 + int(rng.integers(2)))]
@@ -667,7 +674,8 @@ def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[st
                      typos(_fill(rng, _pick(rng, TICKET_BODY), TOPICS_ALL))]
             if rng.random() < 0.5:
                 parts.append(_pick(rng, PET_PHRASES).capitalize() + ".")
-            parts.append(f"Reporter: {person()[0]}")
+            name, _, address, _ = person()
+            parts.append(f"Reporter: {name}" + (f" ({address})" if rng.random() < 0.5 else ""))
             text = "\n".join(parts)
         elif kind == 3:  # code-like
             mod = _pick(rng, MODULES)
