@@ -27,8 +27,8 @@ def base_model_task(home, public_corpus, base_model_dir):
 
 
 @task(name="plan", **_task)
-def plan_task(home, policy, snapshot_id):
-    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id)
+def plan_task(home, policy, snapshot_id, base_dir):
+    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id, base_dir=base_dir)
 
 
 @task(name="train", **_task)
@@ -65,7 +65,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     log.info("ingested %s: %s accepted, %s quarantined, %s duplicates", ing["snapshot_id"], ing["accepted"],
              ing["quarantined"], ing["duplicates"])
     base = base_model_task(home, public_corpus, base_model_dir)
-    planned = plan_task(home, policy, ing["snapshot_id"])
+    planned = plan_task(home, policy, ing["snapshot_id"], base)
     trained = train_task(home, planned["plan_path"], base)
     cert = certify_task(planned["plan_path"], trained)
     log.info("certificate %s: ε=%.4f δ=%g", cert["sha256"][:12], cert["epsilon"], cert["delta"])

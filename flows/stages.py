@@ -65,14 +65,37 @@ def base_model(settings: Settings, *, public_corpus: str | Path | None = None,
     return str(build_base_model(texts, out, progress=progress))
 
 
-def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = None) -> dict:
+def planning_aids(pol, base_dir: str | Path | None):
+    """What the planner may take from the *public* base model: perplexity scores for ppl-high/ppl-low
+    selection, and a gradient-diversity estimate for mechanism `auto`. Returns (scorer, compute)."""
+    scorer = compute = None
+    if pol.spec.contribution.selection in ("ppl-high", "ppl-low"):
+        if base_dir is None:
+            raise VeilError(f"selection '{pol.spec.contribution.selection}' scores records with the public base "
+                            "model: pass --base-model DIR")
+        from components.modeling import load_base, perplexity_scores
+
+        model, tok = load_base(base_dir)
+        seq_len = pol.spec.training.seq_len
+        scorer = lambda texts: perplexity_scores(model, tok, texts, seq_len=seq_len)  # noqa: E731
+    if pol.spec.mechanism == "auto" and pol.spec.privacy_unit == "user" and base_dir is not None:
+        from components.modeling import load_base
+
+        compute = {"base_model": load_base(base_dir)}
+    return scorer, compute
+
+
+def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = None,
+         base_dir: str | Path | None = None, progress=None) -> dict:
     from catalog.snapshots import load_snapshot
     from components.planning import make_plan, save_plan
     from components.policy import load_policy
 
     pol = load_policy(policy)
     snap = load_snapshot(settings, snapshot_id)
-    p = make_plan(pol, snap, out_dir=settings.plans_dir)
+    scorer, compute = planning_aids(pol, base_dir)
+    p = make_plan(pol, snap, out_dir=settings.plans_dir, scorer=scorer, compute=compute,
+                  cache_dir=settings.cache_dir, progress=progress)
     path = save_plan(p, settings.plans_dir)
     return {"plan_path": str(path), "plan": p.to_dict()}
 

@@ -79,7 +79,7 @@ def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=Non
 
     ing = stages.ingest(s, source, fmt, policy=policy, progress=True, **(mapping or {}))
     base = stages.base_model(s, public_corpus=public_corpus, base_model_dir=base_model_dir)
-    planned = stages.plan(s, policy, snapshot_id=ing["snapshot_id"])
+    planned = stages.plan(s, policy, snapshot_id=ing["snapshot_id"], base_dir=base)
     trained = stages.train(s, planned["plan_path"], base)
     cert = stages.certify(planned["plan_path"], trained)
     reg = stages.register(s, name=model_name, certificate=cert, plan_path=planned["plan_path"], base_dir=base,

@@ -102,15 +102,6 @@ def _settings():
     return s
 
 
-def _scorer(base_model: Optional[Path], seq_len: int):
-    if base_model is None:
-        return None
-    from components.modeling import load_base, perplexity_scores
-
-    model, tok = load_base(base_model)
-    return lambda texts: perplexity_scores(model, tok, texts, seq_len=seq_len)
-
-
 def _sweep_values(spec: Optional[str], c0: float) -> list[float]:
     if spec:
         try:
@@ -143,17 +134,9 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     if sweep_c:
         _sweep(pol, snap, c_values, json_out)
         return
-    scorer = None
-    if pol.spec.contribution.selection in ("ppl-high", "ppl-low"):
-        if base_model is None:
-            raise VeilError(f"selection '{pol.spec.contribution.selection}' scores records with the public base "
-                            "model: pass --base-model DIR")
-        scorer = _scorer(base_model, pol.spec.training.seq_len)
-    compute = None
-    if pol.spec.mechanism == "auto" and pol.spec.privacy_unit == "user" and base_model is not None:
-        from components.modeling import load_base
+    from flows.stages import planning_aids
 
-        compute = {"base_model": load_base(base_model)}
+    scorer, compute = planning_aids(pol, base_model)
     progress = None if json_out else (lambda msg: err.print(f"[dim]plan:[/dim] {msg}"))
     with err.status("planning…", spinner="dots") if not json_out else _null():
         p = make_plan(pol, snap, out_dir=s.plans_dir, scorer=scorer, cache_dir=s.cache_dir, progress=progress,
