@@ -609,8 +609,9 @@ def _fit(rng: np.random.Generator, w: _Writer, u: _User, text: str, src: str) ->
     return text
 
 
-# Fictional people of the public corpus: disjoint from the employees' names, so the base learns what
-# a signature or a reporter line looks like without ever seeing an employee.
+# Fictional people of the public corpus: any first/last name pair that is not an employee's (nor
+# shares an employee's handle), so the base knows common names and what a signature or a reporter
+# line looks like without ever seeing an employee.
 PUBLIC_FIRST = ["alex", "sam", "robin", "jordan", "casey", "morgan", "taylor", "jamie", "riley", "quinn",
                 "avery", "harper", "rowan", "sasha", "eden", "kai", "remy", "skyler", "ash", "blair"]
 PUBLIC_LAST = ["fletcher", "hale", "bishop", "carver", "dalton", "ellis", "frost", "grant", "hayes", "irving",
@@ -621,7 +622,7 @@ ALL_TITLES = [t for titles, _ in ROLES.values() for t in titles]
 PUBLIC_DOMAINS = ["northwind.example", "globex.example", "initech.example", "contoso.example"]
 
 
-def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[str]:
+def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC, employees=()) -> list[str]:
     """Generic workplace/tech prose: the org's topics, phrasing and formats, no employee, no secret.
 
     It stands in for what a real pretrained model knows: greetings, sign-offs, idioms, quote lines,
@@ -630,8 +631,13 @@ def public_corpus(rng: np.random.Generator, n_lines: int = _N_PUBLIC) -> list[st
     particular combination, which the base never sees; so fine-tuning gains on format are small and
     user-specific gains stand out, as with a real base model.
     """
+    taken = {(f, l) for f, l in employees}
+    handles = {f[0] + l for f, l in employees}
+    people = [(f, l) for f in PUBLIC_FIRST + FIRST for l in PUBLIC_LAST + LAST
+              if (f, l) not in taken and f[0] + l not in handles]
+
     def person() -> tuple[str, str, str, str]:
-        first, last = _pick(rng, PUBLIC_FIRST), _pick(rng, PUBLIC_LAST)
+        first, last = _pick(rng, people)
         return (f"{first.capitalize()} {last.capitalize()}", f"{first[0]}{last}",
                 f"{first}.{last}@{_pick(rng, PUBLIC_DOMAINS)}", f"+44-20-7946-0{int(rng.integers(1000)):03d}")
 
@@ -790,7 +796,8 @@ def write_demo_org(out_dir: str | Path, seed: int = 0, n_users: int = 240) -> De
     rng = np.random.Generator(np.random.PCG64(seed))
     users = _make_users(rng, n_users)
     records = _messages(rng, users)
-    corpus = public_corpus(np.random.Generator(np.random.PCG64([seed, 1])))
+    employees = [tuple(u.email.split("@")[0].split(".")) for u in users]
+    corpus = public_corpus(np.random.Generator(np.random.PCG64([seed, 1])), employees=employees)
     truth = _truth(records, users, seed)
 
     messages_path = out / "org" / "messages.jsonl"
