@@ -146,10 +146,10 @@ def test_public_corpus_has_no_secret(org):
     for s in truth["secrets"]:
         assert s["value"].lower() not in low
     for u in truth["users"]:  # no one's name or handle either (names of fictional people only)
-        assert u["name"] not in text
         first, last = u["user"].split("@")[0].split(".")
+        assert not re.search(rf"\b{u['name']}\b", text)  # (Clara Abebe may appear; Lara Abebe may not)
         assert not re.search(rf"\b{first[0]}{last}\b", text)
-        assert f"{first}.{last}@" not in text
+        assert not re.search(rf"\b{first}\.{last}@", text)
 
 
 def test_each_user_has_recognisable_style(org):
