@@ -1,30 +1,17 @@
 """Catalog commands: `veil ingest`, `veil secrets`, `veil catalog stats|snapshots|quarantine`."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from components.core.errors import VeilError
-from components.core.settings import load_settings
+from flows.cli.common import out, print_json as _print_json, settings as _settings
 
-out = Console()
 
 catalog_app = typer.Typer(help="Inspect the catalog: statistics, snapshots, quarantine.", no_args_is_help=True)
-
-
-def _settings():
-    s = load_settings().ensure()
-    s.apply_environment()
-    return s
-
-
-def _print_json(doc) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
 def ingest(

@@ -7,24 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from components.core.errors import VeilError
-from components.core.settings import load_settings
-
-out = Console()
-err = Console(stderr=True)
-
-
-def _settings():
-    s = load_settings().ensure()
-    s.apply_environment()
-    return s
-
-
-def _print_json(doc) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+from flows.cli.common import out, print_json as _print_json, settings as _settings
 
 
 def _summary_table(result: dict, seconds: float) -> Table:
@@ -44,8 +30,8 @@ def _summary_table(result: dict, seconds: float) -> Table:
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})")
     aud = result.get("audit")
     if aud:
-        t.add_row("audit", f"user-inference AUROC {aud['auroc']:.3f} ± {aud['auroc_std']:.3f} "
-                           f"(ceiling {aud['auroc_ceiling']:.3f}) · {'PASSED' if aud['passed'] else 'FAILED'}")
+        t.add_row("audit", f"user-inference AUROC {aud["auroc"]:.3f} ± {aud["auroc_std"]:.3f} "
+                           f"(ceiling {aud['auroc_ceiling']:.4f}) · {'PASSED' if aud['passed'] else 'FAILED'}")
     t.add_row("time", f"{seconds:.0f} s")
     return t
 

@@ -1,26 +1,19 @@
 """Policy and plan commands: `veil policy check|schema|show`, `veil plan`."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from components.core.errors import VeilError
+from flows.cli.common import err, out, print_json as _print_json, settings as _settings
 
-out = Console()
-err = Console(stderr=True)
 
 policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",
                          no_args_is_help=True)
-
-
-def _print_json(doc) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
 @policy_app.command("check")
@@ -92,14 +85,6 @@ def show(file: Path = typer.Argument(..., help="policy YAML file"),
     t.add_row("training", f"T={tr.steps}, B={tr.expected_batch_size}, C={tr.clip_norm:g}, lr={tr.learning_rate:g}, "
                           f"seq_len={tr.seq_len}, lora={'r=' + str(tr.lora.r) if tr.lora else 'full'}")
     out.print(t)
-
-
-def _settings():
-    from components.core.settings import load_settings
-
-    s = load_settings().ensure()
-    s.apply_environment()
-    return s
 
 
 def _sweep_values(spec: Optional[str], c0: float) -> list[float]:

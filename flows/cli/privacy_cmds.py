@@ -1,27 +1,21 @@
 """`veil privacy …`: ε for a mechanism, σ for a target, per-secret KL and γ for a plan."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from components.core.errors import VeilError
+from flows.cli.common import out, print_json as _print_json
 
-out = Console()
 
 privacy = typer.Typer(help="Privacy accounting: ε for a mechanism, σ for a target, secrets' posterior bounds.",
                       no_args_is_help=True)
 
 _MECH_HELP = "record | uls | els | group-naive | group-tight"
-
-
-def _print_json(doc) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
 
 
 def _fmt(x: Optional[float], spec: str = ".6g") -> str:

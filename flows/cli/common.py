@@ -1,0 +1,23 @@
+"""What every CLI module shares: settings from the environment, consoles, strict JSON output."""
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from components.core.settings import Settings, load_settings
+
+out = Console()
+err = Console(stderr=True)  # progress and messages: stdout stays one JSON document with --json
+
+
+def settings() -> Settings:
+    """Settings from VEIL_HOME / veil.toml / env, folders created, Prefect + HF pointed at them."""
+    s = load_settings().ensure()
+    s.apply_environment()
+    return s
+
+
+def print_json(doc) -> None:
+    """Exactly one JSON document on stdout (NaN/inf are refused: they are not JSON)."""
+    print(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False, default=str))
