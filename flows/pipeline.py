@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from components.core.settings import load_settings
 from flows import stages
+from components.certificate import describe as describe_guarantee
 
 _task = dict(cache_policy=NO_CACHE, retries=0)
 
@@ -37,8 +38,8 @@ def train_task(home, plan_path, base_dir):
 
 
 @task(name="certify", **_task)
-def certify_task(plan_path, train_result):
-    return stages.certify(plan_path, train_result)
+def certify_task(home, plan_path, train_result):
+    return stages.certify(load_settings(home), plan_path, train_result)
 
 
 @task(name="register", **_task)
@@ -67,8 +68,8 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     base = base_model_task(home, public_corpus, base_model_dir)
     planned = plan_task(home, policy, ing["snapshot_id"], base)
     trained = train_task(home, planned["plan_path"], base)
-    cert = certify_task(planned["plan_path"], trained)
-    log.info("certificate %s: ε=%.4f δ=%g", cert["sha256"][:12], cert["epsilon"], cert["delta"])
+    cert = certify_task(home, planned["plan_path"], trained)
+    log.info("certificate %s: %s", cert["sha256"][:12], describe_guarantee(cert))
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"))
     aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None

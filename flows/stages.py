@@ -129,11 +129,23 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     return {k: v for k, v in res.items() if k != "losses"}
 
 
-def certify(plan_path: str | Path, train_result: dict) -> dict:
+def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> dict:
     from components.certificate import build_certificate
     from components.planning import load_plan
 
-    return build_certificate(load_plan(plan_path).to_dict(), train_result).to_dict()
+    plan_doc = load_plan(plan_path).to_dict()
+    targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
+    return build_certificate(plan_doc, train_result, secret_targets=targets).to_dict()
+
+
+def secret_targets(settings: Settings, plan_doc: dict) -> list:
+    """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
+    from catalog.snapshots import load_snapshot
+    from components.accounting.secrets import secret_targets as targets_for
+    from components.planning.data import train_rows
+
+    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    return targets_for(train_rows(plan_doc), snap.secret_spans, plan_doc["target"]["secrets"])
 
 
 def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,
@@ -142,8 +154,10 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     from components.registry import register_model
 
     plan_doc = load_plan(plan_path).to_dict()
+    target_eps = plan_doc["target"].get("epsilon")
     reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
-                         adapter_dir=adapter_dir, policy_max_epsilon=float(plan_doc["target"]["epsilon"]))
+                         adapter_dir=adapter_dir,
+                         policy_max_epsilon=float(target_eps) if target_eps is not None else None)
     return reg.to_dict()
 
 

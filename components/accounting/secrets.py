@@ -412,3 +412,16 @@ def secret_rates(train_records, secret_spans, *, sampling_rate: float, per_user:
         for sid, cls, r in zip(sids, classes, rate_list):
             out.setdefault(sid, (cls, []))[1].append(float(r))
     return out
+
+
+def secret_targets(train_records, secret_spans, protection: dict) -> list[SecretTarget]:
+    """One target per secret held by the training rows, with its class' (κ, γ).
+
+    `protection`: secret class → object or mapping with `kappa` and `gamma`; classes not in it are
+    left out. Rates come from the rows' `rate` column (secret-protection plans)."""
+    def get(p, key):
+        return p[key] if isinstance(p, dict) else getattr(p, key)
+
+    per = secret_rates(train_records, secret_spans, sampling_rate=0.0)
+    return [SecretTarget.make(sid, rates, get(protection[cls], "kappa"), get(protection[cls], "gamma"))
+            for sid, (cls, rates) in sorted(per.items()) if cls in protection]

@@ -10,6 +10,7 @@ from components.certificate.document import (
     attach_audit,
     build_certificate,
     code_version,
+    describe,
     recompute_epsilon,
     verify_certificate,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "attach_audit",
     "build_certificate",
     "code_version",
+    "describe",
     "recompute_epsilon",
     "verify_certificate",
 ]

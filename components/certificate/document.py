@@ -6,7 +6,7 @@ import math
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
@@ -79,21 +79,13 @@ def _accounting_mechanism(mechanism: str) -> tuple[str, str, str]:
         return _ACCOUNTING[mechanism]
     except KeyError:
         raise VeilError(
-            f"mechanism {mechanism!r} has no user/record-level (ε, δ) certificate; "
-            f"certifiable mechanisms: {', '.join(_ACCOUNTING)}") from None
+            f"mechanism {mechanism!r} cannot be certified; certifiable mechanisms: "
+            f"{', '.join([*_ACCOUNTING, 'secret'])}") from None
 
 
-def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,
-                      created_at: str | None = None, version: str | None = None) -> Certificate:
-    """Certify a finished training run against its plan.
-
-    ε is recomputed for `train_result["steps_run"]` with the σ and q training actually used; a
-    run whose σ or q differs from the plan's is refused rather than certified on the plan's word.
-    """
-    from components.accounting import epsilon as account
-
+def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> tuple[int, list[str]]:
+    """Refuse a run that used other numbers than its plan; return the steps to charge and caveats."""
     mechanism = plan["mechanism"]
-    acc_mech, unit, neighbouring = _accounting_mechanism(mechanism)
     for key in ("noise_multiplier", "sampling_rate", "clip_norm"):
         if abs(float(train_result[key]) - float(plan[key])) > 1e-12 * max(1.0, abs(float(plan[key]))):
             raise VeilError(f"training used {key}={train_result[key]} but the plan says {plan[key]}: not certifiable")
@@ -107,6 +99,50 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
     if train_result.get("private_seed_source") == "spec":
         caveats.append("batch sampling and noise were seeded from the plan (reproducible test run): "
                        "anyone holding the seed can remove the noise; not a valid release guarantee")
+    return steps, caveats
+
+
+def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at: str | None,
+            version: str | None) -> dict:
+    data = plan["data"]
+    return {
+        "noise_multiplier": float(plan["noise_multiplier"]),
+        "sampling_rate": float(plan["sampling_rate"]),
+        "steps": steps,
+        "steps_planned": int(plan["steps"]),
+        "expected_batch_size": plan.get("expected_batch_size"),
+        "clip_norm": float(plan["clip_norm"]),
+        "sampling": "poisson",
+        "releases": "all intermediate models (the accountant composes every step)",
+        "dataset": {"snapshot_id": data["snapshot_id"], "snapshot_sha256": data["snapshot_sha256"],
+                    "train_records_sha256": data.get("train_records_sha256"),
+                    "n_train_users": data.get("n_train_users"), "n_train_records": data.get("n_train_records")},
+        "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},
+        "plan_sha256": plan["sha256"],
+        "caveats": caveats,
+        "code_version": version or code_version(),
+        "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "audit": None,
+    }
+
+
+def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,
+                      secret_targets: Sequence[Any] | None = None,
+                      created_at: str | None = None, version: str | None = None) -> Certificate:
+    """Certify a finished training run against its plan.
+
+    ε (or, for secret protection, every secret's posterior bound γ) is recomputed for the steps the
+    run actually took, with the σ and q training actually used; a run whose σ, q or C differs from
+    the plan's is refused rather than certified on the plan's word. Secret-protection runs need
+    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates).
+    """
+    if plan["mechanism"] == "secret":
+        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version)
+    from components.accounting import epsilon as account
+
+    mechanism = plan["mechanism"]
+    acc_mech, unit, neighbouring = _accounting_mechanism(mechanism)
+    steps, caveats = _checked_steps(plan, train_result)
     k = 1 if acc_mech in ("uls", "record") else int(plan["records_per_user"])
     delta = float(plan["target"]["delta"])
     if steps == 0:
@@ -119,7 +155,6 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
             raise VeilError(f"no finite ε reaches δ={delta:g} for this run: not certifiable")
         meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
                 "discretization": res.discretization, "notes": list(res.notes)}
-    data = plan["data"]
     doc = {
         "schema": SCHEMA,
         "privacy_unit": unit,
@@ -132,29 +167,60 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
         "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": acc_mech,
                        "library": "dp-accounting", **meta},
         "dp_event": event,
-        "noise_multiplier": float(plan["noise_multiplier"]),
-        "sampling_rate": float(plan["sampling_rate"]),
-        "steps": steps,
-        "steps_planned": int(plan["steps"]),
-        "expected_batch_size": plan.get("expected_batch_size"),
-        "clip_norm": float(plan["clip_norm"]),
         "contribution_bound": {
             "records_per_user": plan.get("records_per_user"),
             "selection": plan.get("selection"),
             # ULS bounds a user's influence by clipping their averaged gradient, whatever their count.
             "kind": "per-user clipped mean gradient" if mechanism == "uls" else "records per user",
         },
-        "sampling": "poisson",
-        "releases": "all intermediate models (the accountant composes every step)",
-        "dataset": {"snapshot_id": data["snapshot_id"], "snapshot_sha256": data["snapshot_sha256"],
-                    "train_records_sha256": data.get("train_records_sha256"),
-                    "n_train_users": data.get("n_train_users"), "n_train_records": data.get("n_train_records")},
-        "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},
-        "plan_sha256": plan["sha256"],
-        "caveats": caveats,
-        "code_version": version or code_version(),
-        "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "audit": None,
+        **_common(plan, steps, caveats, created_at, version),
+    }
+    return Certificate(_seal(doc))
+
+
+def _build_secret_certificate(plan, train_result, targets, created_at, version) -> Certificate:
+    """Per-secret posterior bounds (seed 004, Lemma 3.2, KL case), aggregated per class.
+
+    Secret ids carry the secrets' values, so the certificate — a registered, shareable document —
+    holds per-class aggregates only.
+    """
+    from components.accounting import LIBRARY_VERSION
+    from components.accounting.secrets import DEFAULT_SENSITIVITY, SENSITIVITY_REASON, report_secrets
+
+    if not targets:
+        raise VeilError("secret-protection run: no secret targets to certify (the plan's records hold no secret "
+                        "of the policy's classes)")
+    steps, caveats = _checked_steps(plan, train_result)
+    sigma = float(plan["noise_multiplier"])
+    reports = report_secrets(targets, sigma, steps) if steps > 0 else []
+    classes: dict[str, dict] = {}
+    for t in targets:
+        cls = t.secret_id.split(":", 1)[0]
+        classes.setdefault(cls, {"kappa": t.kappa, "gamma_target": t.gamma, "n_secrets": 0, "max_gamma": t.kappa,
+                                 "max_kl": 0.0, "all_within_target": True})["n_secrets"] += 1
+    for r in reports:
+        c = classes[r.secret_id.split(":", 1)[0]]
+        c["max_gamma"] = max(c["max_gamma"], float(r.gamma))
+        c["max_kl"] = max(c["max_kl"], float(r.kl))
+        c["all_within_target"] = c["all_within_target"] and bool(r.meets_target)
+    doc = {
+        "schema": SCHEMA,
+        "privacy_unit": "secret",
+        "neighbouring": "secret_substitution",
+        "mechanism": "secret",
+        # No (ε, δ): the guarantee is a per-secret bound on an attacker's posterior (γ for prior κ).
+        "epsilon": None,
+        "delta": None,
+        "secrets": classes,
+        "target": dict(plan["target"]),
+        "within_target": all(c["all_within_target"] for c in classes.values()),
+        "accountant": {"name": "per-secret KL of the Poisson-binomial mixture (seed 004, Lemma 3.2)",
+                       "mechanism": "secret", "library": "veil + dp-accounting", "library_version": LIBRARY_VERSION,
+                       "sensitivity": DEFAULT_SENSITIVITY, "sensitivity_reason": SENSITIVITY_REASON},
+        "dp_event": None,
+        "contribution_bound": {"kind": "per-record Poisson rates from the secret LP",
+                               "selection": plan.get("selection"), "records_per_user": None},
+        **_common(plan, steps, caveats, created_at, version),
     }
     return Certificate(_seal(doc))
 
@@ -181,6 +247,8 @@ def recompute_epsilon(doc: Mapping[str, Any]) -> float:
     """Recompute ε from the certificate's own parameters (a consumer's independent check)."""
     from components.accounting import epsilon as account
 
+    if doc["privacy_unit"] == "secret":
+        raise VeilError("a secret-protection certificate has per-secret posterior bounds, not an ε")
     if int(doc["steps"]) == 0:
         return 0.0
     acc_mech = doc["accountant"]["mechanism"]
@@ -200,3 +268,13 @@ def attach_audit(doc: Mapping[str, Any], audit: Mapping[str, Any]) -> Certificat
     body["audit"] = dict(audit)
     body["supersedes"] = doc["sha256"]
     return Certificate(_seal(body))
+
+
+def describe(doc: Mapping[str, Any]) -> str:
+    """The guarantee in one line, for tables and logs."""
+    if doc["privacy_unit"] == "secret":
+        parts = [f"{cls} γ≤{c['max_gamma']:.3g} (κ={c['kappa']:g}, target {c['gamma_target']:g})"
+                 for cls, c in sorted(doc["secrets"].items())]
+        return "secret-level: " + "; ".join(parts)
+    return (f"{doc['privacy_unit']}-level ε={doc['epsilon']:.4f}, δ={doc['delta']:g} "
+            f"({doc['accountant']['mechanism']}, {'pessimistic ' if doc['accountant'].get('pessimistic') else ''}PLD)")

@@ -28,12 +28,18 @@ def plan_texts(plan: dict, snapshot_records: pa.Table) -> pa.Table:
     return texts
 
 
+def train_rows(plan: dict) -> pa.Table:
+    """The plan's train records file (record_id, user_id[, rate]), its sha256 checked."""
+    data = plan["data"]
+    return _checked(data["train_records_file"], data["train_records_sha256"], "train records")
+
+
 def training_records(plan: dict, snapshot_records: pa.Table) -> pa.Table:
     """(user_id, text[, rate]) of the plan's training rows, sorted by (user_id, record_id).
 
     Rows keep their multiplicity (group privacy lists resampled records more than once)."""
     data = plan["data"]
-    chosen = _checked(data["train_records_file"], data["train_records_sha256"], "train records")
+    chosen = train_rows(plan)
     chosen = chosen.append_column("_row", pa.array(range(chosen.num_rows), pa.int64()))
     joined = chosen.join(plan_texts(plan, snapshot_records), keys="record_id", join_type="inner")
     if joined.num_rows != chosen.num_rows:

@@ -86,12 +86,9 @@ def plan_secret_rates(policy, train: pa.Table, secret_spans: pa.Table, *, expect
 
 
 def _targets(policy, train_tbl: pa.Table, secret_spans: pa.Table):
-    from components.accounting.secrets import SecretTarget, secret_rates
+    from components.accounting.secrets import secret_targets
 
-    prot = policy.secret_protection()
-    per = secret_rates(train_tbl, secret_spans, sampling_rate=0.0)
-    return [SecretTarget.make(sid, rates, prot[cls].kappa, prot[cls].gamma)
-            for sid, (cls, rates) in sorted(per.items()) if cls in prot]
+    return secret_targets(train_tbl, secret_spans, policy.secret_protection())
 
 
 def calibrate_secret(policy, chosen: pa.Table, rates: np.ndarray, secret_spans: pa.Table, *, steps: int,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from components.certificate import verify_certificate
+from components.certificate import describe, verify_certificate
 from components.core.errors import VeilError
 from components.core.settings import Settings
 
@@ -44,8 +44,6 @@ def privacy_tags(cert: Mapping[str, Any]) -> dict[str, str]:
         "privacy.unit": cert["privacy_unit"],
         "privacy.neighbouring": cert["neighbouring"],
         "privacy.mechanism": cert["mechanism"],
-        "privacy.epsilon": repr(float(cert["epsilon"])),
-        "privacy.delta": repr(float(cert["delta"])),
         "privacy.noise_multiplier": repr(float(cert["noise_multiplier"])),
         "privacy.sampling_rate": repr(float(cert["sampling_rate"])),
         "privacy.steps": str(cert["steps"]),
@@ -54,6 +52,12 @@ def privacy_tags(cert: Mapping[str, Any]) -> dict[str, str]:
         "privacy.snapshot_id": cert["dataset"]["snapshot_id"],
         "privacy.policy_sha256": cert["policy"]["sha256"],
     }
+    if cert["epsilon"] is not None:
+        tags["privacy.epsilon"] = repr(float(cert["epsilon"]))
+        tags["privacy.delta"] = repr(float(cert["delta"]))
+    for cls, c in (cert.get("secrets") or {}).items():
+        tags[f"privacy.secret.{cls}.max_gamma"] = repr(float(c["max_gamma"]))
+        tags[f"privacy.secret.{cls}.kappa"] = repr(float(c["kappa"]))
     audit = cert.get("audit") or {}
     for key in ("auroc", "auroc_ceiling", "passed"):
         if key in audit:
@@ -86,8 +90,10 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     from components.registry.pyfunc_model import VeilCausalLM
 
     cert = verify_certificate(certificate).to_dict()
-    if policy_max_epsilon is not None and cert["epsilon"] > policy_max_epsilon + 1e-12:
+    if cert["epsilon"] is not None and policy_max_epsilon is not None and cert["epsilon"] > policy_max_epsilon + 1e-12:
         raise VeilError(f"certificate ε={cert['epsilon']:.4f} exceeds the policy's ε={policy_max_epsilon}: not registered")
+    if not cert.get("within_target", True):
+        raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
     client = _client(settings)
@@ -103,7 +109,11 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
             mlflow.log_params({"mechanism": cert["mechanism"], "noise_multiplier": cert["noise_multiplier"],
                                "sampling_rate": cert["sampling_rate"], "steps": cert["steps"],
                                "clip_norm": cert["clip_norm"], "delta": cert["delta"]})
-            mlflow.log_metric("privacy_epsilon", float(cert["epsilon"]))
+            # A metric, not only a tag: MLflow can filter runs on metrics with `<`.
+            if cert["epsilon"] is not None:
+                mlflow.log_metric("privacy_epsilon", float(cert["epsilon"]))
+            for cls, c in (cert.get("secrets") or {}).items():
+                mlflow.log_metric(f"privacy_secret_max_gamma_{cls}", float(c["max_gamma"]))
             mlflow.set_tags(privacy_tags(cert))
             mlflow.log_artifact(str(cert_path))
             mlflow.log_artifact(str(plan_path))

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from components.certificate import describe
 from components.core.errors import VeilError
 from flows.cli.common import out, print_json as _print_json, settings as _settings
 
@@ -21,16 +22,17 @@ def _summary_table(result: dict, seconds: float) -> Table:
     t.add_row("ingest", f"snapshot {ing['snapshot_id']}: {ing['accepted']} records, {ing['users']} users "
                         f"({ing['quarantined']} quarantined, {ing['duplicates']} duplicates dropped)")
     p = result["plan"]
+    target = (f"target ε={p['target']['epsilon']} δ={p['target']['delta']:g}" if p["target"].get("epsilon") is not None
+              else "target: every secret's posterior bound γ")
     t.add_row("plan", f"{p['mechanism']} · q={p['sampling_rate']:.4g} · σ={p['noise_multiplier']:.4g} · "
-                      f"T={p['steps']} · C={p['clip_norm']} · target ε={p['target']['epsilon']} δ={p['target']['delta']:g}")
+                      f"T={p['steps']} · C={p['clip_norm']} · {target}")
     t.add_row("train", f"{tr['steps_run']} DP steps · {tr['batch_mean']:.1f} users/step on average "
                        f"· {tr['trainable_params']:,} trainable parameters · {tr['seconds']:.0f} s")
-    t.add_row("certificate", f"{cert['privacy_unit']}-level ε={cert['epsilon']:.4f}, δ={cert['delta']:g} "
-                             f"({cert['accountant']['mechanism']}, PLD) · sha256 {cert['sha256'][:12]}…")
+    t.add_row("certificate", f"{describe(cert)} · sha256 {cert['sha256'][:12]}…")
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})")
     aud = result.get("audit")
     if aud:
-        t.add_row("audit", f"user-inference AUROC {aud["auroc"]:.3f} ± {aud["auroc_std"]:.3f} "
+        t.add_row("audit", f"user-inference AUROC {aud['auroc']:.3f} ± {aud['auroc_std']:.3f} "
                            f"(ceiling {aud['auroc_ceiling']:.4f}) · {'PASSED' if aud['passed'] else 'FAILED'}")
     t.add_row("time", f"{seconds:.0f} s")
     return t
@@ -67,7 +69,7 @@ def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=Non
     base = stages.base_model(s, public_corpus=public_corpus, base_model_dir=base_model_dir)
     planned = stages.plan(s, policy, snapshot_id=ing["snapshot_id"], base_dir=base)
     trained = stages.train(s, planned["plan_path"], base)
-    cert = stages.certify(planned["plan_path"], trained)
+    cert = stages.certify(s, planned["plan_path"], trained)
     reg = stages.register(s, name=model_name, certificate=cert, plan_path=planned["plan_path"], base_dir=base,
                           adapter_dir=trained.get("adapter_dir") or trained.get("model_dir"))
     aud = stages.audit(s, reg["model_uri"], policy=policy, truth=truth) if audit else None
@@ -111,15 +113,14 @@ def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `v
         raise VeilError(f"{plan}: no such plan file")
     s = _settings()
     res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model))
-    cert = stages.certify(plan, res)
+    cert = stages.certify(s, plan, res)
     cert_path = Path(s.runs_dir) / plan_sha(plan)[:16] / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2, sort_keys=True))
-    doc = {"train": res, "certificate_path": str(cert_path), "epsilon": cert["epsilon"], "delta": cert["delta"]}
+    doc = {"train": res, "certificate_path": str(cert_path), "certificate": cert}
     if json_out:
         _print_json(doc)
     else:
-        out.print(f"trained {res['steps_run']} steps · ε={cert['epsilon']:.4f} δ={cert['delta']:g} · "
-                  f"certificate {cert_path}")
+        out.print(f"trained {res['steps_run']} steps · {describe(cert)} · certificate {cert_path}")
 
 
 def plan_sha(plan: Path) -> str:
@@ -155,15 +156,14 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
         _print_json(rows)
         return
     t = Table(title="Registered models")
-    for col in ("model", "aliases", "unit", "mechanism", "ε", "δ", "steps", "audit AUROC (ceiling)", "certificate"):
+    for col in ("model", "aliases", "mechanism", "guarantee", "steps", "audit AUROC (ceiling)", "certificate"):
         t.add_column(col)
     for r in rows:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
         aud = f"{a['auroc']:.3f} ({a['auroc_ceiling']:.3f}) {'pass' if a.get('passed') else 'FAIL'}" if a else "—"
-        t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("privacy_unit", "?"),
-                  c.get("mechanism", "?"), f"{c['epsilon']:.4f}" if c else "?", f"{c['delta']:g}" if c else "?",
-                  str(c.get("steps", "?")), aud, r["certificate_status"])
+        t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
+                  describe(c) if c else "?", str(c.get("steps", "?")), aud, r["certificate_status"])
     out.print(t)
 
 

@@ -1,4 +1,5 @@
 """Certificates: ε recomputed from the steps actually run, checked against independent accountants."""
+import json
 import math
 
 import dp_accounting
@@ -87,7 +88,7 @@ def test_certificate_fields_and_hash():
 def test_refuses_a_run_that_used_other_numbers_than_the_plan():
     with pytest.raises(VeilError, match="noise_multiplier"):
         build_certificate(_plan(), dict(_result(120), noise_multiplier=SIGMA / 2))
-    with pytest.raises(VeilError, match="certificate"):
+    with pytest.raises(VeilError, match="no secret targets"):
         build_certificate(_plan(mechanism="secret"), _result(120, mechanism="secret"))
 
 
@@ -109,3 +110,39 @@ def test_audit_section_is_aggregates_only_and_rehashes():
     verify_certificate(audited)
     with pytest.raises(VeilError, match="aggregates"):
         attach_audit(cert, {"auroc": 0.5, "scores": [0.1, 0.2]})
+
+
+def _independent_gamma(rate, sigma, steps, kappa, sensitivity=2.0):
+    """KL of (1-p)N(0,σ²)+pN(Δ,σ²) vs N(0,σ²), both directions by quadrature, × T; then invert
+    d_KL(γ‖κ) = ρ with a root finder — none of Veil's accounting code involved."""
+    from scipy import integrate, optimize, stats
+
+    p_dens = lambda x: (1 - rate) * stats.norm.pdf(x, 0, sigma) + rate * stats.norm.pdf(x, sensitivity, sigma)
+    q_dens = lambda x: stats.norm.pdf(x, 0, sigma)
+    kl_pq = integrate.quad(lambda x: p_dens(x) * math.log(p_dens(x) / q_dens(x)), -40, 40, limit=400)[0]
+    kl_qp = integrate.quad(lambda x: q_dens(x) * math.log(q_dens(x) / p_dens(x)), -40, 40, limit=400)[0]
+    rho = steps * max(kl_pq, kl_qp)
+    dkl = lambda g: g * math.log(g / kappa) + (1 - g) * math.log((1 - g) / (1 - kappa)) - rho
+    return optimize.brentq(dkl, kappa, 1 - 1e-15)
+
+
+def test_secret_certificate_matches_an_independent_posterior_bound():
+    from components.accounting.secrets import SecretTarget
+
+    plan = dict(_plan(mechanism="secret", steps=50), sampling_rate=0.02, noise_multiplier=3.0, records_per_user=None,
+                target={"epsilon": None, "delta": None, "secrets": {"credential": {"kappa": 1e-3, "gamma": 0.05}}})
+    res = dict(_result(50, mechanism="secret"), sampling_rate=0.02, noise_multiplier=3.0)
+    targets = [SecretTarget.make("credential:AKIA1", [0.02], 1e-3, 0.05),
+               SecretTarget.make("credential:AKIA2", [0.04], 1e-3, 0.05)]
+    cert = build_certificate(plan, res, secret_targets=targets).to_dict()
+    assert cert["privacy_unit"] == "secret" and cert["epsilon"] is None
+    cls = cert["secrets"]["credential"]
+    assert cls["n_secrets"] == 2
+    # the worst secret is the one sampled at 0.04; ids (which hold the values) never appear
+    expected = _independent_gamma(0.04, 3.0, 50, 1e-3)
+    assert cls["max_gamma"] == pytest.approx(expected, rel=1e-6)
+    assert "AKIA" not in json.dumps(cert)
+    assert cert["within_target"] == (cls["max_gamma"] <= 0.05)
+    verify_certificate(cert)
+    with pytest.raises(VeilError, match="posterior"):
+        recompute_epsilon(cert)
