@@ -1,0 +1,43 @@
+"""Secret-protection end to end (no Prefect): LP rates → secret DP-SGD → per-class γ certificate → registry."""
+import json
+
+import pytest
+import yaml
+
+from components.core.settings import load_settings
+from flows import stages
+
+pytestmark = pytest.mark.slow
+
+CODE_POLICY = stages.DEMO_POLICY.parent / "code-team-secrets.yaml"
+
+
+def test_secret_protection_pipeline(veil_home, tmp_path):
+    from components.modeling import build_base_model
+    from components.registry import list_models
+    from flows.cli.core_cmds import run_stages
+
+    settings = load_settings(veil_home).ensure()
+    org = stages.demo_data(settings)
+    texts = [json.loads(l)["text"] for l in open(org["public"])][:300]
+    base = build_base_model(texts, tmp_path / "base", vocab_size=384, n_layer=1, n_embd=32, n_head=2,
+                            n_positions=64, steps=3, seq_len=64, batch_size=8, progress=False)
+    doc = yaml.safe_load(CODE_POLICY.read_text())
+    doc["spec"]["training"] = {**(doc["spec"].get("training") or {}), "steps": 3, "expected_batch_size": 8,
+                               "seq_len": 64, "micro_batch_size": 8}
+    policy = tmp_path / "code.yaml"
+    policy.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    result = run_stages(settings, str(policy), org["messages"], "jsonl", base_model_dir=str(base),
+                        model_name="code", mapping=stages.DEMO_MAPPING, audit=False)
+    cert = result["certificate"]
+    assert cert["privacy_unit"] == "secret" and cert["mechanism"] == "secret" and cert["epsilon"] is None
+    assert cert["steps"] == 3 and cert["within_target"]
+    protected = {c["name"] for c in doc["spec"]["secrets"]["classes"]}
+    assert set(cert["secrets"]) <= protected and cert["secrets"]
+    for cls, c in cert["secrets"].items():
+        assert c["kappa"] <= c["max_gamma"] <= c["gamma_target"], cls
+    # the certificate is registered: no secret value leaks into it
+    rows = [r for r in list_models(settings) if r["name"] == "code"]
+    assert rows and rows[0]["certificate"]["sha256"] == cert["sha256"]
+    assert "BLUEHERON" not in json.dumps(cert) and "AKIA" not in json.dumps(cert)
