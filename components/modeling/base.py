@@ -23,8 +23,9 @@ FACTS_SCHEMA = "veil.base/1"
 
 @dataclass(frozen=True)
 class BaseModelConfig:
-    """Size and schedule of the demo base. Defaults: ~0.8M non-embedding parameters, about a minute
-    on 2 CPU cores, loss from ln(4096)=8.3 down to ~2 on the demo's public corpus."""
+    """Size and schedule of the demo base. Defaults on the demo's public corpus (seed 0): ~0.85M
+    parameters (tied embeddings, ~2.6k-token vocabulary), 200 steps of ~0.18 s single-core compute
+    each, held-out loss 8.1 (uniform) -> 1.2."""
 
     vocab_size: int = 4096
     n_layer: int = 2
