@@ -32,15 +32,17 @@ def _prepare_model(model: torch.nn.Module, spec: TrainSpec) -> torch.nn.Module:
         for p in model.parameters():
             p.requires_grad_(True)
         return model
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
+
+    from components.modeling import attach_lora, lora_config
 
     if isinstance(model, PeftModel):
         return model
     lo = spec.lora
-    cfg = LoraConfig(r=int(lo["r"]), lora_alpha=float(lo.get("alpha", 2 * int(lo["r"]))),
-                     lora_dropout=float(lo.get("dropout", 0.0)),
-                     target_modules=lo.get("target_modules") or None, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.
+    cfg = lora_config(r=int(lo["r"]), alpha=float(lo.get("alpha", 2 * int(lo["r"]))),
+                      dropout=float(lo.get("dropout", 0.0)), target_modules=lo.get("target_modules") or None)
+    return attach_lora(model, cfg, seed=int(spec.seed))
 
 
 def _data_fingerprint(*arrays: np.ndarray) -> str:
