@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/lp.py
 	$(BIN)/python bench/dp_step.py
+	$(BIN)/python bench/audit_evidence.py
 
 clean:
 	rm -rf .veil

@@ -184,7 +184,8 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
     snap = load_snapshot(settings, loaded.plan["data"]["snapshot_id"])
     thresholds = load_policy(policy).spec.audit if policy else None
     truth_doc = json.loads(Path(truth).read_text()) if truth else None
-    result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc)
+    result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
+                       secret_spans=snap.secret_spans)
     summary = result.summary() if hasattr(result, "summary") else dict(result)
     new_cert = record_audit(settings, model_uri, summary, plot_path=getattr(result, "plot_path", None))
     return {"summary": summary, "certificate": new_cert}

@@ -145,3 +145,22 @@ class HashedStream:
                     yield tail
                 if not dec.eof:
                     raise VeilError(f"{self.path}: gzip stream is truncated")
+
+
+class StreamedFile:
+    """A connector that reads one file through `self.stream` (a HashedStream): the source's sha256
+    and byte progress come from the stream."""
+
+    stream: HashedStream
+
+    @property
+    def sha256(self) -> str:
+        return self.stream.sha256
+
+    @property
+    def progress_total(self) -> int:
+        return self.stream.size
+
+    @property
+    def progress_done(self) -> int:
+        return self.stream.bytes_read

@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from catalog.connectors.base import RAW_KEEP, FieldMap, HashedStream, RawRows, as_text, meta_col
+from catalog.connectors.base import RAW_KEEP, FieldMap, HashedStream, RawRows, StreamedFile, as_text, meta_col
 from catalog.schemas import RAW
 from components.core.errors import VeilError
 
 
-class JsonlSource:
+class JsonlSource(StreamedFile):
     format = "jsonl"
     default_source = "jsonl"
 
@@ -37,18 +37,6 @@ class JsonlSource:
         names = fields.wanted()
         self._schema = pa.schema([(n, pa.string()) for n in names])
         self.meta_names = tuple(fields.metadata)
-
-    @property
-    def sha256(self) -> str:
-        return self.stream.sha256
-
-    @property
-    def progress_total(self) -> int:
-        return self.stream.size
-
-    @property
-    def progress_done(self) -> int:
-        return self.stream.bytes_read
 
     # -- the stream, cut into whole-line blocks ------------------------------------------------------
     def batches(self) -> Iterator[pa.Table]:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from catalog.connectors.base import RAW_KEEP, FieldMap, HashedStream, RawRows, meta_col
+from catalog.connectors.base import RAW_KEEP, FieldMap, HashedStream, RawRows, StreamedFile, meta_col
 from catalog.schemas import RAW
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file
@@ -52,7 +52,7 @@ class _ChunkReader(io.RawIOBase):
         return n
 
 
-class CsvSource:
+class CsvSource(StreamedFile):
     format = "csv"
     default_source = "csv"
 
@@ -64,18 +64,6 @@ class CsvSource:
         self.delimiter = delimiter
         self.stream = HashedStream(self.path)
         self.meta_names = tuple(fields.metadata)
-
-    @property
-    def sha256(self) -> str:
-        return self.stream.sha256
-
-    @property
-    def progress_total(self) -> int:
-        return self.stream.size
-
-    @property
-    def progress_done(self) -> int:
-        return self.stream.bytes_read
 
     def batches(self) -> Iterator[pa.Table]:
         csv.field_size_limit(max(self.max_field_bytes, 1 << 16))

@@ -14,6 +14,15 @@ from components.core.errors import VeilError
 from flows.cli.common import out, print_json as _print_json, settings as _settings
 
 
+def _ceiling(aud: dict) -> str:
+    """The tightest AUROC ceiling the audit has: from the mechanism's whole PLD, else from (ε, δ)."""
+    if aud.get("auroc_ceiling_pld") is not None:
+        return f"{aud['auroc_ceiling_pld']:.3f} (PLD; {aud['auroc_ceiling']:.4f} from ε, δ)"
+    if aud.get("auroc_ceiling") is not None:
+        return f"{aud['auroc_ceiling']:.4f} (from ε, δ)"
+    return "none (no user-level guarantee)"
+
+
 def _summary_table(result: dict, seconds: float) -> Table:
     cert, reg, ing, tr = result["certificate"], result["registration"], result["ingest"], result["train"]
     t = Table(title="Veil run", show_header=True, header_style="bold")
@@ -32,8 +41,8 @@ def _summary_table(result: dict, seconds: float) -> Table:
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})")
     aud = result.get("audit")
     if aud:
-        t.add_row("audit", f"user-inference AUROC {aud['auroc']:.3f} ± {aud['auroc_std']:.3f} "
-                           f"(ceiling {aud['auroc_ceiling']:.4f}) · {'PASSED' if aud['passed'] else 'FAILED'}")
+        t.add_row("audit", f"user-inference AUROC {aud['auroc']:.3f} ± {aud['auroc_std']:.3f} · "
+                           f"ceiling {_ceiling(aud)} · {'PASSED' if aud['passed'] else 'FAILED'}")
     t.add_row("time", f"{seconds:.0f} s")
     return t
 
@@ -161,7 +170,7 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
     for r in rows:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
-        aud = f"{a['auroc']:.3f} ({a['auroc_ceiling']:.3f}) {'pass' if a.get('passed') else 'FAIL'}" if a else "—"
+        aud = f"{a['auroc']:.3f} ≤ {_ceiling(a)} {'pass' if a.get('passed') else 'FAIL'}" if a else "—"
         t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
                   describe(c) if c else "?", str(c.get("steps", "?")), aud, r["certificate_status"])
     out.print(t)

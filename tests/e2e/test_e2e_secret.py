@@ -29,7 +29,7 @@ def test_secret_protection_pipeline(veil_home, tmp_path):
     policy.write_text(yaml.safe_dump(doc, sort_keys=False))
 
     result = run_stages(settings, str(policy), org["messages"], "jsonl", base_model_dir=str(base),
-                        model_name="code", mapping=stages.DEMO_MAPPING, audit=False)
+                        model_name="code", mapping=stages.DEMO_MAPPING, audit=True)
     cert = result["certificate"]
     assert cert["privacy_unit"] == "secret" and cert["mechanism"] == "secret" and cert["epsilon"] is None
     assert cert["steps"] == 3 and cert["within_target"]
@@ -41,3 +41,6 @@ def test_secret_protection_pipeline(veil_home, tmp_path):
     rows = [r for r in list_models(settings) if r["name"] == "code"]
     assert rows and rows[0]["certificate"]["sha256"] == cert["sha256"]
     assert "BLUEHERON" not in json.dumps(cert) and "AKIA" not in json.dumps(cert)
+    # the audit ran on the registered model: no user-level ceiling for a secret-level guarantee
+    audit = cert["audit"]
+    assert audit is not None and audit["auroc_ceiling"] is None and "auroc" in audit
