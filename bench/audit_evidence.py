@@ -48,6 +48,8 @@ def main(argv=None) -> dict:
                     help="steps of the non-private baseline (default: the DP run's; more = more epochs)")
     ap.add_argument("--nonprivate-lr", type=float, default=None,
                     help="learning rate of the non-private baseline (default: the plan's)")
+    ap.add_argument("--nonprivate-full", action="store_true",
+                    help="fine-tune every weight of the non-private baseline (default: the plan's LoRA)")
     ap.add_argument("--runs", default="nonprivate,dp", help="which runs: nonprivate, dp or both")
     args = ap.parse_args(argv)
 
@@ -118,11 +120,13 @@ def main(argv=None) -> dict:
     spec_np = dataclasses.replace(spec_dp, mechanism="nonprivate", noise_multiplier=0.0,
                                   sampling_rate=min(1.0, per_step / train_data.num_rows),
                                   steps=int(args.nonprivate_steps or spec_dp.steps),
-                                  learning_rate=float(args.nonprivate_lr or spec_dp.learning_rate))
+                                  learning_rate=float(args.nonprivate_lr or spec_dp.learning_rate),
+                                  lora=None if args.nonprivate_full else spec_dp.lora)
     out = {"setting": {"users": args.users, "trained_users": plan["data"]["n_train_users"],
                        "held_out_users": len(plan["audit"]["held_out_users"]), "steps": spec_dp.steps,
                        "q": spec_dp.sampling_rate, "q_records_nonprivate": spec_np.sampling_rate,
-                       "nonprivate_steps": spec_np.steps, "nonprivate_lr": spec_np.learning_rate, "sigma": spec_dp.noise_multiplier, "clip": spec_dp.clip_norm,
+                       "nonprivate_steps": spec_np.steps, "nonprivate_lr": spec_np.learning_rate,
+                       "nonprivate_full_finetune": spec_np.lora is None, "sigma": spec_dp.noise_multiplier, "clip": spec_dp.clip_norm,
                        "G": G, "lr": spec_dp.learning_rate, "canaries": len(can_users),
                        "canaries_injected": len(injected), "candidates": args.candidates,
                        "secrets_per_class": args.per_class, "device": "cpu", "torch_threads": torch.get_num_threads()},
