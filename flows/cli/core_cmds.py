@@ -18,7 +18,7 @@ def _ceiling(aud: dict) -> str:
     """The tightest AUROC ceiling the audit has: from the mechanism's whole PLD, else from (ε, δ)."""
     if aud.get("auroc_ceiling_pld") is not None:
         return f"{aud['auroc_ceiling_pld']:.3f} (PLD; {aud['auroc_ceiling']:.4f} from ε, δ)"
-    if aud.get("auroc_ceiling") is not None:
+    if aud.get("auroc_ceiling") is not None and aud.get("epsilon") is not None:
         return f"{aud['auroc_ceiling']:.4f} (from ε, δ)"
     return "none (no user-level guarantee)"
 
