@@ -16,15 +16,6 @@ TINY = dict(vocab_size=2000, n_layer=1, n_embd=32, n_head=2, n_positions=64, ste
             lr=5e-3, seed=3, progress=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def texts():
     return public_corpus(np.random.default_rng(7), n_lines=300)

@@ -11,15 +11,6 @@ from components.modeling import (attach_lora, lora_config, lora_target_modules, 
                                  sequence_logprobs, train_tokenizer)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return train_tokenizer(public_corpus(np.random.default_rng(1), n_lines=200), vocab_size=400)
