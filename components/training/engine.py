@@ -84,7 +84,6 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise VeilError("model: no trainable parameters")
-    names = [n for n, _ in named]
     params = [p for _, p in named]
 
     # --- data and units -------------------------------------------------------------------

@@ -77,6 +77,8 @@ def _embedding(module, ids, g, skip=frozenset()):
             ids = ids.expand((B,) + tuple(ids.shape[1:]))
         ids = ids.reshape(B, -1)
         g = g.reshape(B, -1, g.shape[-1])
+        if module.padding_idx is not None:  # the padding row never gets a gradient
+            g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
         gw = torch.zeros((B,) + tuple(module.weight.shape), dtype=g.dtype, device=g.device)
         rows = torch.arange(B, device=ids.device)[:, None].expand_as(ids)
         gw.index_put_((rows, ids), g, accumulate=True)
@@ -96,24 +98,46 @@ def _layer_norm(module, a, g, skip=frozenset()):
     return out
 
 
-# --- ghost norms + book-keeping for matmul weights --------------------------------------------
-# For y = x W (Linear / Conv1D), a unit's weight gradient is Σ_t g_t a_tᵀ over the unit's tokens,
-# so its squared norm is Σ_{t,s} (a_t·a_s)(g_t·g_s): O(L²(i+o)) instead of instantiating the
-# o×i gradient, O(L·i·o). The clipped sum is then Σ_r f_r g_rᵀ a_r: one matmul, no per-record
-# gradient kept. Chosen per layer when L(i+o) < i·o (long sequences, wide layers: full
-# fine-tuning); LoRA's rank-r matrices always instantiate.
+# --- ghost norms + book-keeping for matmul and embedding weights -------------------------------
+# A use of a weight W [m, n] by a Linear, Conv1D or Embedding layer contributes Σ_t left_t right_tᵀ
+# over the unit's tokens: Linear (W [o, i]) left = output grad g, right = input a; Conv1D (W [i, o])
+# left = a, right = g; Embedding (W [V, d]) left = one-hot token id, right = g. A tied weight (GPT-2's
+# wte is both the input embedding and the LM head) is the sum over its uses, so its squared norm is
+#     Σ_{uses j, l} Σ_{t, s} (left_j,t · left_l,s)(right_j,t · right_l,s)
+# — L×L Gram matrices, O(L²(m+n)) per use pair (O(L²n) when a side is one-hot), instead of the
+# per-record m×n gradient: O(L·m·n) work and B·m·n memory (B×V×d for an LM head). The clipped sum
+# is then Σ_r f_r Σ_t left_rt right_rtᵀ: one matmul (or a row scatter for one-hot), no per-record
+# gradient kept. Chosen per weight by `ghost_pays`; LoRA's rank-r matrices always instantiate.
 
 def _ghost_kind(module: nn.Module) -> str | None:
     if type(module) is nn.Linear:
         return "linear"
     if _conv1d_types() and isinstance(module, _conv1d_types()):
         return "conv1d"
+    if type(module) is nn.Embedding and not module.scale_grad_by_freq and not module.sparse:
+        return "embedding"
     return None
 
 
-def _weight_dims(module: nn.Module, kind: str) -> tuple[int, int]:
+def _factor_dims(module: nn.Module, kind: str) -> tuple[int, int, bool]:
+    """(left width m, right width n, left is one-hot) of a use of `module.weight` [m, n]."""
     w = module.weight
-    return (w.shape[1], w.shape[0]) if kind == "linear" else (w.shape[0], w.shape[1])  # (in, out)
+    return int(w.shape[0]), int(w.shape[1]), kind == "embedding"
+
+
+def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int) -> bool:
+    """Cost model, per unit of `tokens` tokens, for a weight with uses `dims` (see _factor_dims).
+    Ghost: an L×L Gram pair per use pair. Instantiation: the per-record matmul (L·m·n, or L·n for a
+    row scatter) plus ~16 multiply-adds' worth per element for the passes over the B×m×n per-record
+    tensor (zero, write, norm, weighted sum), which run at memory speed rather than matmul speed."""
+    L = tokens
+    ghost = 0
+    for j, (mj, nj, oj) in enumerate(dims):
+        for ml, nl, ol in dims[j:]:
+            ghost += L * L * ((1 if (oj or ol) else mj) + nj)
+    m, n = dims[0][0], dims[0][1]
+    inst = sum(L * n if oh else L * mm * nn for mm, nn, oh in dims) + 16 * m * n
+    return ghost < inst
 
 
 def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
@@ -125,20 +149,66 @@ def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
     return u.reshape(u.shape[0], -1, u.shape[-1])
 
 
-def ghost_norm_sq(a: torch.Tensor, g: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
-    a, g = _flat(a, g)
-    a, g = _unit_tokens(a.to(g.dtype), slots), _unit_tokens(g, slots)
-    return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+class _Use:
+    """One use of a weight as Σ_t left_t right_tᵀ: left [B, L, m] (or ids [B, L] when one-hot)."""
+
+    def __init__(self, module: nn.Module, kind: str, a: torch.Tensor, g: torch.Tensor):
+        B = g.shape[0]
+        self.onehot = kind == "embedding"
+        if self.onehot:
+            ids = a if a.shape[0] == B else a.expand((B,) + tuple(a.shape[1:]))
+            ids = ids.reshape(B, -1)
+            g = g.reshape(B, -1, g.shape[-1])
+            if module.padding_idx is not None:  # the padding row never gets a gradient
+                g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
+            self.left, self.right = ids, g
+        else:
+            a, g = _flat(a, g)
+            a = a.to(g.dtype)
+            self.left, self.right = (g, a) if kind == "linear" else (a, g)
+
+    def units(self, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if slots is None:
+            return self.left, self.right
+        if self.onehot:  # padded tokens get id 0; their right rows are zero, so they add nothing
+            left = torch.cat([self.left, self.left.new_zeros((1, self.left.shape[1]))])[slots]
+            left = left.reshape(left.shape[0], -1)
+        else:
+            left = _unit_tokens(self.left, slots)
+        return left, _unit_tokens(self.right, slots)
+
+    def weighted_sum(self, f: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Σ_r f_r Σ_t left_rt right_rtᵀ (f [B], one factor per record)."""
+        rf = self.right * f.to(self.right.dtype).view(-1, 1, 1)
+        if self.onehot:
+            out = rf.new_zeros(shape)
+            return out.index_add_(0, self.left.reshape(-1), rf.reshape(-1, rf.shape[-1]))
+        return self.left.reshape(-1, self.left.shape[-1]).T @ rf.reshape(-1, rf.shape[-1])
 
 
-def bookkept_weight_sum(kind: str, a: torch.Tensor, g: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Σ_r f_r · (record r's weight gradient), without forming the per-record gradients."""
-    a, g = _flat(a, g)
-    gf = g * f.to(g.dtype).view(-1, 1, 1)
-    a = a.to(g.dtype)
-    if kind == "linear":
-        return gf.reshape(-1, gf.shape[-1]).T @ a.reshape(-1, a.shape[-1])
-    return a.reshape(-1, a.shape[-1]).T @ gf.reshape(-1, gf.shape[-1])
+def _gram(x: torch.Tensor, y: torch.Tensor, x_onehot: bool, y_onehot: bool, dtype) -> torch.Tensor:
+    """[U, Lx, Ly] of x_t · y_s, where a one-hot side is given by its ids [U, L]."""
+    if x_onehot and y_onehot:
+        return (x.unsqueeze(2) == y.unsqueeze(1)).to(dtype)
+    if x_onehot:
+        return _gram(y, x, False, True, dtype).transpose(1, 2)
+    if y_onehot:  # x_t · e_{y_s} = x_t[y_s]
+        return torch.gather(x, 2, y.unsqueeze(1).expand(x.shape[0], x.shape[1], y.shape[1]))
+    return torch.bmm(x, y.transpose(1, 2))
+
+
+def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
+    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only."""
+    fs = [(u.units(slots), u.onehot) for u in uses]
+    total = None
+    for j, ((lj, rj), oj) in enumerate(fs):
+        for l in range(j, len(fs)):
+            (ll, rl), ol = fs[l]
+            rg = torch.bmm(rj, rl.transpose(1, 2))
+            c = (_gram(lj, ll, oj, ol, rg.dtype) * rg).sum((1, 2))
+            c = c if l == j else 2 * c
+            total = c if total is None else total + c
+    return total
 
 
 def supported(model: nn.Module) -> bool:
@@ -147,6 +217,8 @@ def supported(model: nn.Module) -> bool:
         own = [p for p in m.parameters(recurse=False) if p.requires_grad]
         if own and type(m) not in _SAMPLERS:
             return False
+        if own and isinstance(m, nn.Embedding) and (m.scale_grad_by_freq or m.sparse):
+            return False  # gradients rescaled by batch counts / sparse: left to torch.func
     return True
 
 
@@ -247,14 +319,24 @@ class HookPerRecord:
             slots[owner[order], pos_in_unit] = order
         unit_len = ids.shape[1] * (1 if slots is None else slots.shape[1])
 
-        uses: dict[str, int] = {}
-        for m, _, _ in calls:
-            for name in self._own(m).values():
-                uses[name] = uses.get(name, 0) + 1
+        # every use of each trainable parameter in this forward (a tied weight has several)
+        uses: dict[str, list[tuple[int, str]]] = {}
+        for ci, (m, _, _) in enumerate(calls):
+            for local, name in self._own(m).items():
+                uses.setdefault(name, []).append((ci, local))
+        ghosted: set[str] = set()
+        if ghost != "never":
+            for name, us in uses.items():
+                kinds = [(_ghost_kind(calls[ci][0]) if local == "weight" else None) for ci, local in us]
+                if None in kinds:
+                    continue
+                dims = [_factor_dims(calls[ci][0], k) for (ci, _), k in zip(us, kinds)]
+                if ghost == "always" or ghost_pays(dims, unit_len):
+                    ghosted.add(name)
 
         sq = torch.zeros(n_units, dtype=torch.float32, device=ids.device)
         per_record: dict[str, torch.Tensor] = {}
-        ghosted: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # name, kind, a, g
+        ghost_uses: dict[str, list[_Use]] = {}
         for (m, a, o), g in zip(calls, gouts):
             if g is None:
                 continue
@@ -263,16 +345,14 @@ class HookPerRecord:
                                    f"({tuple(g.shape)}); use per_record='vmap'")
             own = self._own(m)
             skip = set()
-            kind = _ghost_kind(m)
-            if kind and "weight" in own and uses[own["weight"]] == 1 and ghost != "never":
-                i, o_ = _weight_dims(m, kind)
-                if ghost == "always" or unit_len * (i + o_) < i * o_:
-                    skip.add("weight")
-                    sq += ghost_norm_sq(a, g, slots).float()
-                    ghosted.append((own["weight"], kind, a, g))
+            if own.get("weight") in ghosted:
+                skip.add("weight")
+                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g))
             for local, t in _SAMPLERS[type(m)](m, a, g, frozenset(skip)).items():
                 name = own[local]
                 per_record[name] = per_record[name] + t if name in per_record else t
+        for us in ghost_uses.values():
+            sq += ghost_norm_sq(us, slots).float()
         per_unit: dict[str, torch.Tensor] = {}
         for name, t in per_record.items():
             if singletons:
@@ -288,8 +368,9 @@ class HookPerRecord:
         for name, u in per_unit.items():
             sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)
         f_rec = factor[owner]
-        for name, kind, a, g in ghosted:
-            sums[name] += bookkept_weight_sum(kind, a, g, f_rec).to(sums[name].dtype)
+        for name, us in ghost_uses.items():
+            for u in us:
+                sums[name] += u.weighted_sum(f_rec, sums[name].shape).to(sums[name].dtype)
         return sums, losses.detach()
 
     def _forward(self, ids: torch.Tensor):

@@ -19,13 +19,18 @@ from torch.func import functional_call, grad_and_value, vmap
 
 def sequence_losses(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Mean next-token NLL per sequence. logits [b,T,V], ids [b,T], lengths [b] -> [b].
-    A record with < 2 tokens has no target and loss 0 (so gradient 0)."""
+    A record with < 2 tokens has no target and loss 0 (so gradient 0).
+
+    The cross-entropy runs over all T positions with the targets shifted left and the positions
+    without a target ignored, rather than over logits[:, :-1]: the slice's backward would allocate,
+    zero and copy a second [b,T,V] tensor, the largest in the step."""
     T = ids.shape[-1]
-    targets = ids[..., 1:]
-    mask = (torch.arange(1, T, device=ids.device) < lengths[..., None]).to(logits.dtype)
-    nll = torch.nn.functional.cross_entropy(
-        logits[..., :-1, :].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
-    ).view(targets.shape)
+    valid = torch.arange(T, device=ids.device) < (lengths[..., None] - 1)   # position t predicts t+1
+    targets = torch.where(valid, torch.roll(ids, -1, dims=-1), torch.full_like(ids, -100))
+    logits = logits if logits.dtype == torch.float32 else logits.float()
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                            reduction="none", ignore_index=-100).view(targets.shape)
+    mask = valid.to(nll.dtype)
     return (nll * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 

@@ -159,3 +159,13 @@ def test_full_finetuning_record_update_equals_bruteforce(tiny_lm, tiny_tokenizer
     res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "record", data,
                                              q=0.5, lora=None, mbs=2, method=method)
     assert res.model_dir is not None and n_clipped > 0
+
+
+@pytest.mark.parametrize("method", ["ghost", "hooks"])
+def test_full_finetuning_uls_update_equals_bruteforce(tiny_lm, tiny_tokenizer, tmp_path, method):
+    # users of several records: ghost norms of the tied embedding/LM head are taken over a user's
+    # concatenated tokens (one-hot Gram across records, cross terms between the two uses)
+    data = tiny_lm.make_texts(n_users=5, per_user=(2, 4), seed=9)
+    res, n_clipped, n_units = _run_and_brute(tiny_lm, tiny_tokenizer, tmp_path, "uls", data, k=3,
+                                             lora=None, mbs=6, method=method)
+    assert res.model_dir is not None and 0 < n_clipped < n_units
