@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
+from components.training.grad_samplers import row_sq_norms
+
 
 def sequence_losses(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Mean next-token NLL per sequence. logits [b,T,V], ids [b,T], lengths [b] -> [b].
@@ -137,8 +139,7 @@ class PerUnitGradients:
                 for n in self.names:
                     gn = g[n]
                     unit_grads[n].index_add_(0, idx, gn * wt.to(gn.dtype).view((-1,) + (1,) * (gn.dim() - 1)))
-            sq = sum(torch.linalg.vector_norm(unit_grads[n].flatten(1), dim=1, dtype=torch.float32).square()
-                     for n in self.names)
+            sq = sum(row_sq_norms(unit_grads[n]) for n in self.names)
             factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
             for n in self.names:
                 total[n] += torch.tensordot(factor.to(unit_grads[n].dtype), unit_grads[n], dims=1)
