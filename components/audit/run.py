@@ -9,7 +9,6 @@ loaded model + snapshot texts + the plan's attacker reservations
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import statistics
 import sys
 from dataclasses import dataclass, field

@@ -45,6 +45,22 @@ def _prepare_model(model: torch.nn.Module, spec: TrainSpec) -> torch.nn.Module:
     return attach_lora(model, cfg, seed=int(spec.seed))
 
 
+def _filtered_step(spec: TrainSpec, model, opt, n_users: int, private_seed: int):
+    from components.accounting.filtered import filtered_noise
+    from components.training.filtered import FilteredStep, SparseVector
+
+    f = spec.filter
+    variant = f.get("variant", "veil")
+    noise = filtered_noise(epsilon=float(f["epsilon"]), delta=float(f["delta"]), steps=int(spec.steps),
+                           n_users=n_users, tau=float(f["tau"]), noise_multiplier=float(spec.noise_multiplier),
+                           variant=variant)
+    svt = SparseVector(threshold=noise.threshold, threshold_scale=noise.threshold_scale,
+                       query_scale=noise.query_scale, private_seed=private_seed)
+    return FilteredStep(model, opt, tau=float(f["tau"]), noise_std=noise.std, svt=svt,
+                        micro_batch_size=spec.micro_batch_size, private_seed=private_seed,
+                        per_record=spec.per_record, variant=variant)
+
+
 def _data_fingerprint(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
     for a in arrays:
@@ -89,7 +105,10 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     # --- data and units -------------------------------------------------------------------
     tok = tokenize_table(data, tokenizer, spec.seq_len)
     by_user = records_by_user(tok)
-    if spec.mechanism == "uls":
+    filtered = spec.mechanism == "uls-filtered"
+    if filtered and dctx.world_size > 1:
+        raise VeilError("uls-filtered runs in one process (it needs every user's gradient in one place)")
+    if spec.mechanism in ("uls", "uls-filtered"):
         rates = np.full(len(tok.users), float(spec.sampling_rate))
     elif spec.mechanism == "secret":
         rates = record_rates(data)
@@ -129,6 +148,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
 
     # --- resume -------------------------------------------------------------------------------
     start, losses, batch_sizes, resumed_from = 0, [], [], None
+    halted_at = None  # uls-filtered: the step whose concentration test failed (training stops there)
     state = ckpt.load_checkpoint(out_dir) if resume else None
     if state is not None:
         if state["spec"] != spec.identity():
@@ -147,6 +167,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
+        halted_at = state.get("halted_at")
         resumed_from = start
     prior_attempted = ckpt.read_ledger(out_dir) if (resume and dctx.is_main) else 0
 
@@ -160,26 +181,38 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
             "sampler": sampler.state_dict(step), "losses": losses, "batch_sizes": batch_sizes,
+            "halted_at": halted_at,
         })
 
     G = int(spec.records_per_user) if spec.records_per_user else None
-    batches = BatchBuilder("uls-chunks" if chunked else "uls" if spec.mechanism == "uls" else "records",
-                           tok, by_user, G=G, streams=streams, seq_len=spec.seq_len)
-    step_fn = DPStep(model, opt, private=spec.mechanism != "nonprivate", clip_norm=float(spec.clip_norm),
+    batches = BatchBuilder("uls-chunks" if chunked else "uls" if spec.mechanism in ("uls", "uls-filtered")
+                           else "records", tok, by_user, G=G, streams=streams, seq_len=spec.seq_len)
+    step_fn = _filtered_step(spec, model, opt, len(rates), private_seed) if filtered else DPStep(model, opt, private=spec.mechanism != "nonprivate", clip_norm=float(spec.clip_norm),
                      noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
                      micro_batch_size=spec.micro_batch_size, private_seed=private_seed, dctx=dctx,
                      per_record=spec.per_record)
+    filter_kept: list[float] = []
+    started = 0
     try:
         with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
             task = bar.add_task("train", total=spec.steps, completed=start, info="") if bar else None
-            for step in range(start, int(spec.steps)):
+            for step in range(start, int(spec.steps) if halted_at is None else start):
                 if dctx.is_main and step + 1 > prior_attempted:
                     ckpt.write_ledger(out_dir, step + 1)
+                started = max(started, step + 1)
                 chosen, rng = sampler.sample(step)
                 units, ids, lengths = batches.build(chosen, rng)
                 mine = dctx.shard(units)
 
-                loss_sum, n_rec_tot = step_fn(step, mine, ids, lengths)
+                if filtered:
+                    loss_sum, n_rec_tot, passed, kept = step_fn(step, mine, ids, lengths)
+                    if not passed:  # the sparse-vector test failed: Alg. 3 halts, no update at this step
+                        halted_at = step
+                        save(step)
+                        break
+                    filter_kept.append(kept)
+                else:
+                    loss_sum, n_rec_tot = step_fn(step, mine, ids, lengths)
                 losses.append(loss_sum / n_rec_tot if n_rec_tot > 0 else float("nan"))
                 batch_sizes.append(int(len(chosen)))
                 done = step + 1
@@ -209,7 +242,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 tokenizer.save_pretrained(model_dir)
     bs = np.array(batch_sizes, dtype=np.int64)
     result = TrainResult(
-        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=step_fn.sigma,  # 0 for nonprivate
+        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=float(spec.noise_multiplier) if filtered else step_fn.sigma,  # 0 for nonprivate
         sampling_rate=float(spec.sampling_rate),  # secret: the plan's mean rate, checked against the data
         clip_norm=float(spec.clip_norm), expected_batch_size=expected, plan_expected_batch_size=spec.expected_batch_size,
         records_per_user=spec.records_per_user,
@@ -218,12 +251,17 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         n_units=int(len(rates)), n_records=tok.n_records, losses=losses,
         adapter_dir=adapter_dir, model_dir=model_dir, seconds=time.time() - t0, seed=int(spec.seed),
         private_seed_source=seed_source, resumed_from_step=resumed_from,
-        steps_attempted=max(prior_attempted, len(batch_sizes)), world_size=dctx.world_size,
+        steps_attempted=max(prior_attempted, len(batch_sizes), started, (halted_at + 1) if halted_at is not None else 0), world_size=dctx.world_size,
         trainable_params=int(sum(p.numel() for p in params)),
         extra={"per_record": step_fn.per_unit.method if step_fn.per_unit else "plain-backward",
                "selection": spec.selection, "optimizer": spec.optimizer,
                "normalisation": "sum of clipped unit gradients + N(0, σ²C²), divided by the expected batch size",
-               "noise": "added once per step after the all-reduce (same per-step seeded stream on every rank)"},
+               "noise": "added once per step after the all-reduce (same per-step seeded stream on every rank)",
+               **({"filter": dict(spec.filter), "halted_at_step": halted_at,
+                   "noise_std_on_mean": step_fn.noise_std,
+                   "normalisation": "mean of the users kept by the filter + N(0, std²) on the mean (Alg. 3)",
+                   "kept_users_mean": float(np.mean(filter_kept)) if filter_kept else None}
+                  if filtered else {})},
     )
     if dctx.is_main:
         d = result.to_dict()

@@ -117,30 +117,57 @@ class PerUnitGradients:
                 loss_sum += float(losses.sum())
                 n_rec += len(recs)
                 continue
-            singletons = len(recs) == len(group) and all(u.weight == 1.0 for u in group)
-            unit_grads = None
-            for start in range(0, len(recs), mbs):
-                sl = slice(start, start + mbs)
-                r = recs[sl]
-                T = max(2, int(lengths_all[r].max()))
-                ids = torch.as_tensor(ids_all[r, :T], device=device)
-                lens = torch.as_tensor(lengths_all[r], device=device)
-                g, losses = self.per_record(ids, lens)
-                loss_sum += float(losses.sum())
-                n_rec += len(r)
-                if singletons:
-                    unit_grads = g
-                    continue
-                if unit_grads is None:
-                    unit_grads = {n: torch.zeros((len(group),) + params[n].shape, dtype=params[n].dtype,
-                                                 device=device) for n in self.names}
-                idx = torch.as_tensor(owner[sl], device=device)
-                wt = torch.as_tensor(w[sl], device=device)
-                for n in self.names:
-                    gn = g[n]
-                    unit_grads[n].index_add_(0, idx, gn * wt.to(gn.dtype).view((-1,) + (1,) * (gn.dim() - 1)))
+            unit_grads, ls, nr = self._group_unit_grads(group, recs, owner, w, ids_all, lengths_all, device)
+            loss_sum += ls
+            n_rec += nr
             sq = sum(row_sq_norms(unit_grads[n]) for n in self.names)
             factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
             for n in self.names:
                 total[n] += torch.tensordot(factor.to(unit_grads[n].dtype), unit_grads[n], dims=1)
         return total, loss_sum, n_rec
+
+    def unit_gradients(self, units: list[Unit], ids_all: np.ndarray, lengths_all: np.ndarray,
+                       device: torch.device) -> tuple[torch.Tensor, float, int]:
+        """Unclipped unit gradients Σ_{r∈u} w_u ∇ℓ_r, flattened over the trainable parameters in
+        `names` order: ([U, d] float32, Σ record losses, records processed)."""
+        rows, loss_sum, n_rec = [], 0.0, 0
+        for group in pack(units, self.micro_batch_size):
+            recs = np.concatenate([u.records for u in group])
+            owner = np.repeat(np.arange(len(group)), [len(u.records) for u in group])
+            w = np.repeat(np.array([u.weight for u in group], dtype=np.float64), [len(u.records) for u in group])
+            g, ls, nr = self._group_unit_grads(group, recs, owner, w, ids_all, lengths_all, device)
+            rows.append(torch.cat([g[n].reshape(len(group), -1).float() for n in self.names], 1))
+            loss_sum += ls
+            n_rec += nr
+        d = sum(p.numel() for n, p in self.model.named_parameters() if n in set(self.names))
+        return (torch.cat(rows) if rows else torch.zeros((0, d), device=device)), loss_sum, n_rec
+
+    def _group_unit_grads(self, group: list[Unit], recs: np.ndarray, owner: np.ndarray, w: np.ndarray,
+                          ids_all: np.ndarray, lengths_all: np.ndarray, device: torch.device):
+        """({name: [len(group), ...] unit gradients}, Σ record losses, records) for one packed group,
+        over as many micro-batches as its records need."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        mbs = self.micro_batch_size
+        singletons = len(recs) == len(group) and all(u.weight == 1.0 for u in group)
+        unit_grads, loss_sum, n_rec = None, 0.0, 0
+        for start in range(0, len(recs), mbs):
+            sl = slice(start, start + mbs)
+            r = recs[sl]
+            T = max(2, int(lengths_all[r].max()))
+            ids = torch.as_tensor(ids_all[r, :T], device=device)
+            lens = torch.as_tensor(lengths_all[r], device=device)
+            g, losses = self.per_record(ids, lens)
+            loss_sum += float(losses.sum())
+            n_rec += len(r)
+            if singletons:
+                unit_grads = g
+                continue
+            if unit_grads is None:
+                unit_grads = {n: torch.zeros((len(group),) + params[n].shape, dtype=params[n].dtype,
+                                             device=device) for n in self.names}
+            idx = torch.as_tensor(owner[sl], device=device)
+            wt = torch.as_tensor(w[sl], device=device)
+            for n in self.names:
+                gn = g[n]
+                unit_grads[n].index_add_(0, idx, gn * wt.to(gn.dtype).view((-1,) + (1,) * (gn.dim() - 1)))
+        return unit_grads, loss_sum, n_rec

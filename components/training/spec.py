@@ -11,9 +11,9 @@ from typing import Any
 
 from components.core.errors import VeilError
 
-MECHANISMS = ("uls", "els", "group", "record", "secret", "nonprivate")
+MECHANISMS = ("uls", "uls-filtered", "els", "group", "record", "secret", "nonprivate")
 # Modes whose privacy unit is sampled as a user (everything else samples records).
-USER_SAMPLED = ("uls",)
+USER_SAMPLED = ("uls", "uls-filtered")
 OPTIMIZERS = ("adam", "sgd")
 PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
 
@@ -39,6 +39,11 @@ class TrainSpec:
       "vmap"); "mixed": per-layer samplers on one backward, ghost norm or instantiated per-record
       gradient chosen per layer by cost, clipped sum by book-keeping; "hooks": always instantiate;
       "ghost": ghost norms wherever possible; "vmap": torch.func. All give the same update.
+    filter: uls-filtered only (Asi & Liu's Alg. 3, opt-in): {tau, epsilon, delta} — the
+      concentration radius τ and the run's total (ε, δ) target [, variant: veil (default,
+      certifiable) | seed (the paper's printed noise; no certificate)], from which the sparse-vector test
+      and the Gaussian noise on the filtered mean are set (components.accounting.filtered). Every
+      user every step (sampling_rate 1), no clipping (clip_norm unused), may halt early.
     selection: the plan's strategy. Only "random-chunk" changes what training does: under ULS each
       visit of a user draws G random seq_len-token chunks of the user's concatenated text instead
       of G of their records. Other strategies were applied by planning (the data holds their pick).
@@ -61,6 +66,7 @@ class TrainSpec:
     private_seed: int | None = None
     per_record: str = "auto"
     selection: str | None = None
+    filter: dict | None = None
 
     def __post_init__(self):
         def bad(name, why):
@@ -72,11 +78,23 @@ class TrainSpec:
             bad("sampling_rate", f"must be in (0, 1], got {self.sampling_rate}")
         if not (float(self.noise_multiplier) >= 0.0) or math.isinf(float(self.noise_multiplier)):
             bad("noise_multiplier", f"must be a finite number ≥ 0, got {self.noise_multiplier}")
-        if self.mechanism != "nonprivate" and not (float(self.clip_norm) > 0.0):
+        if self.mechanism not in ("nonprivate", "uls-filtered") and not (float(self.clip_norm) > 0.0):
             bad("clip_norm", f"must be > 0, got {self.clip_norm}")
         if int(self.steps) < 0:
             bad("steps", f"must be ≥ 0, got {self.steps}")
-        if self.mechanism in ("uls", "els", "group"):
+        if self.mechanism == "uls-filtered":
+            f = self.filter
+            if not isinstance(f, dict) or not {"tau", "epsilon", "delta"} <= set(f):
+                bad("filter", "uls-filtered needs {tau, epsilon, delta}")
+            if not float(f["tau"]) > 0 or not float(f["epsilon"]) > 0 or not 0 < float(f["delta"]) < 1:
+                bad("filter", f"need tau > 0, epsilon > 0, 0 < delta < 1; got {f}")
+            if f.get("variant", "veil") not in ("veil", "seed"):
+                bad("filter.variant", f"{f.get('variant')!r} is not one of veil, seed")
+            if float(self.sampling_rate) != 1.0:
+                bad("sampling_rate", f"uls-filtered takes every user every step (1.0), got {self.sampling_rate}")
+        elif self.filter is not None:
+            bad("filter", f"only uls-filtered takes a filter, not {self.mechanism}")
+        if self.mechanism in ("uls", "uls-filtered", "els", "group"):
             if self.records_per_user is None or int(self.records_per_user) < 1:
                 bad("records_per_user", f"{self.mechanism} needs an integer ≥ 1, got {self.records_per_user}")
         if int(self.seq_len) < 2:
@@ -117,6 +135,7 @@ class TrainSpec:
                 records_per_user=(int(plan["records_per_user"])
                                   if plan.get("records_per_user") is not None else None),
                 selection=plan.get("selection"),
+                filter=plan.get("filter"),
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
