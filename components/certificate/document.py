@@ -138,6 +138,8 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
     """
     if plan["mechanism"] == "secret":
         return _build_secret_certificate(plan, train_result, secret_targets, created_at, version)
+    if plan["mechanism"] == "uls-filtered":
+        return _build_filtered_certificate(plan, train_result, created_at, version)
     from components.accounting import epsilon as account
 
     mechanism = plan["mechanism"]
@@ -174,6 +176,56 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
             "kind": "per-user clipped mean gradient" if mechanism == "uls" else "records per user",
         },
         **_common(plan, steps, caveats, created_at, version),
+    }
+    return Certificate(_seal(doc))
+
+
+def _filtered_gaussian_steps(train_result: Mapping[str, Any], steps: int) -> int:
+    """Noisy updates to charge: every started step except the one whose test halted the run."""
+    halted = (train_result.get("extra") or {}).get("halted_at_step")
+    return steps - (1 if halted is not None and steps > int(halted) else 0)
+
+
+def _build_filtered_certificate(plan, train_result, created_at, version) -> Certificate:
+    """Asi & Liu's filtered ULS (veil variant only): ε/2 for the sparse vector + the full-batch
+    Gaussian steps' ε at δ/2; δ = δ/2 + e^ε·δ1 (components.accounting.filtered)."""
+    from components.accounting import LIBRARY_VERSION
+    from components.accounting.filtered import filtered_epsilon, filtered_noise
+
+    f = dict(plan.get("filter") or {})
+    if f.get("variant", "veil") != "veil":
+        raise VeilError("uls-filtered with the paper's printed noise (variant 'seed') has no privacy proof we "
+                        "could check: not certifiable; use variant 'veil'")
+    if dict((train_result.get("extra") or {}).get("filter") or {}) != f:
+        raise VeilError(f"training used filter {train_result.get('extra', {}).get('filter')} but the plan says {f}")
+    started, caveats = _checked_steps(plan, train_result)
+    steps = _filtered_gaussian_steps(train_result, started)
+    n_users = int(plan["data"]["n_train_users"])
+    noise = filtered_noise(epsilon=float(f["epsilon"]), delta=float(f["delta"]), steps=int(plan["steps"]),
+                           n_users=n_users, tau=float(f["tau"]), noise_multiplier=float(plan["noise_multiplier"]))
+    acc = filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
+                           noise_multiplier=float(plan["noise_multiplier"]), steps_run=steps)
+    caveats.append("filtered ULS (Asi & Liu 2024, seed 000 Alg. 3) with Veil's own sensitivity bound "
+                   "(docs/privacy/filtered-uls.md), under replace-one-user neighbouring with the user count public")
+    doc = {
+        "schema": SCHEMA,
+        "privacy_unit": "user",
+        "neighbouring": "replace_one_user",
+        "mechanism": "uls-filtered",
+        "epsilon": float(acc["epsilon"]),
+        "delta": float(acc["delta"]),
+        "target": dict(plan["target"]),
+        "within_target": acc["epsilon"] <= float(plan["target"]["epsilon"]) + 1e-12
+                         and acc["delta"] <= float(plan["target"]["delta"]) * (1 + 1e-12),
+        "accountant": {"name": "sparse vector (pure ε/2) + dp_accounting PLD of full-batch Gaussian steps",
+                       "mechanism": "uls-filtered", "library": "veil + dp-accounting",
+                       "library_version": LIBRARY_VERSION, "pessimistic": True, **acc},
+        "dp_event": None,
+        "filter": {**f, "halted_at_step": (train_result.get("extra") or {}).get("halted_at_step"),
+                   "gaussian_steps": steps, **{k: v for k, v in noise.to_dict().items() if k != "variant"}},
+        "contribution_bound": {"records_per_user": plan.get("records_per_user"), "selection": plan.get("selection"),
+                               "kind": "filtered mean of unclipped per-user mean gradients (sensitivity 60τ/W_min)"},
+        **_common(plan, started, caveats, created_at, version),
     }
     return Certificate(_seal(doc))
 
@@ -249,6 +301,13 @@ def recompute_epsilon(doc: Mapping[str, Any]) -> float:
 
     if doc["privacy_unit"] == "secret":
         raise VeilError("a secret-protection certificate has per-secret posterior bounds, not an ε")
+    if doc["accountant"]["mechanism"] == "uls-filtered":
+        from components.accounting.filtered import filtered_epsilon
+
+        f = doc["filter"]
+        return float(filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
+                                      noise_multiplier=float(doc["noise_multiplier"]),
+                                      steps_run=int(f["gaussian_steps"]))["epsilon"])
     if int(doc["steps"]) == 0:
         return 0.0
     acc_mech = doc["accountant"]["mechanism"]

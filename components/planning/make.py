@@ -202,7 +202,7 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
     extra: dict[str, Any] = {}
     rate_col: np.ndarray | None = None
     say(f"selecting records ({selection}, k={k})")
-    if mechanism == "uls":
+    if mechanism in ("uls", "uls-filtered"):
         # random / random-chunk: the trainer draws G afresh at every visit, so every record stays
         # available; deterministic strategies fix each user's k records here.
         chosen = (split.train if selection in ("random",) + REDRAWN_PER_VISIT
@@ -240,7 +240,27 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
         raise VeilError("plan: no training data left after holding out audit users and attacker samples")
     n_train_users = len(set(chosen.column("user_id").to_pylist()))
 
-    if mechanism == "secret":
+    if mechanism == "uls-filtered":
+        from components.accounting.filtered import calibrate_filtered, filtered_noise
+
+        q, batch = 1.0, n_units                   # every user, every step
+        target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
+        say(f"calibrating σ (filtered ULS: sparse vector ε/2 + {steps} full-batch Gaussian steps at ε/2)")
+        cal = calibrate_filtered(epsilon=target["epsilon"], delta=target["delta"], steps=steps)
+        sigma = float(cal.noise_multiplier)
+        extra["filter"] = {"tau": float(spec.filter.tau), "epsilon": target["epsilon"], "delta": target["delta"],
+                           "variant": "veil"}
+        # refuses (one line) when there are too few users for the bound
+        noise = filtered_noise(epsilon=target["epsilon"], delta=target["delta"], steps=steps, n_users=n_units,
+                               tau=float(spec.filter.tau), noise_multiplier=sigma)
+        gauss = _accounting_section(cal, "record")
+        accounting = {**gauss, "mechanism": "uls-filtered", "epsilon": target["epsilon"] / 2 + gauss["epsilon"],
+                      "delta": target["delta"] / 2 + target["delta"] / 4,  # Gaussian δ/2 + e^ε·δ1 = δ/4
+                      "epsilon_sparse_vector": target["epsilon"] / 2, "epsilon_gaussian": gauss["epsilon"],
+                      "filter_noise": noise.to_dict()}
+        caveats.append("filtered ULS may halt before its planned steps if users' gradients are not concentrated "
+                       "within τ; see docs/privacy/filtered-uls.md for the bound and its assumptions")
+    elif mechanism == "secret":
         from components.planning.secret_plan import calibrate_secret
 
         q = batch / max(1, chosen.num_rows)       # the mean per-record rate, for display and training
@@ -293,7 +313,7 @@ def make_plan(policy, snapshot, *, out_dir: str | Path, compute: Compute | dict 
         "expected_batch_size": batch,
         "clip_norm": float(tr.clip_norm),
         "records_per_user": records_per_user,
-        "selection": selection if mechanism in ("uls", "els", "group") else None,
+        "selection": selection if mechanism in ("uls", "uls-filtered", "els", "group") else None,
         "training": {"learning_rate": float(tr.learning_rate), "seq_len": int(tr.seq_len),
                      "micro_batch_size": int(tr.micro_batch_size), "seed": int(tr.seed), "lora": lora},
         "accounting": accounting,

@@ -17,7 +17,7 @@ API_VERSION = "veil.dev/v1"
 KIND = "PrivacyPolicy"
 
 PrivacyUnit = Literal["user", "record", "secret"]
-Mechanism = Literal["uls", "els", "group", "record", "secret", "auto"]
+Mechanism = Literal["uls", "uls-filtered", "els", "group", "record", "secret", "auto"]
 Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "random-chunk"]
 RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 
@@ -26,7 +26,7 @@ BUILTIN_DETECTORS = ("credentials", "email", "phone")
 
 # Which mechanisms can deliver a guarantee for which unit.
 MECHANISMS_FOR_UNIT = {
-    "user": ("uls", "els", "group", "auto"),
+    "user": ("uls", "uls-filtered", "els", "group", "auto"),
     "record": ("record", "auto"),
     "secret": ("secret", "auto"),
 }
@@ -178,6 +178,12 @@ class Training(_Strict):
     seed: int = Field(default=0, ge=0)
 
 
+class Filter(_Strict):
+    """Asi & Liu's filtered ULS (seed 000 Alg. 3), opt-in: every user every step, no clipping, noise
+    proportional to τ; training halts if the users' gradients stop being concentrated."""
+    tau: float = Field(gt=0, description="τ: the concentration radius (ℓ2 distance between users' mean gradients).")
+
+
 class Canaries(_Strict):
     users: int = Field(default=0, ge=0, description="Synthetic canary users (seed 003 App. D.2); 0: none.")
     substring_words: int = Field(default=10, ge=1, le=200)
@@ -217,6 +223,7 @@ class Spec(_Strict):
     contribution: Contribution = Field(default_factory=Contribution)
     secrets: Secrets = Field(default_factory=Secrets)
     training: Training = Field(default_factory=Training)
+    filter: Filter | None = Field(default=None, description="Required by (and only for) mechanism 'uls-filtered'.")
     audit: Audit = Field(default_factory=Audit)
     release: Release = Field(default_factory=Release)
 
@@ -230,6 +237,10 @@ class Spec(_Strict):
             raise ValueError(f"@target@ target (epsilon, delta) is required for privacy_unit '{self.privacy_unit}'")
         if self.privacy_unit == "secret" and not self.secrets.classes:
             raise ValueError("@secrets.classes@ privacy_unit 'secret' needs at least one class under secrets.classes")
+        if (self.filter is None) == (self.mechanism == "uls-filtered"):
+            raise ValueError("@filter@ mechanism 'uls-filtered' needs filter.tau, and only it takes a filter"
+                             if self.filter is None else
+                             f"@filter@ filter is set but mechanism is '{self.mechanism}'; it needs 'uls-filtered'")
         if self.contribution.selection == "random-chunk" and self.mechanism not in ("uls", "auto"):
             raise ValueError("@contribution.selection@ selection 'random-chunk' works with mechanism 'uls' only (ELS/group need "
                              "fixed records)")

@@ -244,3 +244,14 @@ def test_no_silent_coercion_and_non_text_keys(tmp_path):
     assert by_field["spec.training.seed"].line == 14 and "boolean" in by_field["spec.training.seed"].message
     p = _only(tmp_path, MINIMAL.replace("epsilon: 4", "epsilon: '4'"))
     assert p.field == "spec.target.epsilon" and "expected a number" in p.message
+
+
+def test_filtered_uls_needs_its_filter_and_only_it_takes_one():
+    from components.policy.model import Spec
+
+    base = {"privacy_unit": "user", "target": {"epsilon": 8.0, "delta": 1e-5}}
+    with pytest.raises(ValueError, match="needs filter.tau"):
+        Spec.model_validate({**base, "mechanism": "uls-filtered"})
+    with pytest.raises(ValueError, match="needs 'uls-filtered'"):
+        Spec.model_validate({**base, "mechanism": "uls", "filter": {"tau": 0.5}})
+    assert Spec.model_validate({**base, "mechanism": "uls-filtered", "filter": {"tau": 0.5}}).filter.tau == 0.5
