@@ -13,11 +13,13 @@ ULS when τ/C < 0.1, which real text data rarely gives — `concentration` measu
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from components.accounting.filtered import THRESHOLD_FRACTION
 from components.training.sampling import step_rng
 
 # Private randomness streams (sampling.py uses 0 and 1). Each draw has its own stream id: numpy's
@@ -129,3 +131,47 @@ class FilteredStep:
 
     def close(self) -> None:
         self.per_unit.close()
+
+
+def concentration_profile(model: torch.nn.Module, tokenizer, data, *, records_per_user: int, seq_len: int,
+                          clip_norm: float, lora: dict | None = None, max_users: int | None = None,
+                          micro_batch_size: int = 16, seed: int = 0) -> dict:
+    """How concentrated the users' mean gradients are at `model` (research note §7.8's diagnostic):
+    pairwise distances relative to the clip norm C, and τ*/C, the smallest τ for which Alg. 3's test
+    (s ≥ 4N/5) would pass. Alg. 3 only pays when τ*/C is small (the seed measured ≈ 1)."""
+    from components.training.batches import BatchBuilder
+    from components.training.data import records_by_user, tokenize_table
+    from components.training.engine import _prepare_model
+    from components.training.per_sample import PerUnitGradients
+    from components.training.spec import TrainSpec
+
+    spec = TrainSpec(mechanism="uls", sampling_rate=1.0, noise_multiplier=0.0, clip_norm=clip_norm, steps=0,
+                     records_per_user=records_per_user, seq_len=seq_len, lora=lora, seed=seed)
+    model = _prepare_model(model, spec)
+    model.train()
+    tok = tokenize_table(data, tokenizer, seq_len)
+    by_user = records_by_user(tok)
+    rng = np.random.default_rng(seed)
+    users = np.arange(len(by_user))
+    if max_users is not None and len(users) > max_users:
+        users = np.sort(rng.choice(users, size=max_users, replace=False))
+    units, ids, lengths = BatchBuilder("uls", tok, by_user, G=records_per_user).build(users, rng)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    per_unit = PerUnitGradients(model, names, micro_batch_size)
+    try:
+        grads, _, _ = per_unit.unit_gradients(units, ids, lengths, next(model.parameters()).device)
+    finally:
+        per_unit.close()
+    dist = pairwise_distances(grads)
+    n = dist.shape[0]
+    off = dist[~torch.eye(n, dtype=torch.bool, device=dist.device)]
+    norms = grads.double().norm(dim=1)
+    # s ≥ 0.8N ⇔ at least 0.8·N² of the N² ordered pairs (diagonal included) lie within τ: τ* is
+    # that order statistic of the distances
+    need = math.ceil(THRESHOLD_FRACTION * n * n)       # pairs within τ for s ≥ 0.8N
+    tau_star = float(dist.flatten().sort().values[need - 1])
+    C = float(clip_norm)
+    return {"n_users": int(n), "clip_norm": C, "dimension": int(grads.shape[1]),
+            "user_grad_norm_median_over_C": float(norms.median()) / C,
+            "pairwise_distance_over_C": {q: float(torch.quantile(off, q)) / C for q in (0.1, 0.5, 0.8, 0.9)},
+            "tau_star_over_C": tau_star / C}

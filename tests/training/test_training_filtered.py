@@ -162,3 +162,17 @@ def test_keep_probabilities_follow_alg3_ramp():
     p = keep_probabilities(pairwise_distances(g), 1.0)
     np.testing.assert_allclose(p[:7], (7 - N / 2) / (N / 6))   # between N/2 and 2N/3: linear
     np.testing.assert_allclose(p[7:], 0.0)
+
+
+def test_concentration_profile_matches_a_plain_loop(tiny_lm, tiny_tokenizer):
+    from components.training.filtered import concentration_profile
+
+    data = tiny_lm.make_texts(n_users=7, per_user=(1, 3), seed=13)
+    model = tiny_lm.make_model()
+    ref = copy.deepcopy(model)
+    prof = concentration_profile(model, tiny_tokenizer, data, records_per_user=3, seq_len=24, clip_norm=0.5)
+    g = _brute_user_grads(ref, tiny_tokenizer, data, 3, 0)     # G ≥ every user's count: no draw involved
+    d = pairwise_distances(g)
+    assert prof["n_users"] == 7 and prof["dimension"] == g.shape[1]
+    tau = prof["tau_star_over_C"] * 0.5
+    assert concentration_score(d, tau * (1 + 1e-6)) >= 0.8 * 7 > concentration_score(d, tau * (1 - 1e-3))
