@@ -2,7 +2,8 @@
 
 Same model (a small GPT-2 + peft LoRA), same batch, same sequence length, same Adam optimizer; the
 DP steps do record-level DP-SGD (per-record clip to C, Gaussian noise on the sum). Rounds are
-interleaved so machine noise hits all three alike; the figure is the median over rounds.
+interleaved, in a shuffled order, so machine noise hits all three alike; the figure is the median
+over rounds. On a shared 2-core VM repeated runs differ by ±5 %: compare within one run.
 
     python bench/dp_step.py                       # CPU defaults
     python bench/dp_step.py --device cuda --batch 64 --seq-len 256 --layers 12 --d-model 768
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lora-r", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -127,8 +128,12 @@ def main(argv=None) -> int:
 
     times = {k: [] for k in runners}
     cpu = {k: [] for k in runners}
+    order_rng = np.random.default_rng(1)
+    names = list(runners)
     for r in range(args.warmup + args.rounds):
-        for name, fn in runners.items():
+        # a fresh order each round: no engine always runs right after the same other one
+        for name in [names[i] for i in order_rng.permutation(len(names))]:
+            fn = runners[name]
             sync()
             t, c = time.perf_counter(), time.process_time()
             fn()

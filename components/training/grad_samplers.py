@@ -238,6 +238,28 @@ def supported(model: nn.Module) -> bool:
     return True
 
 
+def _root_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The outputs whose autograd history contains no other output of `outs`. Every other output
+    depends on one of them, so a backward to these roots computes (and hooks see) all of them."""
+    marks = {o.grad_fn: i for i, o in enumerate(outs) if o.grad_fn is not None}
+    below: dict = {}  # node -> some output's node lies strictly below it (towards the inputs)
+    for o in outs:
+        if o.grad_fn is None or o.grad_fn in below:
+            continue
+        stack = [(o.grad_fn, False)]
+        while stack:  # iterative post-order: graphs of deep models overflow Python's recursion
+            node, done = stack.pop()
+            if node in below:
+                continue
+            kids = [c for c, _ in node.next_functions if c is not None]
+            if done:
+                below[node] = any(c in marks or below[c] for c in kids)
+                continue
+            stack.append((node, True))
+            stack.extend((c, False) for c in kids if c not in below)
+    return [o for o in outs if o.grad_fn is None or not below[o.grad_fn]]
+
+
 class HookPerRecord:
     """Per-record gradients of `loss_fn(model(ids))` via forward/tensor hooks on sampled layers."""
 
@@ -320,9 +342,6 @@ class HookPerRecord:
         finally:
             self._active = False
             self._calls = None
-        outs = [o for _, _, o in calls]
-        gouts = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), outs, allow_unused=True)
-
         singletons = n_units == B
         slots = None
         if not singletons:  # [U, K] record indices per unit, padded with B (a zero row)
@@ -350,12 +369,15 @@ class HookPerRecord:
                 if ghost == "always" or ghost_pays(dims, unit_len):
                     ghosted.add(name)
 
-        sq = torch.zeros(n_units, dtype=torch.float32, device=ids.device)
+        # Each layer's output gradient is consumed by a tensor hook as the backward reaches it:
+        # instantiated per-record gradients are formed there and the [B, L, out] gradient is let go
+        # (ghosted layers keep it for the book-kept sum). The backward is asked for the gradients
+        # of the root outputs only (those that depend on no other recorded output), which every
+        # other output lies upstream of; asking for all of them would hold every one to the end.
         per_record: dict[str, torch.Tensor] = {}
         ghost_uses: dict[str, list[_Use]] = {}
-        for (m, a, o), g in zip(calls, gouts):
-            if g is None:
-                continue
+
+        def consume(g: torch.Tensor, m: nn.Module, a: torch.Tensor) -> None:
             if g.shape[0] != B:
                 raise RuntimeError(f"{type(m).__name__}: output not batched per record "
                                    f"({tuple(g.shape)}); use per_record='vmap'")
@@ -363,10 +385,18 @@ class HookPerRecord:
             skip = set()
             if own.get("weight") in ghosted:
                 skip.add("weight")
-                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g))
-            for local, t in _SAMPLERS[type(m)](m, a, g, frozenset(skip)).items():
+                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g.detach()))
+            for local, t in _SAMPLERS[type(m)](m, a, g.detach(), frozenset(skip)).items():
                 name = own[local]
                 per_record[name] = per_record[name] + t if name in per_record else t
+
+        outs = [o for _, _, o in calls]
+        for m, a, o in calls:
+            o.register_hook(lambda g, m=m, a=a: consume(g, m, a))
+        torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), _root_outputs(outs), allow_unused=True)
+        del outs, calls
+
+        sq = torch.zeros(n_units, dtype=torch.float32, device=ids.device)
         for us in ghost_uses.values():
             sq += ghost_norm_sq(us, slots).float()
         per_unit: dict[str, torch.Tensor] = {}

@@ -1,0 +1,88 @@
+"""Ghost norms and book-kept sums against instantiated per-unit gradients, layer by layer: Linear,
+HF Conv1D, Embedding (with a padding row), and a weight tied between an Embedding and a Linear
+(GPT-2's wte/lm_head), for single-record units and for units of several records."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from components.training.grad_samplers import _SAMPLERS, _Use, _ghost_kind, _unit_tokens, ghost_norm_sq
+
+
+def _slots(owner: torch.Tensor, n_units: int) -> torch.Tensor:
+    B = owner.shape[0]
+    K = int(torch.bincount(owner, minlength=n_units).max())
+    slots = torch.full((n_units, K), B, dtype=torch.long)
+    fill = [0] * n_units
+    for r, u in enumerate(owner.tolist()):
+        slots[u, fill[u]] = r
+        fill[u] += 1
+    return slots
+
+
+def _case(kind: str, B: int, L: int):
+    torch.manual_seed(0)
+    if kind == "linear":
+        m = nn.Linear(6, 5)
+        a = torch.randn(B, L, 6, dtype=torch.float64)
+    elif kind == "conv1d":
+        from transformers.pytorch_utils import Conv1D
+        m = Conv1D(5, 6)
+        a = torch.randn(B, L, 6, dtype=torch.float64)
+    else:
+        m = nn.Embedding(9, 4, padding_idx=0)
+        a = torch.randint(0, 9, (B, L))
+        a[0, :2] = 0                                   # padding tokens: no gradient to row 0
+    m = m.double()
+    out_dim = 4 if kind == "embedding" else 5
+    g = torch.randn(B, L, out_dim, dtype=torch.float64)
+    return m, a, g
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv1d", "embedding"])
+@pytest.mark.parametrize("owner", [None, [0, 1, 1, 2, 2, 2]])
+def test_ghost_norm_and_bookkept_sum_match_instantiation(kind, owner):
+    B, L = 6, 5
+    m, a, g = _case(kind, B, L)
+    per = _SAMPLERS[type(m)](m, a, g, frozenset({"bias"}))["weight"]            # [B, *W]
+    n_units = B if owner is None else max(owner) + 1
+    own = torch.arange(B) if owner is None else torch.tensor(owner)
+    units = torch.zeros((n_units,) + tuple(per.shape[1:]), dtype=per.dtype).index_add_(0, own, per)
+    use = _Use(m, _ghost_kind(m), a, g)
+    got = ghost_norm_sq([use], None if owner is None else _slots(own, n_units))
+    torch.testing.assert_close(got, units.flatten(1).square().sum(1))
+    f = torch.rand(B, dtype=torch.float64)
+    torch.testing.assert_close(use.weighted_sum(f, m.weight.shape), torch.tensordot(f, per, dims=1))
+    if kind == "embedding":
+        assert per[0, 0].abs().sum() == 0 and use.weighted_sum(f, m.weight.shape)[0].abs().sum() == 0
+
+
+@pytest.mark.parametrize("owner", [None, [0, 0, 1, 2, 2, 1]])
+def test_tied_embedding_and_head_ghost_norm_includes_cross_terms(owner):
+    B, L, V, d = 6, 4, 11, 3
+    torch.manual_seed(1)
+    emb = nn.Embedding(V, d).double()
+    head = nn.Linear(d, V, bias=False).double()
+    head.weight = emb.weight                                                     # tied
+    ids = torch.randint(0, V, (B, L))
+    g_emb = torch.randn(B, L, d, dtype=torch.float64)
+    h = torch.randn(B, L, d, dtype=torch.float64)
+    g_head = torch.randn(B, L, V, dtype=torch.float64)
+    per = (_SAMPLERS[nn.Embedding](emb, ids, g_emb)["weight"]
+           + _SAMPLERS[nn.Linear](head, h, g_head)["weight"])
+    n_units = B if owner is None else max(owner) + 1
+    own = torch.arange(B) if owner is None else torch.tensor(owner)
+    units = torch.zeros((n_units, V, d), dtype=per.dtype).index_add_(0, own, per)
+    uses = [_Use(emb, "embedding", ids, g_emb), _Use(head, "linear", h, g_head)]
+    got = ghost_norm_sq(uses, None if owner is None else _slots(own, n_units))
+    torch.testing.assert_close(got, units.flatten(1).square().sum(1))
+    f = torch.rand(B, dtype=torch.float64)
+    torch.testing.assert_close(sum(u.weighted_sum(f, emb.weight.shape) for u in uses),
+                               torch.tensordot(f, per, dims=1))
+
+
+def test_unit_tokens_pads_with_zero_rows():
+    x = torch.arange(12.0).view(3, 2, 2)
+    u = _unit_tokens(x, torch.tensor([[0, 3], [1, 2]]))
+    assert u.shape == (2, 4, 2) and torch.equal(u[0, 2:], torch.zeros(2, 2)) and torch.equal(u[1, 2:], x[2])
