@@ -32,6 +32,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/lp.py
 	$(BIN)/python bench/dp_step.py
+	$(BIN)/python bench/dp_step.py --full
+	$(BIN)/python bench/asi_liu_noise.py --measure
 	$(BIN)/python bench/audit_evidence.py
 
 clean:
