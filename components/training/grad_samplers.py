@@ -25,6 +25,40 @@ def register_grad_sampler(*types: type):
     return deco
 
 
+def _rms_eps(module: nn.Module) -> float | None:
+    """ε of an RMSNorm-style layer (y = w ⊙ x/rms(x), or (1 + w) ⊙ x/rms(x) as in Gemma: either way
+    ∂y/∂w = x/rms(x)), recognised by name and shape; None for anything else."""
+    name = type(module).__name__
+    w = getattr(module, "weight", None)
+    if not (name.endswith("RMSNorm") or name == "T5LayerNorm") or not isinstance(w, nn.Parameter) or w.dim() != 1:
+        return None
+    if any(p is not w for p in module.parameters(recurse=False)):
+        return None  # a bias or anything else: not the form above
+    for attr in ("variance_epsilon", "eps", "epsilon"):
+        if isinstance(getattr(module, attr, None), float):
+            return float(getattr(module, attr))
+    return None
+
+
+def sampler_for(module: nn.Module) -> Sampler | None:
+    """The registered sampler of the module's type, or the RMSNorm one for an RMSNorm-style layer.
+    Every sampler is checked against autograd on the run's first micro-batch (`self_check`)."""
+    fn = _SAMPLERS.get(type(module))
+    if fn is None and _rms_eps(module) is not None:
+        return _rms_norm
+    return fn
+
+
+def _rms_norm(module, a, g, skip=frozenset()):
+    out = {}
+    if _wants(module, "weight", skip):
+        x = a.float()
+        x_hat = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + _rms_eps(module))
+        prod = g * x_hat.to(g.dtype)
+        out["weight"] = prod.reshape(prod.shape[0], -1, prod.shape[-1]).sum(1)
+    return out
+
+
 def _flat(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, ..., d] -> [B, L, d] for activations and gradients alike."""
     return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
@@ -223,17 +257,19 @@ def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
 
 
 def row_sq_norms(u: torch.Tensor) -> torch.Tensor:
-    """‖u[b]‖² for each b, in float32, without copying a strided (e.g. transposed) u."""
+    """‖u[b]‖² for each b, in float64 (computed in float32 at least, float64 for a float64 u),
+    without copying a strided (e.g. transposed) u."""
+    dt = torch.float64 if u.dtype == torch.float64 else torch.float32
     if u.dim() == 1:
-        return u.float().square()
-    return torch.linalg.vector_norm(u, dim=tuple(range(1, u.dim())), dtype=torch.float32).square()
+        return u.to(dt).square().double()
+    return torch.linalg.vector_norm(u, dim=tuple(range(1, u.dim())), dtype=dt).square().double()
 
 
 def supported(model: nn.Module) -> bool:
     """True when every trainable parameter lives in a layer with a registered sampler."""
     for m in model.modules():
         own = [p for p in m.parameters(recurse=False) if p.requires_grad]
-        if own and type(m) not in _SAMPLERS:
+        if own and sampler_for(m) is None:
             return False
         if own and isinstance(m, nn.Embedding) and (m.scale_grad_by_freq or m.sparse):
             return False  # gradients rescaled by batch counts / sparse: left to torch.func
@@ -313,7 +349,7 @@ class HookPerRecord:
                 if g.shape[0] != ids.shape[0]:
                     raise RuntimeError(f"{type(m).__name__}: output not batched per record "
                                        f"({tuple(g.shape)}); use per_record='vmap'")
-                for local, t in _SAMPLERS[type(m)](m, a, g, frozenset()).items():
+                for local, t in sampler_for(m)(m, a, g, frozenset()).items():
                     name = own[local]
                     per[name] = per[name] + t if name in per else t  # tied weights: sum over uses
             for p in m.parameters(recurse=False):
@@ -388,7 +424,7 @@ class HookPerRecord:
             if own.get("weight") in ghosted:
                 skip.add("weight")
                 ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g.detach()))
-            for local, t in _SAMPLERS[type(m)](m, a, g.detach(), frozenset(skip)).items():
+            for local, t in sampler_for(m)(m, a, g.detach(), frozenset(skip)).items():
                 name = own[local]
                 per_record[name] = per_record[name] + t if name in per_record else t
 
@@ -398,9 +434,9 @@ class HookPerRecord:
         torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), _root_outputs(outs), allow_unused=True)
         del outs, calls
 
-        sq = torch.zeros(n_units, dtype=torch.float32, device=ids.device)
+        sq = torch.zeros(n_units, dtype=torch.float64, device=ids.device)
         for us in ghost_uses.values():
-            sq += ghost_norm_sq(us, slots).float()
+            sq += ghost_norm_sq(us, slots).double()
         per_unit: dict[str, torch.Tensor] = {}
         for name, t in per_record.items():
             if singletons:

@@ -83,6 +83,36 @@ class PerUnitGradients:
             return sequence_losses(out.logits, ids.unsqueeze(0), length.unsqueeze(0))[0]
 
         self._per_record = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")
+        self._checked = self._hooks is None  # layer samplers are checked once, on real records
+
+    def self_check(self, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Per-record gradients from the layer samplers must equal autograd's, record by record,
+        on (up to two of) the run's own records: a sampler whose layer computes something else (a
+        new transformers version, an unusual norm layer) would make the clipping — and so the
+        certificate — wrong. Same dropout masks on both sides (forked RNG)."""
+        from components.core.errors import VeilError
+
+        ids, lengths = ids[:2], lengths[:2]
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        devices = [ids.device] if ids.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(0)
+            per, _ = self._hooks(ids, lengths, sequence_losses)
+        for b in range(ids.shape[0]):
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(0)
+                out = self._hooks._forward(ids)
+                grads = torch.autograd.grad(sequence_losses(out.logits, ids, lengths)[b],
+                                            [params[n] for n in self.names], allow_unused=True)
+            for n, want in zip(self.names, grads):
+                want = torch.zeros_like(params[n]) if want is None else want
+                got = per[n][b]
+                tol = 1e-3 * float(want.abs().max()) + 1e-7
+                if not torch.allclose(got.float(), want.float(), rtol=1e-3, atol=tol):
+                    layer = n.rsplit(".", 1)[0]
+                    raise VeilError(f"per-record gradients of {layer} ({type(self.model.get_submodule(layer)).__name__}) "
+                                    "disagree with autograd; train with per_record='vmap'")
+        self._checked = True
 
     def per_record(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[dict, torch.Tensor]:
         if self._hooks is not None:
@@ -106,6 +136,10 @@ class PerUnitGradients:
             recs = np.concatenate([u.records for u in group])
             owner = np.repeat(np.arange(len(group)), [len(u.records) for u in group])
             w = np.repeat(np.array([u.weight for u in group], dtype=np.float64), [len(u.records) for u in group])
+            if not self._checked:
+                T = max(2, int(lengths_all[recs[:2]].max()))
+                self.self_check(torch.as_tensor(ids_all[recs[:2], :T], device=device),
+                                torch.as_tensor(lengths_all[recs[:2]], device=device))
             if self._hooks is not None and len(recs) <= mbs:  # whole units in one pass: book-keeping
                 T = max(2, int(lengths_all[recs].max()))
                 sums, losses = self._hooks.clipped_group(
@@ -133,6 +167,10 @@ class PerUnitGradients:
         rows, loss_sum, n_rec = [], 0.0, 0
         for group in pack(units, self.micro_batch_size):
             recs = np.concatenate([u.records for u in group])
+            if not self._checked:
+                T = max(2, int(lengths_all[recs[:2]].max()))
+                self.self_check(torch.as_tensor(ids_all[recs[:2], :T], device=device),
+                                torch.as_tensor(lengths_all[recs[:2]], device=device))
             owner = np.repeat(np.arange(len(group)), [len(u.records) for u in group])
             w = np.repeat(np.array([u.weight for u in group], dtype=np.float64), [len(u.records) for u in group])
             g, ls, nr = self._group_unit_grads(group, recs, owner, w, ids_all, lengths_all, device)
