@@ -80,10 +80,17 @@ def filtered_mean(grads: torch.Tensor, dist: torch.Tensor, tau: float, private_s
     sensitivity is what our certificate bounds); "seed": the paper's random B_t (user i kept with
     probability p_i) and the plain mean over B_t. 0 when nothing is kept."""
     p = keep_probabilities(dist, tau)
+    # a non-finite gradient has no neighbours (its distances are NaN) and is never kept; it must not
+    # reach the sum either, where 0 · NaN would turn the whole update into NaN
+    p[~torch.isfinite(grads).all(1).cpu().numpy()] = 0.0
     if variant == "veil":
-        w = torch.as_tensor(p, dtype=grads.dtype, device=grads.device)
-        total = float(w.sum())
-        return ((w @ grads) / total if total > 0 else torch.zeros_like(grads[0])), total
+        kept = np.flatnonzero(p > 0)
+        total = float(p[kept].sum())
+        if total <= 0:
+            return torch.zeros_like(grads[0]), 0.0
+        rows = torch.as_tensor(kept, device=grads.device)
+        w = torch.as_tensor(p[kept], dtype=grads.dtype, device=grads.device)
+        return (w @ grads[rows]) / total, total
     rng = step_rng(private_seed, step, _FILTER_STREAM)
     keep = np.flatnonzero(rng.random(len(p)) < p)
     if len(keep) == 0:

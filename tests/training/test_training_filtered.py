@@ -176,3 +176,15 @@ def test_concentration_profile_matches_a_plain_loop(tiny_lm, tiny_tokenizer):
     assert prof["n_users"] == 7 and prof["dimension"] == g.shape[1]
     tau = prof["tau_star_over_C"] * 0.5
     assert concentration_score(d, tau * (1 + 1e-6)) >= 0.8 * 7 > concentration_score(d, tau * (1 - 1e-3))
+
+
+def test_non_finite_user_gradient_is_dropped_not_spread():
+    N = 10
+    g = torch.zeros(N, 3, dtype=torch.float64)
+    g[:, 0] = torch.linspace(0, 0.1, N)
+    g[3, 1] = float("nan")
+    d = pairwise_distances(g)
+    for variant in ("veil", "seed"):
+        mean, kept = filtered_mean(g, d, 1.0, 0, 0, variant)
+        assert torch.isfinite(mean).all() and kept == pytest.approx(N - 1)
+        torch.testing.assert_close(mean, g[torch.arange(N) != 3].mean(0))
