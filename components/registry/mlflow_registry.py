@@ -72,6 +72,7 @@ class Registration:
     run_id: str
     model_uri: str
     certificate_sha256: str
+    lifetime: dict | None = None    # the users' lifetime spend with this release, when the plan has a budget
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -96,6 +97,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
+    lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,6 +117,10 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
             for cls, c in (cert.get("secrets") or {}).items():
                 mlflow.log_metric(f"privacy_secret_max_gamma_{cls}", float(c["max_gamma"]))
             mlflow.set_tags(privacy_tags(cert))
+            if lifetime is not None:
+                mlflow.set_tags({"privacy.lifetime_epsilon": repr(lifetime["epsilon"]),
+                                 "privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
+                mlflow.log_metric("privacy_lifetime_epsilon", float(lifetime["epsilon"]))
             mlflow.log_artifact(str(cert_path))
             mlflow.log_artifact(str(plan_path))
             info = mlflow.pyfunc.log_model(name="model", python_model=VeilCausalLM(), artifacts=artifacts,
@@ -124,7 +130,37 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
     return Registration(name=name, version=str(mv.version), run_id=run_id,
-                        model_uri=f"models:/{name}/{mv.version}", certificate_sha256=cert["sha256"])
+                        model_uri=f"models:/{name}/{mv.version}", certificate_sha256=cert["sha256"],
+                        lifetime=lifetime)
+
+
+def lifetime_check(settings: Settings, cert: Mapping[str, Any], budget: Mapping[str, Any] | None) -> dict | None:
+    """Refuse a release that would take the users past the policy's lifetime budget.
+
+    Every user-level release already in this registry counts against every user — any model name,
+    any policy — since all of them are trained on the same organisation's people (Veil cannot tell
+    which users a past snapshot held, so it assumes all). Releases are composed with the PLD where
+    their certificates allow (components.accounting.lifetime). A registered certificate that does not
+    verify makes the spend unknown: refused."""
+    if budget is None or cert.get("privacy_unit") != "user":
+        return None
+    from components.accounting.lifetime import lifetime_epsilon, release_from_certificate
+
+    rows = list_models(settings)
+    bad = [f"{r['name']}/{r['version']}" for r in rows if r["certificate"] is None]
+    if bad:
+        raise VeilError(f"lifetime budget: registered version(s) {', '.join(bad)} have certificates that do not "
+                        "verify, so what the users have spent is unknown: not registered")
+    prior = [r["certificate"] for r in rows]
+    releases = [x for x in (release_from_certificate(c) for c in prior + [dict(cert)]) if x is not None]
+    uncounted = sum(1 for c in prior if release_from_certificate(c) is None)
+    spend = lifetime_epsilon(releases, float(budget["delta"]))
+    out = {**spend.to_dict(), "budget_epsilon": float(budget["epsilon"]), "uncounted_releases": uncounted}
+    if spend.epsilon > float(budget["epsilon"]) * (1 + 1e-12):
+        raise VeilError(f"lifetime budget: with this release the users' total would be ε={spend.epsilon:.4g} at "
+                        f"δ={budget['delta']:g} over {spend.releases} user-level releases, above the policy's "
+                        f"lifetime ε={budget['epsilon']:g}: not registered")
+    return out
 
 
 def _resolve_version(client, model_uri: str):

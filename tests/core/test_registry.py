@@ -68,3 +68,30 @@ def test_bad_model_uri_is_a_user_error(settings):
         load_model("runs:/abc/model", settings)
     with pytest.raises(VeilError, match="no such registered model"):
         load_model("models:/nope/3", settings)
+
+
+def test_lifetime_budget_composes_releases_and_refuses_the_one_that_overspends(settings, tiny_base):
+    import dp_accounting
+
+    from components.accounting.lifetime import lifetime_epsilon, release_from_certificate
+
+    plan, cert = _plan_and_cert()
+    one = cert["epsilon"]
+    # room for two of these releases, not three
+    rel = release_from_certificate(cert)
+    two, three = (lifetime_epsilon([rel] * n, 1e-5).epsilon for n in (2, 3))
+    plan = {**plan, "lifetime_budget": {"epsilon": (two + three) / 2, "delta": 1e-5}}
+    r1 = register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
+    r2 = register_model(settings, name="b", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
+    assert r1.lifetime["releases"] == 1 and r2.lifetime["releases"] == 2
+    assert r1.lifetime["epsilon"] == pytest.approx(one, rel=2e-3)
+    # independent check: dp-accounting's own PLD accountant on the two composed runs
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    step = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.0))
+    acc.compose(dp_accounting.SelfComposedDpEvent(step, 30), 2)
+    ref = acc.get_epsilon(1e-5)
+    assert ref <= r2.lifetime["epsilon"] <= ref * 1.01
+    assert one < r2.lifetime["epsilon"] < 2 * one
+    with pytest.raises(VeilError, match="lifetime budget: .* above the policy's lifetime"):
+        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
+    assert {r["name"] for r in list_models(settings)} == {"a", "b"}   # nothing was registered

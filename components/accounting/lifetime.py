@@ -1,0 +1,95 @@
+"""A privacy unit's lifetime spend: every release trained on the same people, composed.
+
+Releases whose certificate carries a PLD-accountable mechanism (record, uls, els, group-tight, all
+add/remove neighbouring) are composed tightly: their privacy-loss distributions are convolved and ε
+is read at the δ left over. Releases certified some other way (group-naive, filtered ULS) enter by
+basic composition of their (ε, δ): ε adds up, δ comes off the budget first. Both are upper bounds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from components.accounting import events as ev
+from components.core.errors import VeilError
+
+PLD_MECHANISMS = ("record", "uls", "els", "group-tight")
+LIFETIME_DISCRETIZATION = 1e-4
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release: either a PLD-accountable run or a fixed (ε, δ) guarantee."""
+
+    label: str
+    mechanism: str | None = None
+    sampling_rate: float | None = None
+    noise_multiplier: float | None = None
+    steps: int = 0
+    k: int = 1
+    epsilon: float | None = None
+    delta: float | None = None
+
+    @property
+    def composable(self) -> bool:
+        return self.mechanism in PLD_MECHANISMS
+
+
+@dataclass(frozen=True)
+class LifetimeSpend:
+    epsilon: float              # total ε at `delta` (math.inf if the fixed parts use up δ)
+    delta: float
+    releases: int
+    composed_tightly: int       # releases in the PLD convolution
+    composed_basic: int         # releases added by basic composition
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def lifetime_epsilon(releases: list[Release], delta: float) -> LifetimeSpend:
+    from components.accounting.accountant import FLOAT_ALLOWANCE, _composed
+
+    if not 0 < delta < 1:
+        raise VeilError(f"lifetime budget: delta must be in (0, 1), got {delta}")
+    pld = None
+    fixed_eps, fixed_delta, n_tight = 0.0, 0.0, 0
+    for r in releases:
+        if r.composable:
+            if r.steps <= 0:
+                continue
+            ev.validate(r.mechanism, sampling_rate=r.sampling_rate, noise_multiplier=r.noise_multiplier,
+                        steps=r.steps, k=r.k)
+            part = _composed(r.mechanism, float(r.sampling_rate), float(r.noise_multiplier), int(r.steps),
+                             int(r.k), LIFETIME_DISCRETIZATION)
+            pld = part if pld is None else pld.compose(part)
+            n_tight += 1
+        else:
+            if r.epsilon is None or r.delta is None:
+                raise VeilError(f"lifetime budget: release {r.label} has neither a mechanism nor an (ε, δ)")
+            fixed_eps += float(r.epsilon)
+            fixed_delta += float(r.delta)
+    left = delta - fixed_delta
+    if left <= 0:
+        eps = math.inf
+    elif pld is None:
+        eps = fixed_eps
+    else:
+        e = float(pld.get_epsilon_for_delta(left))
+        eps = fixed_eps + (e * (1.0 + FLOAT_ALLOWANCE) if math.isfinite(e) else math.inf)
+    return LifetimeSpend(epsilon=eps, delta=delta, releases=len(releases), composed_tightly=n_tight,
+                         composed_basic=len(releases) - n_tight)
+
+
+def release_from_certificate(cert: dict) -> Release | None:
+    """The certificate's release, or None when it gives no user-level guarantee (record or secret
+    unit): such a release cannot be charged to a user's budget in ε, and callers must say so."""
+    if cert.get("privacy_unit") != "user":
+        return None
+    label = f"{cert.get('mechanism')}:{str(cert.get('sha256', ''))[:12]}"
+    acc = (cert.get("accountant") or {}).get("mechanism")
+    if acc in PLD_MECHANISMS:
+        k = 1 if acc in ("uls", "record") else int((cert.get("contribution_bound") or {}).get("records_per_user") or 1)
+        return Release(label=label, mechanism=acc, sampling_rate=float(cert["sampling_rate"]),
+                       noise_multiplier=float(cert["noise_multiplier"]), steps=int(cert["steps"]), k=k)
+    return Release(label=label, epsilon=float(cert["epsilon"]), delta=float(cert["delta"]))
