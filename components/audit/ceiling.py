@@ -79,14 +79,29 @@ def auroc_ceiling_from_profile(epsilons: Sequence[float], deltas: Sequence[float
     return float(1.0 - np.sum(f) * (1.0 / (grid - 1)))
 
 
+_PROFILE_GRID = np.concatenate([np.linspace(0.0, 2.0, 201)[:-1], np.linspace(2.0, 20.0, 361)])
+
+
+def tpr_ceiling_from_pld(fpr, pld, *, epsilons: Sequence[float] | None = None):
+    """The largest TPR any test can have at each FPR against the mechanism of `pld`: one minus the
+    upper envelope of the trade-off curves f_{ε,δ(ε)} over an ε grid (a finite grid only drops
+    constraints, so the curve is never below the exact one)."""
+    grid = np.asarray(epsilons if epsilons is not None else _PROFILE_GRID)
+    deltas = np.clip(np.asarray(pld.get_delta_for_epsilon(grid), dtype=float), 0.0, 1.0)
+    a = np.asarray(fpr, dtype=float)
+    f = np.zeros_like(a)
+    for e, d in zip(grid, deltas):
+        f = np.maximum(f, tradeoff(a, float(e), float(d)))
+    return 1.0 - f
+
+
 def auroc_ceiling_from_pld(pld, *, epsilons: Sequence[float] | None = None) -> float:
     """AUROC ceiling from a dp_accounting PrivacyLossDistribution (its δ(ε) profile on a grid).
 
     `pld.get_delta_for_epsilon` already takes the worse of the add and remove directions, so each
     (ε, δ(ε)) pair is a symmetric guarantee and the envelope above applies.
     """
-    grid = np.asarray(epsilons if epsilons is not None else
-                      np.concatenate([np.linspace(0.0, 2.0, 201)[:-1], np.linspace(2.0, 20.0, 361)]))
+    grid = np.asarray(epsilons if epsilons is not None else _PROFILE_GRID)
     deltas = np.clip(np.asarray(pld.get_delta_for_epsilon(grid), dtype=float), 0.0, 1.0)
     return auroc_ceiling_from_profile(grid, deltas)
 

@@ -62,8 +62,10 @@ def _write(path: Path, table: pa.Table) -> None:
 
 
 def roc_plot(scores: np.ndarray, labels: np.ndarray, path: str | Path, *, epsilon: float | None,
-             delta: float | None, title: str = "User inference", canary: tuple | None = None) -> Path:
-    """ROC (linear and log axes) with the (ε, δ)-DP ceiling 1 − f(FPR) and the chance line."""
+             delta: float | None, title: str = "User inference", canary: tuple | None = None,
+             pld=None) -> Path:
+    """ROC (linear and log axes) with the (ε, δ)-DP ceiling 1 − f(FPR), the (tighter) ceiling from
+    the certified mechanism's privacy-loss distribution when `pld` is given, and the chance line."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -73,6 +75,11 @@ def roc_plot(scores: np.ndarray, labels: np.ndarray, path: str | Path, *, epsilo
     s = np.asarray(scores, float)
     fpr, tpr, _ = roc_from_groups(s[y], s[~y])
     grid = np.logspace(-4, 0, 400)
+    pld_curve = None
+    if pld is not None:
+        from components.audit.ceiling import tpr_ceiling_from_pld
+
+        pld_curve = tpr_ceiling_from_pld(grid, pld)
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), dpi=110)
     for ax, log in zip(axes, (False, True)):
         ax.plot(fpr, tpr, lw=1.8, label=f"real users ({y.sum()} in / {(~y).sum()} out)")
@@ -84,6 +91,8 @@ def roc_plot(scores: np.ndarray, labels: np.ndarray, path: str | Path, *, epsilo
         if epsilon is not None and delta is not None:
             ax.plot(grid, tpr_ceiling(grid, epsilon, delta), color="crimson", lw=1.2,
                     label=f"DP ceiling (ε={epsilon:.3g}, δ={delta:.1g})")
+        if pld_curve is not None:
+            ax.plot(grid, pld_curve, color="darkorange", lw=1.2, label="ceiling of the certified mechanism (PLD)")
         ax.plot(grid, grid, color="grey", lw=0.8, ls=":", label="chance")
         if log:
             ax.set_xscale("log")

@@ -52,6 +52,16 @@ class AuditResult:
                 "roc_png": str(self.plot_path) if self.plot_path else None}
 
 
+def _user_pld(cert):
+    """The certificate's user-level privacy-loss distribution for the ROC plot, or None."""
+    from components.audit.ceiling import certificate_pld
+
+    try:
+        return certificate_pld(cert)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def resolve_thresholds(policy_thresholds: Any, plan: Mapping) -> dict:
     """Policy audit thresholds from a policy's `spec.audit` (pydantic), a dict, or the plan's copy."""
     src: Any = policy_thresholds
@@ -236,7 +246,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     if plot:
         plot_path = roc_plot(real["score"].to_numpy(zero_copy_only=False),
                              real["member"].to_numpy(zero_copy_only=False), Path(settings.home) / "audits" /
-                             f"{audit_id}-roc.png", epsilon=eps, delta=delta,
+                             f"{audit_id}-roc.png", epsilon=eps, delta=delta, pld=_user_pld(cert),
                              title=f"User inference: AUROC {ui['auroc']:.3f} ± {ui['auroc_std']:.3f} " + (
                                  "(no user-level DP guarantee, no ceiling)" if eps is None else
                                  f"(DP ceiling {ui['auroc_ceiling']:.3f} from (ε, δ)"

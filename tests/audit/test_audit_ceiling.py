@@ -125,3 +125,21 @@ def test_certificate_pld_ceiling_gaussian_and_cross_implementation():
     assert c["auroc_ceiling_pld"] <= c["auroc_ceiling"] and c["auroc_ceiling"] == pytest.approx(auroc_ceiling(e, 1e-5))
     assert certificate_ceilings({"privacy_unit": "record", "epsilon": 1.0, "delta": 1e-5}) == {
         "auroc_ceiling": 1.0, "auroc_ceiling_pld": None}
+
+
+def test_pld_tpr_ceiling_is_the_gaussian_tradeoff_from_above():
+    # one Gaussian mechanism (sensitivity 1, noise σ) is μ-GDP with μ = 1/σ: the exact trade-off is
+    # G_μ(α) = Φ(Φ⁻¹(1 − α) − μ) (Dong, Roth & Su 2019), so the TPR ceiling is 1 − G_μ(α)
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from scipy.stats import norm
+
+    from components.audit.ceiling import tpr_ceiling_from_pld
+
+    sigma = 0.8
+    pld = pld_lib.from_gaussian_mechanism(sigma, sensitivity=1.0, value_discretization_interval=1e-3,
+                                          pessimistic_estimate=True)
+    fpr = np.logspace(-4, -0.01, 60)
+    exact = 1.0 - norm.cdf(norm.ppf(1.0 - fpr) - 1.0 / sigma)
+    got = tpr_ceiling_from_pld(fpr, pld)
+    assert np.all(got >= exact - 1e-9)                     # never below the truth
+    assert np.max(got - exact) < 0.02                      # and close to it
