@@ -25,7 +25,8 @@ from components.audit.ceiling import auroc_ceiling, certificate_ceilings
 from components.audit.exposure import probes_from_spans, probes_from_truth, secret_exposure, exposure_summary
 from components.audit.metrics import bootstrap_metrics
 from components.audit.report import SECTION_SCHEMA, ref_key, roc_plot, secret_ref, write_private
-from components.audit.user_inference import score_users, user_inference_report
+from components.audit.user_inference import (_check_samples, aggregate_user_scores, auroc_by_m, score_samples,
+                                            user_inference_report)
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 
@@ -154,8 +155,10 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     if samples is None:
         samples = attacker_samples(plan, snapshot_records, settings)
     _say(progress, f"scoring {samples.num_rows} attacker samples of {len(set(samples['user_id'].to_pylist()))} users")
-    scores = score_users(loaded.model, loaded.tokenizer, samples, reference=reference, seq_len=seq_len,
-                         batch_size=batch_size, progress=progress)
+    _check_samples(samples)
+    ratios = score_samples(loaded.model, loaded.tokenizer, samples["text"].to_pylist(), reference=reference,
+                           seq_len=seq_len, batch_size=batch_size, progress=progress)
+    scores = aggregate_user_scores(samples, ratios)
     timings["user_inference_s"] = time.perf_counter() - t0
     canary_mask = pa.array([is_canary(u) or u in set(plan.get("audit", {}).get("canary_users") or [])
                             for u in scores["user_id"].to_pylist()])
@@ -166,6 +169,11 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                                auroc_ceiling_pld=ceilings["auroc_ceiling_pld"])
     failures = list(ui["failures"])
     m = real["m"].to_pylist()
+    real_rows = pc.invert(pa.array([is_canary(u) or u in set(plan.get("audit", {}).get("canary_users") or [])
+                                    for u in samples["user_id"].to_pylist()]))
+    sweep = auroc_by_m(samples.filter(real_rows), ratios[real_rows.to_numpy(zero_copy_only=False)],
+                       [x for x in (1, 2, 4, 8, 16) if x < max(m or [1])] + [max(m or [1])],
+                       bootstrap=bootstrap, seed=seed)
 
     # --- canaries ----------------------------------------------------------------------------------
     cfile = (plan.get("audit") or {}).get("canary_records_file")
@@ -278,6 +286,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         "reference": "given reference model" if reference is not None else "same model, adapter disabled",
         "seq_len": seq_len,
         "attacker_samples_per_user": {"min": min(m), "median": float(np.median(m)), "max": max(m)},
+        "auroc_by_m": sweep,   # seed 003's ablation: the attack with fewer samples per user
         "secret_exposure": exposure,
         "canaries": canary_section,
         "thresholds": thresholds,

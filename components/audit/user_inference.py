@@ -75,6 +75,29 @@ def score_users(model, tokenizer, samples: pa.Table, *, reference=None, seq_len:
     return aggregate_user_scores(samples, ratios)
 
 
+def auroc_by_m(samples: pa.Table, ratios: np.ndarray, ms, *, bootstrap: int = 100, seed: int = 0) -> list[dict]:
+    """Seed 003's ablation: AUROC when the attacker holds only m′ samples per user — the mean over
+    the first m′ of a seeded shuffle of each user's samples (users with fewer keep all of theirs).
+    Aggregates only. samples: (user_id, member) aligned with `ratios`."""
+    users = samples["user_id"].cast(pa.string()).to_pylist()
+    member = samples["member"].to_pylist()
+    r = np.asarray(ratios, dtype=np.float64)
+    by_user: dict[str, list[int]] = {}
+    for i, u in enumerate(users):
+        by_user.setdefault(u, []).append(i)
+    rng = np.random.default_rng(seed)
+    order = {u: rng.permutation(idx) for u, idx in sorted(by_user.items())}
+    labels = np.array([bool(member[idx[0]]) for _, idx in sorted(by_user.items())])
+    out = []
+    for m in sorted({int(x) for x in ms if int(x) >= 1}):
+        scores = np.array([r[order[u][:m]].mean() for u in sorted(by_user)])
+        if labels.all() or not labels.any():
+            break
+        b = bootstrap_metrics(scores, labels, n_boot=bootstrap, seed=seed)
+        out.append({"m": m, "auroc": b["auroc"], "auroc_std": b["auroc_std"]})
+    return out
+
+
 def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float | None, *,
                           bootstrap: int = 100, seed: int = 0, max_auroc: float | None = None,
                           max_tpr_at_fpr: dict | None = None, auroc_ceiling_pld: float | None = None) -> dict:

@@ -26,6 +26,8 @@ def _table(doc: dict) -> Table:
                                       f"(point {doc['auroc_point']:.3f}; DP ceiling {doc['auroc_ceiling']:.3f})")
     t.add_row("TPR at FPR", "  ".join(
         f"{k}: {v:.3f}{'' if doc['tpr_at_fpr_resolved'][k] else ' (0 FP)'}" for k, v in doc["tpr_at_fpr"].items()))
+    if doc.get("auroc_by_m"):
+        t.add_row("AUROC by samples/user", "  ".join(f"m={r['m']}: {r['auroc']:.3f}" for r in doc["auroc_by_m"]))
     t.add_row("users", f"{doc['users_in']} trained / {doc['users_out']} held out "
                        f"(FPR resolution {doc['fpr_resolution']:.3g})")
     t.add_row("empirical ε lower bound", f"{doc['epsilon_lower_bound']:.3f} (95%)"

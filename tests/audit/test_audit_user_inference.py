@@ -112,3 +112,27 @@ def test_report_carries_no_per_user_score():
         assert f"'{u}'" not in flat
     for key in ("auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in", "users_out", "passed"):
         assert key in r
+
+
+def test_auroc_by_m_grows_with_samples_and_matches_the_full_statistic():
+    import numpy as np
+    import pyarrow as pa
+
+    from components.audit.metrics import auroc
+    from components.audit.user_inference import aggregate_user_scores, auroc_by_m
+
+    rng = np.random.default_rng(0)
+    users, member, ratios = [], [], []
+    for u in range(200):
+        is_member = u % 2 == 0
+        for _ in range(16):
+            users.append(f"u{u:03d}")
+            member.append(is_member)
+            ratios.append(rng.normal(0.3 if is_member else 0.0, 1.0))
+    samples = pa.table({"user_id": users, "member": member})
+    sweep = auroc_by_m(samples, np.array(ratios), [1, 4, 16], bootstrap=20)
+    assert [r["m"] for r in sweep] == [1, 4, 16]
+    assert sweep[0]["auroc"] < sweep[1]["auroc"] < sweep[2]["auroc"]   # averaging more samples: a stronger attack
+    full = aggregate_user_scores(samples, np.array(ratios))
+    want = auroc(full["score"].to_numpy(), full["member"].to_numpy(zero_copy_only=False))
+    assert sweep[2]["auroc"] == pytest.approx(want, abs=0.02)            # all 16 samples: the audit's own statistic
