@@ -23,7 +23,9 @@ def _table(doc: dict) -> Table:
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("user inference AUROC", f"{doc['auroc']:.3f} ± {doc['auroc_std']:.3f} "
-                                      f"(point {doc['auroc_point']:.3f}; DP ceiling {doc['auroc_ceiling']:.3f})")
+                                      f"(point {doc['auroc_point']:.3f}; DP ceiling {doc['auroc_ceiling']:.3f} from "
+                                      "(ε, δ)" + (f", {doc['auroc_ceiling_pld']:.3f} from the mechanism's PLD)"
+                                                  if doc.get("auroc_ceiling_pld") is not None else ")"))
     t.add_row("TPR at FPR", "  ".join(
         f"{k}: {v:.3f}{'' if doc['tpr_at_fpr_resolved'][k] else ' (0 FP)'}" for k, v in doc["tpr_at_fpr"].items()))
     if doc.get("auroc_by_m"):
