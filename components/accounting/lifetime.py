@@ -4,6 +4,10 @@ Releases whose certificate carries a PLD-accountable mechanism (record, uls, els
 add/remove neighbouring) are composed tightly: their privacy-loss distributions are convolved and ε
 is read at the δ left over. Releases certified some other way (group-naive, filtered ULS) enter by
 basic composition of their (ε, δ): ε adds up, δ comes off the budget first. Both are upper bounds.
+
+One caveat, reported as `mixed_neighbouring`: a filtered-ULS certificate is stated for replace-one-user
+neighbouring (N public), the others for add/remove. Its (ε, δ) is added as it stands; the two
+relations are not interchangeable in general, so such a total is an estimate, not a proof.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ class Release:
     k: int = 1
     epsilon: float | None = None
     delta: float | None = None
+    neighbouring: str = "add_remove_user"
 
     @property
     def composable(self) -> bool:
@@ -42,6 +47,7 @@ class LifetimeSpend:
     releases: int
     composed_tightly: int       # releases in the PLD convolution
     composed_basic: int         # releases added by basic composition
+    mixed_neighbouring: bool = False  # releases under different neighbouring relations were added up
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -78,7 +84,8 @@ def lifetime_epsilon(releases: list[Release], delta: float) -> LifetimeSpend:
         e = float(pld.get_epsilon_for_delta(left))
         eps = fixed_eps + (e * (1.0 + FLOAT_ALLOWANCE) if math.isfinite(e) else math.inf)
     return LifetimeSpend(epsilon=eps, delta=delta, releases=len(releases), composed_tightly=n_tight,
-                         composed_basic=len(releases) - n_tight)
+                         composed_basic=len(releases) - n_tight,
+                         mixed_neighbouring=len({r.neighbouring for r in releases}) > 1)
 
 
 def release_from_certificate(cert: dict) -> Release | None:
@@ -92,4 +99,5 @@ def release_from_certificate(cert: dict) -> Release | None:
         k = 1 if acc in ("uls", "record") else int((cert.get("contribution_bound") or {}).get("records_per_user") or 1)
         return Release(label=label, mechanism=acc, sampling_rate=float(cert["sampling_rate"]),
                        noise_multiplier=float(cert["noise_multiplier"]), steps=int(cert["steps"]), k=k)
-    return Release(label=label, epsilon=float(cert["epsilon"]), delta=float(cert["delta"]))
+    return Release(label=label, epsilon=float(cert["epsilon"]), delta=float(cert["delta"]),
+                   neighbouring=str(cert.get("neighbouring") or "add_remove_user"))
