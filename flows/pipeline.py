@@ -5,14 +5,31 @@ artifacts are content-addressed already, and privacy spend must never be skipped
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from components.certificate import describe as describe_guarantee
+from components.core.errors import VeilError
 from components.core.settings import load_settings
 from flows import stages
-from components.certificate import describe as describe_guarantee
+
+
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """A VeilError is bad input or a refused release, said in one line: Prefect's task and flow
+    loggers would print its traceback too. Real bugs keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, VeilError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+for _name in ("prefect.task_runs", "prefect.flow_runs", "prefect.engine"):
+    logging.getLogger(_name).addFilter(_UserErrorsWithoutTraceback())
 
 _task = dict(cache_policy=NO_CACHE, retries=0)
 

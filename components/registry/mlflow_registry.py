@@ -159,7 +159,8 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], budget: Mapping[
     if spend.epsilon > float(budget["epsilon"]) * (1 + 1e-12):
         raise VeilError(f"lifetime budget: with this release the users' total would be ε={spend.epsilon:.4g} at "
                         f"δ={budget['delta']:g} over {spend.releases} user-level releases, above the policy's "
-                        f"lifetime ε={budget['epsilon']:g}: not registered")
+                        f"lifetime ε={budget['epsilon']:g}: not registered (the budget is the policy owners' call: "
+                        "raise lifetime_budget, or release no more models trained on these people)")
     return out
 
 
