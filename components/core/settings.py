@@ -63,9 +63,15 @@ class Settings:
     def mlflow_artifacts_dir(self) -> Path:
         return self.home / "mlflow-artifacts"
 
+    @property
+    def private_dir(self) -> Path:
+        """Never logged, registered or printed: plan annexes (membership), per-person audit rows,
+        ledger rows, keys. Everything that names a person or a secret value lives here."""
+        return self.home / "private"
+
     def ensure(self) -> "Settings":
         for d in (self.home, self.snapshots_dir, self.plans_dir, self.runs_dir, self.models_dir,
-                  self.cache_dir, self.prefect_home, self.mlflow_artifacts_dir):
+                  self.cache_dir, self.prefect_home, self.mlflow_artifacts_dir, self.private_dir):
             d.mkdir(parents=True, exist_ok=True)
         return self
 
