@@ -67,7 +67,7 @@ def test_published_section_does_not_locate_the_planted_secret(monkeypatch, setti
     for v in published:
         match = np.array([any(abs(f - v) <= 1e-9 * max(1.0, abs(v)) for f in fs) for fs in fields])
         if 0 < match.sum() <= len(BLOCK) // 100:      # a published number that singles out a few candidates
-            hits += match
+            hits += match / match.sum()   # rarer matches say more
     order = sorted(range(len(BLOCK)), key=lambda i: (-hits[i], -model_only[i]))
     rank_with_audit = 1 + order.index(BLOCK.index(PLANTED))
     assert rank_with_audit >= rank_model_only, (rank_with_audit, rank_model_only)
