@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
