@@ -15,7 +15,10 @@ exposure appear by chance. Two things keep the report honest about that:
   which resolves memorisation beyond the log2(R+1) cap.
 
 Secret values never leave this module in aggregates: reports name a secret by `secret_ref`, a keyed
-hash of its id, and its class.
+hash of its id, and its class. The rows themselves — rank, exposure, extrapolated exposure — are a
+function of log p(secret | context) fine enough to invert (search the secret's shape for the value
+that reproduces them), so they and `exposure_summary` are private: the public section gets only
+class-level verdicts and quantized means (`public.public_exposure_class`).
 """
 from __future__ import annotations
 
@@ -208,6 +211,7 @@ def secret_exposure(model, tokenizer, probes: Sequence[SecretProbe], *, n_candid
                "exposure_extrapolated": _extrapolated(lp[i], lp[i + 1:i + 1 + k])}
         if lr is not None:
             rrank = _rank(lr[i], lr[i + 1:i + 1 + k])
+            row["reference_rank"] = rrank
             row["reference_exposure"] = full - math.log2(rrank)
             row["excess_exposure"] = row["exposure"] - row["reference_exposure"]
             row["reference_exposure_extrapolated"] = _extrapolated(lr[i], lr[i + 1:i + 1 + k])
@@ -218,7 +222,8 @@ def secret_exposure(model, tokenizer, probes: Sequence[SecretProbe], *, n_candid
 
 
 def exposure_summary(rows: Sequence[dict], *, worst: int = 5) -> dict:
-    """Aggregates for the certificate: worst exposures overall and per class (hashed refs only)."""
+    """Private aggregates (the private report): worst exposures overall and per class (hashed refs
+    only). Not for publication: the worst rows are invertible, see the module docstring."""
     if not rows:
         return {"n_secrets": 0, "max_exposure": None, "max_excess_exposure": None, "worst": [], "by_class": {}}
     has_ref = "excess_exposure" in rows[0]

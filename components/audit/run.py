@@ -1,14 +1,17 @@
 """`run_audit`: the whole audit of one trained model, as one plain function (CLI and flow share it).
 
-loaded model + snapshot texts + the plan's attacker reservations
-  → user inference on real users (AUROC, TPR@FPR, bootstrap, DP ceiling, ε lower bound)
+loaded model + snapshot texts + the plan's attacker reservations (`inputs.audit_reservations`)
+  → user inference on real users (AUROC and its interval at every m, TPR@FPR, DP ceiling, ε bound)
   → canary users, reported apart (their AUROC and substring exposure)
   → secret exposure for secrets with a known lead-in (truth.json, or the snapshot's tagged spans)
-  → gate (policy thresholds + the ceiling rule) → aggregates, ROC PNG, private per-user Parquet.
+  → verdicts (passed / failed / inconclusive, `verdict`) → the private report (exact values, per-user
+    and per-secret rows, full ROC) and the public section (`public`: verdicts and quantized
+    class-level aggregates, marked as not covered by the certificate) with its ceiling plot.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -20,41 +23,49 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from components.audit import public as pub
 from components.audit.canaries import canary_probes, is_canary
-from components.audit.ceiling import auroc_ceiling, certificate_ceilings
-from components.audit.exposure import probes_from_spans, probes_from_truth, secret_exposure, exposure_summary
-from components.audit.metrics import bootstrap_metrics
-from components.audit.report import SECTION_SCHEMA, ref_key, roc_plot, secret_ref, write_private
+from components.audit.ceiling import certificate_ceilings
+from components.audit.exposure import exposure_summary, probes_from_spans, probes_from_truth, secret_exposure
+from components.audit.inputs import AuditReservations, audit_reservations
+from components.audit.report import ceiling_plot, private_dir, ref_key, roc_plot, secret_ref, write_private
 from components.audit.user_inference import (_check_samples, aggregate_user_scores, auroc_by_m, score_samples,
                                             user_inference_report)
+from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED, combine, exposure_verdict
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 
-CONTRACT_KEYS = ("auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in", "users_out", "passed")
+# `veil audit --json` puts these first: what a caller checks before anything else.
+CONTRACT_KEYS = ("verdict", "passed", "covered_by_certificate", "auroc", "auroc_interval", "auroc_ceiling",
+                 "users_in", "users_out")
 
 
 @dataclass
 class AuditResult:
     audit_id: str
-    section: dict                      # the certificate's audit section: aggregates only
-    plot_path: Path | None             # ROC PNG (aggregate; log it as an artifact)
-    private_path: Path                 # per-user scores: catalog-private, never log it
+    section: dict                      # the public section: verdicts + quantized aggregates only
+    plot_path: Path | None             # public plot: ceilings + the quantized AUROC band
+    private_path: Path                 # per-user scores: settings.private_dir/audit, never log it
     passed: bool
+    verdict: str = INCONCLUSIVE
+    private: dict = field(default_factory=dict)        # exact aggregates (private report), never log it
+    private_plot_path: Path | None = None               # the measured ROC: private
     timings: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        """The aggregates for the certificate / MLflow (what `attach_audit` takes)."""
+        """The public section, for the certificate / MLflow (what `record_audit` takes)."""
         return dict(self.section)
 
     def to_json(self) -> dict:
-        """The `veil audit --json` document: the contract keys first, then the detail."""
+        """The `veil audit --json` document: the contract keys first, then the rest of the public section."""
         s = self.section
         return {**{k: s[k] for k in CONTRACT_KEYS}, **{k: v for k, v in s.items() if k not in CONTRACT_KEYS},
-                "roc_png": str(self.plot_path) if self.plot_path else None}
+                "plot_png": str(self.plot_path) if self.plot_path else None,
+                "private_report": str(self.private_path.with_suffix(".json"))}
 
 
 def _user_pld(cert):
-    """The certificate's user-level privacy-loss distribution for the ROC plot, or None."""
+    """The certificate's user-level privacy-loss distribution for the plots, or None."""
     from components.audit.ceiling import certificate_pld
 
     try:
@@ -86,30 +97,31 @@ def user_level_guarantee(certificate: Mapping | None) -> tuple[float | None, flo
 def _resolve_file(path: str, settings) -> Path:
     p = Path(path)
     if not p.is_absolute():
-        for base in (Path(settings.home), Path(settings.home) / "plans"):
+        bases = [Path(settings.home), Path(settings.home) / "plans"]
+        if getattr(settings, "private_dir", None) is not None:
+            bases.append(Path(settings.private_dir))
+        for base in bases:
             if (base / p).is_file():
                 return base / p
     return p
 
 
-def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings) -> pa.Table:
+def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings,
+                     reservations: AuditReservations | None = None) -> pa.Table:
     """(user_id, text, member) for the plan's attacker records, texts joined from the snapshot (and the
-    plan's canary records, if any). The attacker file must match the plan's sha256."""
-    aud = plan.get("audit") or {}
-    if not aud.get("attacker_records_file"):
+    plan's canary records, if any). The attacker file must match its recorded sha256."""
+    res = reservations or audit_reservations(plan)
+    if not res.attacker_records_file:
         raise VeilError("plan: audit.attacker_records_file is missing; re-plan with audit.holdout_users > 0")
-    f = _resolve_file(aud["attacker_records_file"], settings)
+    f = _resolve_file(res.attacker_records_file, settings)
     if not f.is_file():
         raise VeilError(f"plan: audit.attacker_records_file {f} not found")
-    want = aud.get("attacker_records_sha256")
-    if want and sha256_file(f) != want:
+    if res.attacker_records_sha256 and sha256_file(f) != res.attacker_records_sha256:
         raise VeilError(f"plan: audit.attacker_records_file {f} does not match its sha256 in the plan")
     att = pq.read_table(f)
     texts = snapshot_records.select(["record_id", "text"])
-    if aud.get("canary_records_file"):
-        cf = _resolve_file(aud["canary_records_file"], settings)
-        if not cf.is_file():
-            raise VeilError(f"plan: audit.canary_records_file {cf} not found")
+    cf = _canary_file(res, settings)
+    if cf is not None:
         texts = pa.concat_tables([texts, pq.read_table(cf).select(["record_id", "text"]).cast(texts.schema)])
     joined = att.join(texts, "record_id", join_type="left outer")
     missing = joined.filter(pc.is_null(joined["text"])).num_rows
@@ -117,6 +129,17 @@ def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings) -> pa.
         raise VeilError(f"audit: {missing} attacker record(s) of the plan are not in snapshot "
                         f"{plan['data']['snapshot_id']}")
     return joined.select(["user_id", "text", "member"]).sort_by([("user_id", "ascending")])
+
+
+def _canary_file(res: AuditReservations, settings) -> Path | None:
+    if not res.canary_records_file:
+        return None
+    cf = _resolve_file(res.canary_records_file, settings)
+    if not cf.is_file():
+        raise VeilError(f"plan: audit.canary_records_file {cf} not found")
+    if res.canary_records_sha256 and sha256_file(cf) != res.canary_records_sha256:
+        raise VeilError(f"plan: audit.canary_records_file {cf} does not match its sha256 in the plan")
+    return cf
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -128,9 +151,10 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
               truth: Mapping | None = None, secret_spans: pa.Table | None = None, samples: pa.Table | None = None,
               canary_records: pa.Table | None = None, reference=None, bootstrap: int = 100, seed: int | None = None,
               n_candidates: int = 100, max_secrets_per_class: int = 20, batch_size: int = 16,
-              plot: bool = True, progress: bool = False) -> AuditResult:
+              plot: bool = True, progress: bool = False, annex: Mapping | None = None) -> AuditResult:
     """Audit one trained model. `loaded` has .model (eval; a peft model unless `reference` is given),
-    .tokenizer, .certificate (dict), .plan (dict).
+    .tokenizer, .certificate (dict), .plan (dict). `annex`: the plan's private annex, when its
+    membership reservations live there (`inputs.audit_reservations`).
 
     Secret probes come from `truth` (demo truth.json) when given, else from `secret_spans` (restricted
     to the plan's training records). `samples` (user_id, text, member) overrides the plan's attacker
@@ -140,6 +164,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
 
     t0 = time.perf_counter()
     plan, cert = dict(loaded.plan), dict(loaded.certificate or {})
+    res = audit_reservations(plan, annex)
     seq_len = int(plan["training"]["seq_len"])
     seed = int(plan["training"].get("seed", 0)) if seed is None else int(seed)
     thresholds = resolve_thresholds(policy_thresholds, plan)
@@ -150,55 +175,48 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                             "bootstrap": bootstrap, "n_candidates": n_candidates,
                             "max_secrets_per_class": max_secrets_per_class})[:16]
     timings: dict[str, float] = {}
+    canary_ids = set(res.canary_users)
+
+    def canary_user(u: str) -> bool:
+        return is_canary(u) or u in canary_ids
 
     # --- user inference -------------------------------------------------------------------------
     if samples is None:
-        samples = attacker_samples(plan, snapshot_records, settings)
+        samples = attacker_samples(plan, snapshot_records, settings, res)
     _say(progress, f"scoring {samples.num_rows} attacker samples of {len(set(samples['user_id'].to_pylist()))} users")
     _check_samples(samples)
     ratios = score_samples(loaded.model, loaded.tokenizer, samples["text"].to_pylist(), reference=reference,
                            seq_len=seq_len, batch_size=batch_size, progress=progress)
     scores = aggregate_user_scores(samples, ratios)
     timings["user_inference_s"] = time.perf_counter() - t0
-    canary_mask = pa.array([is_canary(u) or u in set(plan.get("audit", {}).get("canary_users") or [])
-                            for u in scores["user_id"].to_pylist()])
+    canary_mask = pa.array([canary_user(u) for u in scores["user_id"].to_pylist()], pa.bool_())
     real = scores.filter(pc.invert(canary_mask))
     canary = scores.filter(canary_mask)
+    m = real["m"].to_pylist()
+    real_rows = pc.invert(pa.array([canary_user(u) for u in samples["user_id"].to_pylist()], pa.bool_()))
+    sweep = auroc_by_m(samples.filter(real_rows), ratios[real_rows.to_numpy(zero_copy_only=False)],
+                       [x for x in (1, 2, 4, 8, 16) if x < max(m or [1])] + [max(m or [1])], seed=seed)
     ui = user_inference_report(real, eps, delta, bootstrap=bootstrap, seed=seed,
                                max_auroc=thresholds["max_user_inference_auroc"],
-                               auroc_ceiling_pld=ceilings["auroc_ceiling_pld"])
+                               auroc_ceiling_pld=ceilings["auroc_ceiling_pld"], by_m=sweep)
     failures = list(ui["failures"])
-    m = real["m"].to_pylist()
-    real_rows = pc.invert(pa.array([is_canary(u) or u in set(plan.get("audit", {}).get("canary_users") or [])
-                                    for u in samples["user_id"].to_pylist()]))
-    sweep = auroc_by_m(samples.filter(real_rows), ratios[real_rows.to_numpy(zero_copy_only=False)],
-                       [x for x in (1, 2, 4, 8, 16) if x < max(m or [1])] + [max(m or [1])],
-                       bootstrap=bootstrap, seed=seed)
 
     # --- canaries ----------------------------------------------------------------------------------
-    cfile = (plan.get("audit") or {}).get("canary_records_file")
-    if canary_records is None and cfile and _resolve_file(cfile, settings).is_file():
-        canary_records = pq.read_table(_resolve_file(cfile, settings))
-    canary_section = None
-    canary_rows = []
+    if canary_records is None:
+        cf = _canary_file(res, settings)
+        if cf is not None:
+            canary_records = pq.read_table(cf)
+    canary_private, canary_rows = None, []
     if canary.num_rows:
         cs = canary["score"].to_numpy(zero_copy_only=False)
         cy = canary["member"].to_numpy(zero_copy_only=False).astype(bool)
-        canary_section = {"users_in": int(cy.sum()), "users_out": int((~cy).sum())}
+        canary_private = {"users_in": int(cy.sum()), "users_out": int((~cy).sum())}
         if cy.any() and (~cy).any():
-            cb = bootstrap_metrics(cs, cy, n_boot=bootstrap, seed=seed)
-            ceiling = auroc_ceiling(eps, delta) if eps is not None else 1.0
-            if ceilings["auroc_ceiling_pld"] is not None:
-                ceiling = min(ceiling, ceilings["auroc_ceiling_pld"])
-            over = cb["auroc"] - 2 * cb["auroc_std"] > ceiling
-            canary_section.update({"auroc": cb["auroc"], "auroc_std": cb["auroc_std"], "auroc_ceiling": ceiling,
-                                   "tpr_at_fpr": cb["tpr_at_fpr"], "above_ceiling": bool(over)})
-            if over:
-                failures.append(f"canary auroc {cb['auroc']:.4f} - 2 std > DP ceiling {ceiling:.4f}: "
-                                "treat as a bug in training, accounting or the privacy unit")
-            lim = thresholds["max_canary_auroc"]
-            if lim is not None and cb["auroc"] > lim:
-                failures.append(f"canary auroc {cb['auroc']:.4f} > policy max {lim}")
+            cr = user_inference_report(canary, eps, delta, bootstrap=bootstrap, seed=seed,
+                                       max_auroc=thresholds["max_canary_auroc"],
+                                       auroc_ceiling_pld=ceilings["auroc_ceiling_pld"])
+            canary_private.update(cr)
+            failures += [f"canary {f}" for f in cr["failures"]]
         if canary_records is not None:
             member_of = dict(zip(canary["user_id"].to_pylist(), cy.tolist()))
             pairs = [(u, p) for u, p in canary_probes(canary_records) if u in member_of]
@@ -214,7 +232,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                 canary_rows = rows
                 ex_in = [r["exposure"] for r in rows if r["member"]]
                 ex_out = [r["exposure"] for r in rows if not r["member"]]
-                canary_section.update({
+                canary_private.update({
                     "n_candidates": max(r["n_candidates"] for r in rows),
                     "max_exposure": max(r["exposure"] for r in rows),
                     "mean_exposure_in": statistics.fmean(ex_in) if ex_in else None,
@@ -239,62 +257,154 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         secret_rows = secret_exposure(loaded.model, loaded.tokenizer, probes, n_candidates=n_candidates,
                                       seed=seed, seq_len=seq_len, batch_size=2 * batch_size, reference=reference,
                                       ref_key=key, progress=progress)
-    exposure = exposure_summary(secret_rows)
-    gate_key = "max_excess_exposure" if exposure.get("max_excess_exposure") is not None else "max_exposure"
     lim = thresholds["max_secret_exposure"]
-    if lim is not None and exposure.get(gate_key) is not None and exposure[gate_key] > lim:
-        failures.append(f"secret {gate_key.removeprefix('max_')} {exposure[gate_key]:.2f} bits > policy max {lim}")
-    exposure["gated_on"] = gate_key.removeprefix("max_")
+    ev = exposure_verdict(secret_rows, limit=lim)
+    exposure_private = {**exposure_summary(secret_rows), **ev}
+    for sv in ev["secrets"]:
+        if sv["verdict"] == FAILED:
+            failures.append(f"secret {sv['secret_ref']} ({sv['secret_class']}) exposure interval "
+                            f"[{sv['interval'][0]:.2f}, {sv['interval'][1]:.2f}] bits above policy max {lim}")
     timings["secret_exposure_s"] = time.perf_counter() - t1
 
-    # --- private evidence, plot, section ------------------------------------------------------------
-    private = write_private(settings, audit_id, scores.append_column("canary", canary_mask),
-                            _secret_table(probes, secret_rows + canary_rows, key, canary_records))
-    plot_path = None
+    # --- verdict, private report, plots, public section ---------------------------------------------
+    verdict = combine([ui["verdict"], (canary_private or {}).get("verdict"), ev["verdict"]])
+    if verdict is None:  # nothing to compare with: say so rather than pass
+        verdict = INCONCLUSIVE
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    private = {
+        "audit_id": audit_id, "created_at": created, "verdict": verdict, "user_inference": ui,
+        "auroc_by_m": sweep, "attacker_samples_per_user": {"min": min(m), "median": float(np.median(m)),
+                                                          "max": max(m)},
+        "canaries": canary_private, "secret_exposure": exposure_private, "thresholds": thresholds,
+        "failures": failures, "n_bootstrap": bootstrap, "seed": seed}
+    private_path = write_private(settings, audit_id, scores.append_column("canary", canary_mask),
+                                 _secret_table(probes, secret_rows + canary_rows, key, canary_records), private)
+    section = _public_section(audit_id, created, verdict, ui, canary_private, canary_rows, secret_rows, ev,
+                              thresholds, cert, eps, delta, reference, seq_len, max(m), n_candidates)
+    plot_path = private_plot = None
     if plot:
-        plot_path = roc_plot(real["score"].to_numpy(zero_copy_only=False),
-                             real["member"].to_numpy(zero_copy_only=False), Path(settings.home) / "audits" /
-                             f"{audit_id}-roc.png", epsilon=eps, delta=delta, pld=_user_pld(cert),
-                             title=f"User inference: AUROC {ui['auroc']:.3f} ± {ui['auroc_std']:.3f} " + (
-                                 "(no user-level DP guarantee, no ceiling)" if eps is None else
-                                 f"(DP ceiling {ui['auroc_ceiling']:.3f} from (ε, δ)"
-                                 + (f", {ui['auroc_ceiling_pld']:.3f} from the mechanism's PLD)"
-                                    if ui["auroc_ceiling_pld"] is not None else ")")),
-                             canary=(canary["score"].to_numpy(zero_copy_only=False),
-                                     canary["member"].to_numpy(zero_copy_only=False)) if canary.num_rows else None)
-    passed = not failures
-    section = {
-        **{k: ui[k] for k in CONTRACT_KEYS if k != "passed"},
-        "passed": passed,
-        "schema": SECTION_SCHEMA,
-        "audit_id": audit_id,
-        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        private_plot = roc_plot(real["score"].to_numpy(zero_copy_only=False),
+                                real["member"].to_numpy(zero_copy_only=False),
+                                private_dir(settings) / f"{audit_id}-roc.png", epsilon=eps, delta=delta,
+                                pld=_user_pld(cert), title=f"PRIVATE — user inference: AUROC {ui['auroc']:.3f} "
+                                f"[{ui['auroc_interval'][0]:.3f}, {ui['auroc_interval'][1]:.3f}], {verdict}",
+                                canary=(canary["score"].to_numpy(zero_copy_only=False),
+                                        canary["member"].to_numpy(zero_copy_only=False)) if canary.num_rows else None)
+        os.chmod(private_plot, 0o600)
+        plot_path = ceiling_plot(Path(settings.home) / "audits" / f"{audit_id}-ceilings.png", epsilon=eps,
+                                 delta=delta, pld=_user_pld(cert), auroc_bucket=section["auroc"], verdict=verdict)
+    timings["total_s"] = time.perf_counter() - t0
+    return AuditResult(audit_id=audit_id, section=section, plot_path=plot_path, private_path=private_path,
+                       passed=verdict == PASSED, verdict=verdict, private=private, private_plot_path=private_plot,
+                       timings=timings)
+
+
+def _where(m) -> str:
+    return "all samples" if m is None else f"m={m}"
+
+
+def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows, secret_rows, ev, thresholds,
+                    cert, eps, delta, reference, seq_len, m_max, n_candidates) -> dict:
+    """Verdicts and quantized class-level aggregates only (see `public`): built from the exact values
+    without copying any of them."""
+    q = pub.public_auroc(ui["auroc"], ui["auroc_interval"], ui["users_in"], ui["users_out"])
+    reasons = _ui_reasons("user inference", ui)
+    canaries = None
+    if canary_private is not None:
+        canaries = {"users_in": pub.count_bucket(canary_private["users_in"]),
+                    "users_out": pub.count_bucket(canary_private["users_out"]), "verdict": canary_private.get("verdict")}
+        if "auroc" in canary_private:
+            cq = pub.public_auroc(canary_private["auroc"], canary_private["auroc_interval"],
+                                  canary_private["users_in"], canary_private["users_out"])
+            canaries.update({k: cq[k] for k in ("auroc", "auroc_interval", "auroc_grid")})
+            canaries["above_ceiling"] = bool(canary_private["above_ceiling"])
+            reasons += _ui_reasons("canaries", canary_private)
+        if canary_rows:
+            canaries["exposure"] = pub.public_exposure_class(canary_rows, None, n_candidates)
+    by_class: dict[str, list] = {}
+    for r in secret_rows:
+        by_class.setdefault(r["secret_class"], []).append(r)
+    cls_verdict: dict[str, list] = {}
+    for sv in ev["secrets"]:
+        cls_verdict.setdefault(sv["secret_class"], []).append(sv["verdict"])
+    exposure = {"verdict": ev["verdict"], "limit_bits": thresholds["max_secret_exposure"],
+                "n_candidates": max((r["n_candidates"] for r in secret_rows), default=None),
+                "excess_over_reference": bool(ev.get("excess_over_reference")),
+                "by_class": {c: pub.public_exposure_class(rows, combine(cls_verdict.get(c, [])),
+                                                          max(r["n_candidates"] for r in rows))
+                             for c, rows in sorted(by_class.items())},
+                "candidates_needed": ev["candidates_needed"]}
+    for c, v in exposure["by_class"].items():
+        if v["verdict"] == FAILED:
+            reasons.append(f"secret exposure: class {c}: a secret's exposure interval lies above the policy's "
+                           f"{thresholds['max_secret_exposure']:g} bits")
+        elif v["verdict"] == INCONCLUSIVE:
+            reasons.append(f"secret exposure: class {c}: {exposure['n_candidates']} candidates per secret cannot "
+                           f"settle {thresholds['max_secret_exposure']:g} bits; rerun with --candidates "
+                           f"{ev['candidates_needed'] or 'more than 1000000 (the limit is past what sampling resolves)'}")
+    binding = ui.get("binding_ceiling")
+    return {
+        "schema": pub.SECTION_SCHEMA,
+        "verdict": verdict,
+        "passed": verdict == PASSED,
+        "covered_by_certificate": False,
+        "coverage_note": pub.COVERAGE_NOTE,
+        **q,
+        "auroc_ceiling": ui["auroc_ceiling"],
         "auroc_ceiling_pld": ui["auroc_ceiling_pld"],
-        "auroc_point": ui["auroc_point"],
-        "auroc_ci95": ui["auroc_ci95"],
-        "tpr_at_fpr_std": ui["tpr_at_fpr_std"],
-        "tpr_at_fpr_ceiling": ui["tpr_at_fpr_ceiling"],
-        "tpr_at_fpr_resolved": ui["tpr_at_fpr_resolved"],
-        "fpr_resolution": ui["fpr_resolution"],
-        "epsilon_lower_bound": ui["epsilon_lower_bound"],
-        "above_ceiling": bool(ui["above_ceiling"] or (canary_section or {}).get("above_ceiling", False)),
+        "above_ceiling": bool(ui["above_ceiling"] or (canaries or {}).get("above_ceiling", False)),
+        "audit_id": audit_id,
+        "created_at": created,
+        "reasons": reasons,
+        "user_inference": {
+            "verdict": ui["verdict"],
+            "threshold": ui["threshold"],
+            "binding_ceiling": binding,
+            "by_m": [{"m": c["m"] if c["m"] is not None else "all", "verdict": c["verdict"]} for c in ui["curves"]],
+            "people_needed": pub.public_people_needed(ui["people_needed"], ui["people_needed_unbounded"])
+            if ui["verdict"] == INCONCLUSIVE else None,
+            "empirical_epsilon_exceeds_certified": bool(ui["epsilon_lower_bound_exceeds"]),
+            "confidence": ui["confidence"],
+            "interval": f"Newcombe score interval (Hanley–McNeil variance), simultaneous over "
+                        f"{ui['simultaneous_over']} AUROC estimate(s) (Bonferroni)",
+        },
+        "secret_exposure": exposure,
+        "canaries": canaries,
+        "quantization": {"count_grid": pub.COUNT_GRID, "move_probability": pub.MOVE_PROBABILITY,
+                         "auroc_grids": list(pub.AUROC_GRIDS), "exposure_grids_bits": list(pub.EXPOSURE_GRIDS)},
         "ceiling_basis": ("user-level (ε, δ) of the certificate" if eps is not None else
                           f"none: the certificate's privacy unit is {cert.get('privacy_unit')!r}, not the user"),
         "epsilon": eps, "delta": delta,
-        "n_bootstrap": ui["n_bootstrap"], "bootstrap_seed": ui["bootstrap_seed"],
+        "thresholds": thresholds,
         "statistic": "mean over a user's attacker samples of log p_model(x) - log p_ref(x) (token-summed)",
         "reference": "given reference model" if reference is not None else "same model, adapter disabled",
         "seq_len": seq_len,
-        "attacker_samples_per_user": {"min": min(m), "median": float(np.median(m)), "max": max(m)},
-        "auroc_by_m": sweep,   # seed 003's ablation: the attack with fewer samples per user
-        "secret_exposure": exposure,
-        "canaries": canary_section,
-        "thresholds": thresholds,
-        "failures": failures,
+        "attacker_samples_per_user": int(m_max),
     }
-    timings["total_s"] = time.perf_counter() - t0
-    return AuditResult(audit_id=audit_id, section=section, plot_path=plot_path, private_path=private,
-                       passed=passed, timings=timings)
+
+
+def _ui_reasons(what: str, r: Mapping) -> list[str]:
+    """Public one-line reasons, from verdicts and public values only."""
+    out = []
+    for c in r.get("curves", []):
+        if c["above_ceiling"]:
+            out.append(f"{what}: at {_where(c['m'])} the {r['confidence']:.0%} interval of AUROC lies above the "
+                       f"certified ceiling {r['binding_ceiling']:.3f}: THE CERTIFICATE OR THE CODE IS WRONG "
+                       "(training, accounting or the privacy unit); do not release")
+        elif c["verdict"] == FAILED:
+            out.append(f"{what}: at {_where(c['m'])} the {r['confidence']:.0%} interval of AUROC lies above the "
+                       f"policy's maximum {r['threshold']:g}")
+    if r.get("epsilon_lower_bound_exceeds"):
+        out.append(f"{what}: the attack's ROC forces (95 %) an ε above the certified {r['epsilon']:g}: "
+                   "THE CERTIFICATE OR THE CODE IS WRONG; do not release")
+    if r.get("verdict") == INCONCLUSIVE:
+        need = pub.public_people_needed(r.get("people_needed"), r.get("people_needed_unbounded", False))
+        need_s = (f"about {need['in']} in and {need['out']} out" if isinstance(need, dict) else str(need))
+        bad = [_where(c["m"]) for c in r["curves"] if c["verdict"] == INCONCLUSIVE]
+        out.append(f"{what}: INCONCLUSIVE — too few people to decide "
+                   f"({pub.count_bucket(r['users_in'])[0]}+ in, {pub.count_bucket(r['users_out'])[0]}+ out; "
+                   f"undecided at {', '.join(bad)}); needs {need_s}")
+    return out
 
 
 def _cap_per_class(probes, cap: int, key: bytes):

@@ -9,7 +9,8 @@ trained users, non-members the users held out at plan time; the attack is judged
 AUROC and TPR at low FPR across users, next to the ceiling the certificate's (ε, δ) allows.
 
 Per-user scores are membership evidence in themselves: `score_users` returns them to the caller,
-`user_inference_report` reduces them to aggregates, and only `report.write_private_scores` stores them.
+`user_inference_report` reduces them to (private, exact) aggregates and the verdict, `public` quantizes
+those, and only `report.write_private` stores the scores.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.audit.ceiling import auroc_ceiling, tpr_ceiling
-from components.audit.metrics import FPR_TARGETS, bootstrap_metrics, empirical_epsilon_lower_bound
+from components.audit.metrics import (FPR_TARGETS, auroc_from_groups, bootstrap_metrics,
+                                      empirical_epsilon_lower_bound)
 from components.audit.scoring import reference_of, sequence_logprobs
+from components.audit.verdict import CONFIDENCE, FAILED, PASSED, auroc_verdict
 from components.core.errors import VeilError
 
 SCORES_SCHEMA = pa.schema([("user_id", pa.string()), ("member", pa.bool_()), ("m", pa.int64()),
@@ -75,10 +78,12 @@ def score_users(model, tokenizer, samples: pa.Table, *, reference=None, seq_len:
     return aggregate_user_scores(samples, ratios)
 
 
-def auroc_by_m(samples: pa.Table, ratios: np.ndarray, ms, *, bootstrap: int = 100, seed: int = 0) -> list[dict]:
+def auroc_by_m(samples: pa.Table, ratios: np.ndarray, ms, *, bootstrap: int = 0, seed: int = 0) -> list[dict]:
     """Seed 003's ablation: AUROC when the attacker holds only m′ samples per user — the mean over
     the first m′ of a seeded shuffle of each user's samples (users with fewer keep all of theirs).
-    Aggregates only. samples: (user_id, member) aligned with `ratios`."""
+    Each row: m, the Mann–Whitney AUROC (point), users_in, users_out (and, with `bootstrap` > 0, the
+    bootstrap std). Private aggregates: the verdict (`verdict.auroc_verdict`) decides on them and the
+    public section keeps only that. samples: (user_id, member) aligned with `ratios`."""
     users = samples["user_id"].cast(pa.string()).to_pylist()
     member = samples["member"].to_pylist()
     r = np.asarray(ratios, dtype=np.float64)
@@ -89,32 +94,34 @@ def auroc_by_m(samples: pa.Table, ratios: np.ndarray, ms, *, bootstrap: int = 10
     order = {u: rng.permutation(idx) for u, idx in sorted(by_user.items())}
     labels = np.array([bool(member[idx[0]]) for _, idx in sorted(by_user.items())])
     out = []
+    if labels.all() or not labels.any():
+        return out
     for m in sorted({int(x) for x in ms if int(x) >= 1}):
         scores = np.array([r[order[u][:m]].mean() for u in sorted(by_user)])
-        if labels.all() or not labels.any():
-            break
-        b = bootstrap_metrics(scores, labels, n_boot=bootstrap, seed=seed)
-        out.append({"m": m, "auroc": b["auroc"], "auroc_std": b["auroc_std"]})
+        row = {"m": m, "auroc": auroc_from_groups(scores[labels], scores[~labels]),
+               "users_in": int(labels.sum()), "users_out": int((~labels).sum())}
+        if bootstrap >= 2:
+            row["auroc_std"] = bootstrap_metrics(scores, labels, n_boot=bootstrap, seed=seed)["auroc_std"]
+        out.append(row)
     return out
 
 
 def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float | None, *,
                           bootstrap: int = 100, seed: int = 0, max_auroc: float | None = None,
-                          max_tpr_at_fpr: dict | None = None, auroc_ceiling_pld: float | None = None) -> dict:
-    """Aggregates of the attack next to the DP ceiling, and the verdict.
+                          auroc_ceiling_pld: float | None = None, by_m: list[dict] | None = None,
+                          confidence: float = CONFIDENCE) -> dict:
+    """Exact aggregates of the attack next to the DP ceiling, and the verdict (private: see `public`).
 
-    - `auroc`, `auroc_std`: mean ± std over `bootstrap` resamples of users (within members and
-      within non-members); `tpr_at_fpr` likewise (see metrics for the TPR convention).
-    - `auroc_ceiling`: 1 − (1−δ)²/(1+e^ε) for the certificate's user-level (ε, δ); 1.0 when the
-      model has no user-level guarantee (epsilon None). `auroc_ceiling_pld` (optional): the tighter
-      ceiling from the certified mechanism's whole privacy-loss profile (`ceiling.certificate_ceilings`).
-    - `above_ceiling`: the attack clearly beats what DP allows — the bootstrap mean − 2·std of AUROC
-      exceeds the ceiling (the PLD one when given), or `epsilon_lower_bound` (95% one-sided, from the ROC) exceeds ε. That is a
-      bug in training, accounting or the privacy unit, and fails the audit whatever the policy says.
-      TPR ceilings are reported beside the TPRs but not gated on: at low FPR the empirical FPR is too
-      coarse (1/n_out) for a bootstrap to say anything, which the ε lower bound handles properly.
-    - `passed`: not above the ceiling and within the policy's thresholds (`max_auroc`: the
-      bootstrap mean must not exceed it; `max_tpr_at_fpr`: {"0.01": 0.05, …} likewise).
+    - `auroc`: the Mann–Whitney AUROC; `auroc_interval`: its score interval (`verdict`), simultaneous
+      over the full statistic and every m of `by_m` (`auroc_by_m` rows); bootstrap mean/std/percentiles
+      and TPR at low FPR beside it (see metrics for the TPR convention).
+    - `auroc_ceiling`: 1 − (1−δ)²/(1+e^ε) for the certificate's user-level (ε, δ); 1.0 when the model
+      has no user-level guarantee (epsilon None). `auroc_ceiling_pld`: the tighter ceiling from the
+      certified mechanism's whole privacy-loss profile; the verdict uses the tighter of the two.
+    - `verdict`: failed when, at some m, the interval lies above the ceiling or the policy's
+      `max_auroc`, or the empirical ε lower bound (95 %, Clopper–Pearson over the ROC) exceeds the
+      certified ε; passed when every interval lies below `max_auroc` (the ceiling without one);
+      inconclusive otherwise, with `people_needed`. None when there is nothing to compare with.
     """
     missing = {"member", "score"} - set(scores.column_names)
     if missing:
@@ -124,53 +131,64 @@ def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float 
     m = bootstrap_metrics(s, y, n_boot=bootstrap, seed=seed, targets=FPR_TARGETS)
     dp = epsilon is not None and delta is not None and math.isfinite(epsilon)
     ceiling = auroc_ceiling(epsilon, delta) if dp else 1.0
+    binding = (min(ceiling, auroc_ceiling_pld) if auroc_ceiling_pld is not None else ceiling) if dp else None
     tpr_ceilings = {k: (float(tpr_ceiling(float(k), epsilon, delta)) if dp else 1.0) for k in m["tpr_at_fpr"]}
-    # "Clearly above": the bootstrap mean minus two std still beats the ceiling; or the ROC forces,
-    # at 95% confidence (Clopper-Pearson, Bonferroni over thresholds), an ε above the certified one.
+    full = {"m": None, "auroc": m["auroc_point"], "users_in": m["users_in"], "users_out": m["users_out"]}
+    curves = [dict(c) for c in (by_m or [])]
+    # the sweep's largest m is the full statistic when every user has that many samples: count it once
+    if not (curves and abs(curves[-1]["auroc"] - full["auroc"]) < 1e-12
+            and curves[-1]["users_in"] == full["users_in"] and curves[-1]["users_out"] == full["users_out"]):
+        curves.append(full)
+    dec = auroc_verdict(curves, threshold=max_auroc, ceiling=binding, confidence=confidence)
     eps_lb = empirical_epsilon_lower_bound(s, y, delta if dp else 0.0)
-    binding = min(ceiling, auroc_ceiling_pld) if (dp and auroc_ceiling_pld is not None) else ceiling
-    auroc_over = m["auroc"] - 2 * m["auroc_std"] > binding
-    eps_over = dp and eps_lb > epsilon
-    above = bool(auroc_over or eps_over)
+    eps_over = bool(dp and eps_lb > epsilon)
+    verdict = FAILED if eps_over else dec["verdict"]
     failures = []
-    if auroc_over:
-        failures.append(f"auroc {m['auroc']:.4f} - 2 std {m['auroc_std']:.4f} > DP ceiling {binding:.4f}: "
-                        "treat as a bug in training, accounting or the privacy unit")
+    for c in dec["curves"]:
+        where = "all samples" if c["m"] is None else f"m={c['m']}"
+        lo, hi = c["interval"]
+        if c["above_ceiling"]:
+            failures.append(f"auroc {c['auroc']:.4f} ({where}) interval [{lo:.4f}, {hi:.4f}] above DP ceiling "
+                            f"{binding:.4f}: the certificate or the code is wrong (training, accounting or the "
+                            "privacy unit)")
+        elif c["verdict"] == FAILED:
+            failures.append(f"auroc {c['auroc']:.4f} ({where}) interval [{lo:.4f}, {hi:.4f}] above policy max "
+                            f"{max_auroc}")
     if eps_over:
         failures.append(f"empirical epsilon lower bound {eps_lb:.3f} > certified epsilon {epsilon}: "
-                        "treat as a bug in training, accounting or the privacy unit")
-    if max_auroc is not None and m["auroc"] > max_auroc:
-        failures.append(f"auroc {m['auroc']:.4f} > policy max {max_auroc}")
-    for k, lim in (max_tpr_at_fpr or {}).items():
-        key = _key(k)
-        if key not in m["tpr_at_fpr"]:
-            raise VeilError(f"policy: max_tpr_at_fpr: FPR {k!r} is not one of {', '.join(m['tpr_at_fpr'])}")
-        if m["tpr_at_fpr"][key] > lim:
-            failures.append(f"tpr@fpr={key} {m['tpr_at_fpr'][key]:.4f} > policy max {lim}")
+                        "the certificate or the code is wrong (training, accounting or the privacy unit)")
+    main = dec["curves"][-1]
     return {
-        "auroc": m["auroc"],
-        "auroc_std": m["auroc_std"],
+        "verdict": verdict,
+        "passed": verdict in (PASSED, None),
+        "auroc": m["auroc_point"],
+        "auroc_interval": main["interval"],
         "auroc_ceiling": ceiling,
-        "tpr_at_fpr": m["tpr_at_fpr"],
+        "auroc_ceiling_pld": auroc_ceiling_pld if dp else None,
+        "binding_ceiling": binding,
         "users_in": m["users_in"],
         "users_out": m["users_out"],
-        "passed": not failures,
-        "auroc_ceiling_pld": auroc_ceiling_pld if dp else None,
-        "auroc_point": m["auroc_point"],
-        "auroc_ci95": m["auroc_ci95"],
+        "curves": dec["curves"],
+        "confidence": confidence,
+        "simultaneous_over": dec["simultaneous_over"],
+        "z": dec["z"],
+        "people_needed": dec["people_needed"],
+        "people_needed_unbounded": dec["people_needed_unbounded"],
+        "above_ceiling": bool(dec["above_ceiling"] or eps_over),
+        "epsilon_lower_bound": eps_lb,
+        "epsilon_lower_bound_exceeds": eps_over,
+        "auroc_bootstrap_mean": m["auroc"],
+        "auroc_std": m["auroc_std"],
+        "auroc_ci95_bootstrap": m["auroc_ci95"],
+        "tpr_at_fpr": m["tpr_at_fpr"],
         "tpr_at_fpr_std": m["tpr_at_fpr_std"],
         "tpr_at_fpr_ceiling": tpr_ceilings,
         "tpr_at_fpr_resolved": m["tpr_at_fpr_resolved"],
         "fpr_resolution": m["fpr_resolution"],
-        "above_ceiling": above,
-        "epsilon_lower_bound": eps_lb,
         "epsilon": epsilon if dp else None,
         "delta": delta if dp else None,
+        "threshold": max_auroc,
         "n_bootstrap": m["n_bootstrap"],
         "bootstrap_seed": m["bootstrap_seed"],
         "failures": failures,
     }
-
-
-def _key(k) -> str:
-    return format(float(k), "g")

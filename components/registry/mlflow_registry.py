@@ -220,8 +220,18 @@ def load_model(model_uri: str, settings: Settings) -> LoadedModel:
 
 def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *,
                  plot_path: str | Path | None = None) -> dict:
-    """Put the audit's aggregates into the certificate (new hash), the run and the version's tags."""
+    """Put the audit's public section into the certificate (new hash), the run and the version's tags.
+
+    `audit` must be the public section (`AuditResult.summary()`): verdicts and quantized aggregates,
+    marked `covered_by_certificate: false`. Metrics and tags carry only its public values (bucket
+    edges, ceilings, the verdict) — never an exact AUROC, exposure or per-person figure.
+    """
+    from components.audit.public import SECTION_SCHEMA, public_metrics, public_tags
     from components.certificate import attach_audit
+
+    if audit.get("schema") != SECTION_SCHEMA or audit.get("covered_by_certificate") is not False:
+        raise VeilError(f"audit: record_audit takes the public audit section ({SECTION_SCHEMA}, "
+                        "covered_by_certificate: false), not the private report")
 
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
@@ -234,10 +244,9 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
         client.log_artifact(mv.run_id, str(p))
     if plot_path:
         client.log_artifact(mv.run_id, str(plot_path), artifact_path="audit")
-    for key, value in audit.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            client.log_metric(mv.run_id, f"audit_{key}", float(value))
-    for key, value in privacy_tags(new).items():
+    for key, value in public_metrics(audit).items():
+        client.log_metric(mv.run_id, key, value)
+    for key, value in {**privacy_tags(new), **public_tags(audit)}.items():
         client.set_model_version_tag(mv.name, mv.version, key, value)
         client.set_tag(mv.run_id, key, value)
     return new

@@ -18,37 +18,63 @@ def _fmt(x, spec=".3f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+_STYLE = {"passed": "[green]PASSED[/green]", "failed": "[red]FAILED[/red]",
+          "inconclusive": "[yellow]INCONCLUSIVE[/yellow]", None: "not gated"}
+
+
+def _rng(b) -> str:
+    return "—" if not b else f"[{b[0]:g}, {b[1]:g})" if b[1] is not None else f"[{b[0]:g}, …)"
+
+
+def _count(b) -> str:
+    return f"{b[0]}–{b[1] - 1}"
+
+
+def verdict_word(doc: dict) -> str:
+    """PASSED / FAILED / INCONCLUSIVE for an audit section (or "FAILED"/"PASSED" from a v1 one)."""
+    v = doc.get("verdict")
+    if v is None:
+        v = "passed" if doc.get("passed") else "failed"
+    return v.upper()
+
+
 def _table(doc: dict) -> Table:
-    t = Table(title=f"Audit {doc['audit_id']}: {'PASSED' if doc['passed'] else 'FAILED'}", show_header=False)
+    """The public section only: verdicts and quantized aggregates (exact values are in the private report)."""
+    t = Table(title=f"Audit {doc['audit_id']}: {_STYLE.get(doc['verdict'], doc['verdict'])}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
-    t.add_row("user inference AUROC", f"{doc['auroc']:.3f} ± {doc['auroc_std']:.3f} "
-                                      f"(point {doc['auroc_point']:.3f}; DP ceiling {doc['auroc_ceiling']:.3f} from "
-                                      "(ε, δ)" + (f", {doc['auroc_ceiling_pld']:.3f} from the mechanism's PLD)"
-                                                  if doc.get("auroc_ceiling_pld") is not None else ")"))
-    t.add_row("TPR at FPR", "  ".join(
-        f"{k}: {v:.3f}{'' if doc['tpr_at_fpr_resolved'][k] else ' (0 FP)'}" for k, v in doc["tpr_at_fpr"].items()))
-    if doc.get("auroc_by_m"):
-        t.add_row("AUROC by samples/user", "  ".join(f"m={r['m']}: {r['auroc']:.3f}" for r in doc["auroc_by_m"]))
-    t.add_row("users", f"{doc['users_in']} trained / {doc['users_out']} held out "
-                       f"(FPR resolution {doc['fpr_resolution']:.3g})")
-    t.add_row("empirical ε lower bound", f"{doc['epsilon_lower_bound']:.3f} (95%)"
-              + (f" vs certified {doc['epsilon']:.3g}" if doc["epsilon"] is not None else ""))
+    ui = doc["user_inference"]
+    ceil = f"DP ceiling {doc['auroc_ceiling']:.3f} from (ε, δ)" + (
+        f", {doc['auroc_ceiling_pld']:.3f} from the mechanism's PLD" if doc.get("auroc_ceiling_pld") is not None else "")
+    t.add_row("user inference", f"{_STYLE.get(ui['verdict'], ui['verdict'])} · AUROC in {_rng(doc['auroc'])}, "
+                                f"{ui['confidence']:.0%} interval within {_rng(doc['auroc_interval'])} "
+                                f"(grid {doc['auroc_grid']:g}) · {ceil}"
+              + (f" · policy max {ui['threshold']:g}" if ui.get("threshold") is not None else ""))
+    t.add_row("  by samples/user", "  ".join(f"m={r['m']}: {r['verdict'] or '—'}" for r in ui["by_m"]))
+    t.add_row("  users", f"{_count(doc['users_in'])} trained / {_count(doc['users_out'])} held out")
+    if ui.get("people_needed"):
+        need = ui["people_needed"]
+        t.add_row("  [yellow]people needed[/yellow]", f"about {need['in']} in / {need['out']} out"
+                  if isinstance(need, dict) else str(need))
     ex = doc["secret_exposure"]
-    if ex.get("n_secrets"):
-        t.add_row("secret exposure", f"{ex['n_secrets']} secrets × {ex['n_candidates']} candidates; max "
-                                     f"{ex['max_exposure']:.2f} bits, max excess over base "
-                                     f"{_fmt(ex.get('max_excess_exposure'), '.2f')} bits")
+    if ex.get("by_class"):
+        t.add_row("secret exposure", f"{_STYLE.get(ex['verdict'], ex['verdict'])} · {ex['n_candidates']} candidates "
+                                     f"per secret · policy max {_fmt(ex['limit_bits'], 'g')} bits"
+                                     + (" (excess over the base model)" if ex.get("excess_over_reference") else ""))
         for c, v in ex["by_class"].items():
-            t.add_row(f"  {c}", f"n={v['n']} max {v['max_exposure']:.2f} mean {v['mean_exposure']:.2f} bits")
+            t.add_row(f"  {c}", f"{_STYLE.get(v['verdict'], v['verdict'])} · {_count(v['n_secrets'])} secrets · "
+                                f"mean {v['statistic']} " + (f"in {_rng(v['mean_bits'])} bits" if v["mean_bits"]
+                                                              else "not published (too few secrets in the class)"))
     can = doc.get("canaries")
     if can:
-        t.add_row("canaries", f"{can['users_in']} injected / {can['users_out']} held out; AUROC "
-                              f"{_fmt(can.get('auroc'))}; max exposure {_fmt(can.get('max_exposure'), '.2f')} bits")
-    for f in doc["failures"]:
-        t.add_row("[red]failure[/red]", f)
-    if doc.get("roc_png"):
-        t.add_row("ROC plot", doc["roc_png"])
+        t.add_row("canaries", f"{_STYLE.get(can.get('verdict'), can.get('verdict'))} · {_count(can['users_in'])} "
+                              f"injected / {_count(can['users_out'])} held out · AUROC in {_rng(can.get('auroc'))}")
+    for r in doc["reasons"]:
+        t.add_row("[yellow]why[/yellow]" if "INCONCLUSIVE" in r else "[red]why[/red]", r)
+    t.add_row("coverage", doc["coverage_note"])
+    if doc.get("plot_png"):
+        t.add_row("plot (public)", doc["plot_png"])
+    t.add_row("private report", f"{doc['private_report']} (owner only: per-person rows and exact values)")
     return t
 
 
@@ -67,8 +93,10 @@ def audit_cmd(
 ) -> None:
     """Audit a registered model: user inference vs the DP ceiling, canaries, secret exposure.
 
-    Per-user scores go to VEIL_HOME/catalog-private/audits/ only; the certificate, the MLflow run and
-    this output carry aggregates.
+    Verdict: PASSED, FAILED or INCONCLUSIVE (too few people to decide; says how many it needs). Exit
+    code 0 only when PASSED; 1 when FAILED, 3 when INCONCLUSIVE. Per-user scores and exact values go to
+    VEIL_HOME/private/audit/ only; the certificate, the MLflow run and this output carry the public
+    section: verdicts and coarsely quantized aggregates, not covered by the certificate.
     """
     from catalog.snapshots import load_snapshot
     from components.audit import run_audit
@@ -104,8 +132,8 @@ def audit_cmd(
         print(json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False))
     else:
         Console().print(_table(doc))
-    if not result.passed:
-        raise typer.Exit(1)
+    if result.verdict != "passed":
+        raise typer.Exit(3 if result.verdict == "inconclusive" else 1)
 
 
 def register(app: typer.Typer) -> None:

@@ -23,6 +23,25 @@ def _ceiling(aud: dict) -> str:
     return "none (no user-level guarantee)"
 
 
+def _audit_line(aud: dict, short: bool = False) -> str:
+    """One line for an audit section: its verdict first (INCONCLUSIVE says what it needs), then the
+    quantized AUROC against the ceiling. Old (v1) sections had an exact AUROC and a pass flag."""
+    from flows.cli.audit_cmds import verdict_word
+
+    word = verdict_word(aud)
+    if aud.get("schema") != "veil.audit/v2":
+        return f"{word} · AUROC {aud['auroc']:.3f} ≤ {_ceiling(aud)} (v1 section)"
+    a = aud["auroc"]
+    line = f"{word} · AUROC in [{a[0]:g}, {a[1]:g}) · ceiling {_ceiling(aud)}"
+    if short:
+        return line
+    need = (aud.get("user_inference") or {}).get("people_needed")
+    if word == "INCONCLUSIVE" and need:
+        line += (f" · needs about {need['in']} people in / {need['out']} out" if isinstance(need, dict)
+                 else f" · needs {need}")
+    return line + " · not covered by the certificate"
+
+
 def _summary_table(result: dict, seconds: float) -> Table:
     cert, reg, ing, tr = result["certificate"], result["registration"], result["ingest"], result["train"]
     t = Table(title="Veil run", show_header=True, header_style="bold")
@@ -44,8 +63,7 @@ def _summary_table(result: dict, seconds: float) -> Table:
         f"{life['releases']} release{'s' if life['releases'] != 1 else ''})" if life else ""))
     aud = result.get("audit")
     if aud:
-        t.add_row("audit", f"user-inference AUROC {aud['auroc']:.3f} ± {aud['auroc_std']:.3f} · "
-                           f"ceiling {_ceiling(aud)} · {'PASSED' if aud['passed'] else 'FAILED'}")
+        t.add_row("audit", _audit_line(aud))
     t.add_row("time", f"{seconds:.0f} s")
     return t
 
@@ -173,7 +191,7 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
     for r in rows:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
-        aud = f"{a['auroc']:.3f} ≤ {_ceiling(a)} {'pass' if a.get('passed') else 'FAIL'}" if a else "—"
+        aud = _audit_line(a, short=True) if a else "—"
         t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
                   describe(c) if c else "?", str(c.get("steps", "?")), aud, r["certificate_status"])
     out.print(t)

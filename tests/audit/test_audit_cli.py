@@ -36,14 +36,26 @@ def fake_registry(settings, tmp_path, monkeypatch):
 
 
 def test_audit_json_contract(fake_registry):
+    # 2 people in / 2 out: whatever the point estimate, no 95 % interval is narrow enough to decide
     r = CliRunner().invoke(app, ["audit", "models:/m/1", "--json", "--no-record", "--bootstrap", "10"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output
     doc = json.loads(r.stdout)
-    assert list(doc)[:7] == ["auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in", "users_out", "passed"]
-    assert doc["auroc"] == 0.5 and doc["users_in"] == 2 and doc["users_out"] == 2 and doc["passed"] is True
-    assert set(doc["tpr_at_fpr"]) == {"0.001", "0.01", "0.1"}
+    assert list(doc)[:8] == ["verdict", "passed", "covered_by_certificate", "auroc", "auroc_interval",
+                             "auroc_ceiling", "users_in", "users_out"]
+    assert doc["verdict"] == "inconclusive" and doc["passed"] is False and doc["covered_by_certificate"] is False
+    assert doc["users_in"] == [0, 10] and doc["users_out"] == [0, 10] and doc["auroc"] == [0.5, 1.0]
+    need = doc["user_inference"]["people_needed"]
+    assert isinstance(need, dict) and need["in"] >= 10 and need["out"] >= 10
     assert doc["auroc_ceiling"] == pytest.approx(1 - (1 - 1e-5) ** 2 / (1 + 2.718281828459045 ** 2))
     assert "person0@x.example" not in r.stdout and "person3@x.example" not in r.stdout
+    assert "tpr_at_fpr" not in doc and "auroc_std" not in doc
+
+
+def test_audit_table_says_inconclusive(fake_registry):
+    r = CliRunner().invoke(app, ["audit", "models:/m/1", "--no-record", "--bootstrap", "10"])
+    assert r.exit_code == 3, r.output
+    assert "INCONCLUSIVE" in r.stdout and "PASSED" not in r.stdout and "people needed" in r.stdout
+    assert "person0@x.example" not in r.stdout
 
 
 def test_audit_bad_policy_exits_2(fake_registry, tmp_path):

@@ -69,46 +69,95 @@ def _loaded(w, unit="user", eps=0.1):
     return SimpleNamespace(model=w.model, tokenizer=w.tokenizer, certificate=cert, plan=w.plan)
 
 
+def _numbers(x):
+    """Every number anywhere in a JSON-like value."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return []
+    if isinstance(x, (int, float)):
+        return [float(x)]
+    if isinstance(x, dict):
+        return [n for v in x.values() for n in _numbers(v)]
+    return [n for v in x for n in _numbers(v)]
+
+
 def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, settings):
     res = run_audit(_loaded(world), world.records, settings=settings, reference=world.reference, truth=world.truth,
                     canary_records=world.canaries, bootstrap=30, n_candidates=31)
-    s = res.summary()
-    assert s["users_in"] == 8 and s["users_out"] == 8
-    assert s["auroc"] > 0.75 and s["auroc_ceiling"] == pytest.approx(1 - 1 / (1 + math.exp(0.1)), abs=1e-5)
-    assert s["above_ceiling"] and not res.passed and not s["passed"]
-    assert any("DP ceiling" in f for f in s["failures"])
-    assert s["secret_exposure"]["n_secrets"] == 1 and s["secret_exposure"]["worst"][0]["rank"] == 1
-    assert s["canaries"]["users_in"] == 1 and s["canaries"]["users_out"] == 1
-    assert s["canaries"]["mean_exposure_in"] > s["canaries"]["mean_exposure_out"]
-    # aggregates only: no user id, no score, no secret value anywhere in the section or CLI document
+    s, p = res.summary(), res.private
+    # exact values: private report only
+    ui = p["user_inference"]
+    assert ui["users_in"] == 8 and ui["users_out"] == 8 and ui["auroc"] > 0.75
+    assert ui["auroc_ceiling"] == pytest.approx(1 - 1 / (1 + math.exp(0.1)), abs=1e-5)
+    assert ui["above_ceiling"] and ui["verdict"] == "failed"
+    assert any("DP ceiling" in f for f in p["failures"])
+    assert p["secret_exposure"]["n_secrets"] == 1 and p["secret_exposure"]["worst"][0]["rank"] == 1
+    assert p["canaries"]["users_in"] == 1 and p["canaries"]["users_out"] == 1
+    assert p["canaries"]["mean_exposure_in"] > p["canaries"]["mean_exposure_out"]
+    # public: verdict, buckets, the loud reason; not covered by the certificate
+    assert s["verdict"] == "failed" and not res.passed and not s["passed"] and s["above_ceiling"]
+    assert s["covered_by_certificate"] is False and "Not covered by the certificate" in s["coverage_note"]
+    assert s["users_in"] == [0, 10] and s["users_out"] == [0, 10] and s["auroc_grid"] == 0.5
+    assert s["auroc"] == [0.5, 1.0] and s["auroc_ceiling"] == pytest.approx(ui["auroc_ceiling"])
+    assert any("CERTIFICATE OR THE CODE IS WRONG" in r for r in s["reasons"])
+    assert s["secret_exposure"]["by_class"]["credential"]["mean_bits"] is None   # one secret: verdict only
     doc = json.dumps(res.to_json())
-    assert list(res.to_json())[:7] == ["auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in",
-                                      "users_out", "passed"]
+    assert list(res.to_json())[:8] == ["verdict", "passed", "covered_by_certificate", "auroc", "auroc_interval",
+                                      "auroc_ceiling", "users_in", "users_out"]
     for u in world.users + world.plan["audit"]["canary_users"]:
         assert u not in doc
     assert KEY not in doc
+    for banned in ("rank", "exposure_extrapolated", "reference_exposure", "tpr_at_fpr", "epsilon_lower_bound\"",
+                   "auroc_std", "worst", "secret_ref"):
+        assert banned not in doc, banned
+    # no exact private aggregate appears among the published numbers
+    public_numbers = set(_numbers(s))
+    for v in (ui["auroc"], *ui["auroc_interval"], ui["epsilon_lower_bound"], ui["auroc_std"],
+              *[c["auroc"] for c in ui["curves"]], p["canaries"]["mean_exposure_in"]):
+        on_grid = abs(v / 0.05 - round(v / 0.05)) < 1e-9   # a grid value may coincide with a bucket edge
+        assert on_grid or all(abs(v - x) > 1e-9 for x in public_numbers), v
     private = pq.read_table(res.private_path)
     assert set(private.column_names) >= {"user_id", "member", "score", "canary"} and private.num_rows == 18
     for v in private["score"].to_pylist():
         assert repr(v) not in doc and f"{v:.6f}" not in doc
-    assert res.private_path.parent == settings.home / "catalog-private" / "audits"
-    assert stat.S_IMODE(os.stat(res.private_path).st_mode) == 0o600
+    assert res.private_path.parent == settings.private_dir / "audit"
+    for f in (res.private_path, res.private_path.with_suffix(".json"), res.private_plot_path):
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+    assert stat.S_IMODE(os.stat(res.private_path.parent).st_mode) == 0o700
     secrets = pq.read_table(res.private_path.with_suffix(".secrets.parquet"))
     assert "credential:" + KEY in secrets["secret_id"].to_pylist()
     assert res.plot_path.is_file() and res.plot_path.read_bytes()[:4] == b"\x89PNG"
+    assert "private" not in res.plot_path.parts and res.private_plot_path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_old_catalog_private_evidence_moves_to_private_dir(settings):
+    from components.audit.report import private_dir, ref_key
+
+    old = settings.home / "catalog-private"
+    (old / "audits").mkdir(parents=True)
+    (old / "audit-ref.key").write_bytes(b"k" * 32)
+    (old / "audits" / "a1.parquet").write_bytes(b"x")
+    d = private_dir(settings)
+    assert d == settings.private_dir / "audit" and (d / "a1.parquet").read_bytes() == b"x"
+    assert ref_key(settings) == b"k" * 32 and not old.exists()
 
 
 def test_without_user_level_guarantee_only_policy_decides(world, settings):
-    res = run_audit(_loaded(world, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference, bootstrap=20,
-                    plot=False)
-    s = res.summary()
+    res = run_audit(_loaded(world, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference,
+                    bootstrap=20, plot=False)
+    s, ui = res.summary(), res.private["user_inference"]
     assert s["auroc_ceiling"] == 1.0 and not s["above_ceiling"] and s["epsilon"] is None
-    assert s["auroc_ceiling_pld"] is None
-    assert s["passed"] == (s["auroc"] <= 0.99)
-    res = run_audit(_loaded(world, unit="record"), world.records, settings=settings, reference=world.reference, bootstrap=20, plot=False,
-                    policy_thresholds={"max_user_inference_auroc": 0.55, "max_secret_exposure": 0.0},
+    assert s["auroc_ceiling_pld"] is None and ui["binding_ceiling"] is None
+    # 8 in / 8 out against a lax 0.99: the interval's upper end decides, not the point
+    want = "passed" if all(c["interval"][1] < 0.99 for c in ui["curves"]) else "inconclusive"
+    assert s["user_inference"]["verdict"] == want
+    res = run_audit(_loaded(world, unit="record"), world.records, settings=settings, reference=world.reference,
+                    bootstrap=20, plot=False, policy_thresholds={"max_user_inference_auroc": 0.55,
+                                                                 "max_secret_exposure": 0.0},
                     truth=world.truth, n_candidates=15)
-    assert not res.passed and len(res.summary()["failures"]) == 2
+    # 8 in / 8 out cannot put a 95 % interval above 0.55: inconclusive, never passed
+    assert not res.passed and res.summary()["user_inference"]["verdict"] in ("inconclusive", "failed")
+    # ranked first of 15 under the fine-tuned model: 15 candidates cannot show its excess is below 0 bits
+    assert res.summary()["secret_exposure"]["verdict"] in ("failed", "inconclusive")
 
 
 def test_thresholds_from_policy_object_or_plan():

@@ -1,0 +1,140 @@
+"""What of an audit may be published, and how coarsely.
+
+The audit runs on private data — held-out people, canaries, secrets — after training, so nothing of
+it is covered by the certificate's guarantee. Its public section (certificate, MLflow tags and
+metrics, CLI output, the public plot) therefore carries only:
+
+- verdicts (passed / failed / inconclusive), overall, per gate and per m of the ablation;
+- counts on a grid of 10: [lo, lo + 10);
+- AUROC (point and interval) on a grid w chosen from {0.05, 0.1, 0.25, 0.5} as the finest with
+  Δ/w ≤ 10 %, where Δ = 1/(n − 1) bounds how far adding, removing or replacing one person moves the
+  Mann–Whitney AUROC (n: the lower end of the smaller group's published count). If the statistic
+  sits anywhere in its bucket with roughly even odds, one person moves the published bucket with
+  probability at most 10 % — and the interval is rounded outwards, so it never looks tighter;
+- per secret class, the mean exposure on a grid from {0.5, 1, 2} bits by the same rule with
+  Δ = log2(R + 1)/(n − 1) (one secret moves a class mean of n exposures by at most that); a class
+  with too few secrets for even a 2-bit grid publishes its verdict and count only;
+- public inputs: the certificate's ceilings, the policy's thresholds, the number of candidates.
+
+Never: a per-person or per-secret row, a secret's rank, exposure or extrapolated exposure (those are
+invertible functions of log p(secret | context): one was inverted to find a planted phone number),
+TPRs at low FPR, the empirical ε bound's value, bootstrap spreads. Those stay in the private report
+under `settings.private_dir / "audit"`.
+"""
+from __future__ import annotations
+
+import math
+
+from components.audit.verdict import round_up_ladder
+
+SECTION_SCHEMA = "veil.audit/v2"
+COUNT_GRID = 10
+MOVE_PROBABILITY = 0.10
+AUROC_GRIDS = (0.05, 0.1, 0.25, 0.5)
+EXPOSURE_GRIDS = (0.5, 1.0, 2.0)
+COVERAGE_NOTE = ("Not covered by the certificate: measured after training on private held-out people, "
+                 "canaries and secrets; published only as verdicts and coarsely quantized class-level "
+                 "aggregates (one person or secret moves a published value with probability <= 10 %).")
+
+
+def count_bucket(n: int) -> list[int]:
+    lo = COUNT_GRID * (int(n) // COUNT_GRID)
+    return [lo, lo + COUNT_GRID]
+
+
+def _grid(delta: float | None, grids) -> float | None:
+    if delta is None:
+        return None
+    for w in grids:
+        if delta / w <= MOVE_PROBABILITY + 1e-12:
+            return w
+    return None
+
+
+def auroc_grid(n_in: int, n_out: int) -> float:
+    """The AUROC grid for groups of these (exact, private) sizes, decided from their public buckets."""
+    n = min(count_bucket(n_in)[0], count_bucket(n_out)[0])
+    w = _grid(1.0 / (n - 1) if n >= 2 else None, AUROC_GRIDS)
+    return w if w is not None else AUROC_GRIDS[-1]
+
+
+def exposure_grid(n_secrets: int, n_candidates: int, *, excess: bool = False) -> float | None:
+    """Exposure lies in [0, log2(R+1)] (excess over a reference: twice that span), so one secret moves
+    a class mean of n by at most span/(n − 1)."""
+    n = count_bucket(n_secrets)[0]
+    span = math.log2(n_candidates + 1) * (2 if excess else 1)
+    return _grid(span / (n - 1) if n >= 2 else None, EXPOSURE_GRIDS)
+
+
+def _r(x: float) -> float:
+    return float(round(x, 10))
+
+
+def bucket(x: float, w: float, lo: float = 0.0, hi: float = 1.0) -> list[float]:
+    """[k·w, (k+1)·w) holding x, clipped to [lo, hi] (x = hi falls in the last bucket)."""
+    k = min(math.floor(x / w + 1e-12), math.ceil(hi / w - 1e-12) - 1)
+    return [_r(max(lo, k * w)), _r(min(hi, (k + 1) * w))]
+
+
+def outward(interval, w: float, lo: float = 0.0, hi: float = 1.0) -> list[float]:
+    a, b = interval
+    return [_r(max(lo, math.floor(a / w + 1e-12) * w)),
+            _r(min(hi, math.ceil(b / w - 1e-12) * w)) if math.isfinite(b) else None]
+
+
+def public_auroc(point: float, interval, n_in: int, n_out: int) -> dict:
+    w = auroc_grid(n_in, n_out)
+    return {"auroc": bucket(point, w), "auroc_interval": outward(interval, w), "auroc_grid": w,
+            "users_in": count_bucket(n_in), "users_out": count_bucket(n_out)}
+
+
+def public_people_needed(need: dict | None, unbounded: bool) -> dict | str | None:
+    """People needed, rounded up on the 1-2-5 ladder (10, 20, 50, …): a coarse public figure."""
+    if unbounded:
+        return "more than 1000000 (the estimate sits on a decision boundary)"
+    if not need:
+        return None
+    out = {k: round_up_ladder(v) for k, v in need.items()}
+    return out if None not in out.values() else "more than 1000000"
+
+
+def public_exposure_class(rows: list[dict], verdict: str | None, n_candidates: int) -> dict:
+    """One secret class: its verdict, its count bucket and (if the class is large enough) its mean
+    exposure (excess over the reference when there is one) on the grid above."""
+    n = len(rows)
+    key = "excess_exposure" if rows and all("excess_exposure" in r for r in rows) else "exposure"
+    w = exposure_grid(n, n_candidates, excess=key == "excess_exposure")
+    out = {"n_secrets": count_bucket(n), "verdict": verdict, "statistic": key.replace("_", " ")}
+    if w is not None and n:
+        mean = sum(float(r[key]) for r in rows) / n
+        lo = -math.log2(n_candidates + 1) if key == "excess_exposure" else 0.0
+        out.update({"mean_bits": bucket(mean, w, lo=lo, hi=math.log2(n_candidates + 1)), "grid_bits": w})
+    else:
+        out["mean_bits"] = None
+    return out
+
+
+VERDICT_CODE = {"passed": 1.0, "inconclusive": 0.0, "failed": -1.0}
+
+
+def public_metrics(section) -> dict[str, float]:
+    """The MLflow metrics of an audit: public values only (bucket edges, ceilings, verdict code)."""
+    out: dict[str, float] = {}
+    if section.get("verdict") in VERDICT_CODE:
+        out["audit_verdict"] = VERDICT_CODE[section["verdict"]]
+    for name, key in (("auroc_bucket", "auroc"), ("auroc_interval", "auroc_interval")):
+        v = section.get(key)
+        if isinstance(v, (list, tuple)) and len(v) == 2:
+            for side, x in zip(("lo", "hi"), v):
+                if isinstance(x, (int, float)):
+                    out[f"audit_{name}_{side}"] = float(x)
+    for key in ("auroc_ceiling", "auroc_ceiling_pld"):
+        if isinstance(section.get(key), (int, float)):
+            out[f"audit_{key}"] = float(section[key])
+    return out
+
+
+def public_tags(section) -> dict[str, str]:
+    """Tags beside `privacy_tags`' audit.* ones: the verdict and the coverage statement."""
+    return {"audit.verdict": str(section.get("verdict")),
+            "audit.covered_by_certificate": str(bool(section.get("covered_by_certificate"))).lower()}

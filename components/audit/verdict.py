@@ -1,0 +1,235 @@
+"""The audit's verdict: passed only when the data show it, failed only when the data show it.
+
+An audit measures an attack on a finite set of people, so its AUROC is an estimate with an
+interval. A point estimate compared with a threshold says PASSED on 8 people in and 3 out whose
+95 % interval spans [0.33, 0.90] — that is no evidence either way. The rule here:
+
+    FAILED        the interval's lower end is above the policy threshold, or above the ceiling the
+                  certificate implies (the second means the certificate or the code is wrong);
+    PASSED        the interval's upper end is below the threshold (below the ceiling when the policy
+                  sets none);
+    INCONCLUSIVE  otherwise, with the number of people (in and out) the audit would need for the
+                  interval's half-width to fall below the distance to the nearest boundary.
+
+The same rule runs at every m of the samples-per-user ablation (a stronger attack at m = 1 than at
+m = all must not hide), with one simultaneous confidence level over all of them (Bonferroni).
+
+AUROC interval: the score-type interval of Newcombe (2006, "Confidence intervals for an effect size
+measure based on the Mann–Whitney statistic. Part 2", method 5): the Hanley–McNeil variance with
+both group sizes replaced by N* = (n_in + n_out)/2, evaluated at the *candidate* value A and inverted,
+{A : (A − Â)² ≤ z² V(A)}. Unlike a Wald interval it does not collapse to a point at Â = 1 or 0 and
+it stays inside [0, 1]; tests check its coverage by simulation on tiny audits.
+
+Secret exposure: the number k of random candidates that outscore the secret is Binomial(R, p) with p
+the secret's quantile among all strings of its shape, and exposure is −log2 p. Clopper–Pearson bounds
+on p give an exposure interval (upper end +∞ when no candidate outscored it: R candidates cannot show
+more than about log2 R bits). With a reference model the gate uses the excess over the reference,
+[lo_model − hi_ref, hi_model − lo_ref].
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from components.core.errors import VeilError
+
+PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
+CONFIDENCE = 0.95
+MAX_PEOPLE = 1_000_000
+
+
+def combine(verdicts: Iterable[str | None]) -> str | None:
+    """failed beats inconclusive beats passed; None (nothing to gate on) is skipped."""
+    vs = [v for v in verdicts if v is not None]
+    if not vs:
+        return None
+    if FAILED in vs:
+        return FAILED
+    if INCONCLUSIVE in vs:
+        return INCONCLUSIVE
+    return PASSED
+
+
+def z_value(confidence: float = CONFIDENCE, tests: int = 1) -> float:
+    """Two-sided normal quantile for `tests` simultaneous intervals at family-wise `confidence`."""
+    from scipy.stats import norm
+
+    if not 0 < confidence < 1 or tests < 1:
+        raise VeilError(f"confidence must be in (0, 1) and tests >= 1; got {confidence}, {tests}")
+    return float(norm.ppf(1 - (1 - confidence) / (2 * tests)))
+
+
+def hm_variance(a: float, n_in: float, n_out: float) -> float:
+    """Hanley–McNeil variance of the Mann–Whitney AUROC at A = a, with Newcombe's N* = (n_in+n_out)/2
+    in place of both group sizes in the second-order terms:
+    V = A(1−A)/(n_in n_out) · [1 + (N*−1)((1−A)/(2−A) + A/(1+A))]."""
+    if n_in <= 0 or n_out <= 0:
+        raise VeilError(f"AUROC variance needs members and non-members; got {n_in}, {n_out}")
+    n_star = (n_in + n_out) / 2.0
+    return a * (1 - a) / (n_in * n_out) * (1 + (n_star - 1) * ((1 - a) / (2 - a) + a / (1 + a)))
+
+
+def auroc_interval(a_hat: float, n_in: int, n_out: int, z: float) -> tuple[float, float]:
+    """{A in [0, 1] : (A − Â)² ≤ z² V(A)} (Newcombe's method 5), by bisection on each side of Â."""
+    if not 0.0 <= a_hat <= 1.0:
+        raise VeilError(f"AUROC must be in [0, 1], got {a_hat}")
+
+    def f(a: float) -> float:
+        return (a - a_hat) ** 2 - z * z * hm_variance(a, n_in, n_out)
+
+    def root(inside: float, outside: float) -> float:
+        # f(inside) <= 0 < f(outside) (or the end itself is inside): bisect to 1e-10
+        if f(outside) <= 0:
+            return outside
+        for _ in range(80):
+            mid = (inside + outside) / 2
+            if f(mid) <= 0:
+                inside = mid
+            else:
+                outside = mid
+        return inside
+
+    return root(a_hat, 0.0), root(a_hat, 1.0)
+
+
+def decide(lo: float, hi: float, *, threshold: float | None, ceiling: float | None) -> str | None:
+    """The rule above for one interval. `ceiling`: None when the certificate bounds no user-level test."""
+    if ceiling is not None and lo > ceiling:
+        return FAILED
+    if threshold is not None and lo > threshold:
+        return FAILED
+    bound = threshold if threshold is not None else ceiling
+    if bound is None:
+        return None
+    return PASSED if hi < bound else INCONCLUSIVE
+
+
+def margin(a_hat: float, *, threshold: float | None, ceiling: float | None) -> float | None:
+    """Distance from Â to the boundary whose side would settle the verdict."""
+    bound = threshold if threshold is not None else ceiling
+    if bound is None:
+        return None
+    if a_hat < bound:
+        return bound - a_hat
+    below = [b for b in (threshold, ceiling) if b is not None and b <= a_hat]
+    return a_hat - min(below)
+
+
+def people_needed(a_hat: float, n_in: int, n_out: int, z: float, gap: float | None) -> dict | None:
+    """People (in, out; today's ratio kept) for z·sqrt(V(Â)) to fall below `gap`, if Â stays put.
+    None when no audit up to a million people would do (Â sits on a boundary)."""
+    if gap is None or gap <= 1e-9:
+        return None
+    a = min(max(a_hat, 1e-6), 1 - 1e-6)  # V(1) = 0: use a hair inside so the estimate stays finite
+
+    def half(s: float) -> float:
+        return z * math.sqrt(hm_variance(a, s * n_in, s * n_out))
+
+    if half(1.0) < gap:
+        return {"in": int(n_in), "out": int(n_out)}
+    hi = MAX_PEOPLE / (n_in + n_out)
+    if half(hi) >= gap:
+        return None
+    lo = 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if half(mid) >= gap else (lo, mid)
+    return {"in": int(math.ceil(hi * n_in)), "out": int(math.ceil(hi * n_out))}
+
+
+def auroc_verdict(curves: Sequence[dict], *, threshold: float | None, ceiling: float | None,
+                  confidence: float = CONFIDENCE) -> dict:
+    """Verdict over several AUROC estimates of the same audit (the m-ablation; the last is the full
+    statistic). Each curve: {"m", "auroc" (point), "users_in", "users_out"}. Returns per-curve
+    intervals and verdicts, the overall verdict and the people needed. All private: the public
+    section keeps only the verdicts and quantized values."""
+    if not curves:
+        raise VeilError("audit: no AUROC to decide on")
+    z = z_value(confidence, len(curves))
+    rows, needs = [], []
+    for c in curves:
+        a, n1, n0 = float(c["auroc"]), int(c["users_in"]), int(c["users_out"])
+        lo, hi = auroc_interval(a, n1, n0, z)
+        v = decide(lo, hi, threshold=threshold, ceiling=ceiling)
+        row = {"m": c.get("m"), "auroc": a, "interval": [lo, hi], "verdict": v,
+               "above_ceiling": bool(ceiling is not None and lo > ceiling)}
+        if v == INCONCLUSIVE:
+            row["people_needed"] = people_needed(a, n1, n0, z, margin(a, threshold=threshold, ceiling=ceiling))
+            needs.append(row["people_needed"])
+        rows.append(row)
+    need = None
+    if needs:
+        need = None if any(n is None for n in needs) else {
+            "in": max(n["in"] for n in needs), "out": max(n["out"] for n in needs)}
+    return {"verdict": combine(r["verdict"] for r in rows), "curves": rows, "z": z, "confidence": confidence,
+            "simultaneous_over": len(curves), "people_needed": need,
+            "people_needed_unbounded": bool(needs) and need is None,
+            "above_ceiling": any(r["above_ceiling"] for r in rows)}
+
+
+# --- secret exposure ----------------------------------------------------------------------------------
+
+def exposure_interval(k_above: int, n_candidates: int, a: float) -> tuple[float, float]:
+    """Clopper–Pearson exposure bounds (bits) with one-sided error `a` at each end; +inf upper end
+    when no candidate outscored the secret."""
+    from scipy.stats import beta
+
+    k, n = int(k_above), int(n_candidates)
+    if n < 1 or not 0 <= k <= n:
+        raise VeilError(f"exposure: need 0 <= candidates above <= candidates >= 1; got {k}, {n}")
+    p_hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    p_lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    return -math.log2(p_hi), (math.inf if p_lo <= 0 else -math.log2(p_lo))
+
+
+def exposure_verdict(rows: Sequence[dict], *, limit: float | None, confidence: float = CONFIDENCE) -> dict:
+    """Verdict of the secret-exposure gate over `rows` (from `exposure.secret_exposure`: rank,
+    n_candidates, optionally reference_rank). Simultaneous over every secret and both models."""
+    if not rows:
+        return {"verdict": None, "secrets": [], "candidates_needed": None}
+    has_ref = all("reference_rank" in r for r in rows)
+    a = (1 - confidence) / (2 * len(rows) * (2 if has_ref else 1))
+    out = []
+    for r in rows:
+        lo, hi = exposure_interval(int(r["rank"]) - 1, int(r["n_candidates"]), a)
+        if has_ref:
+            rlo, rhi = exposure_interval(int(r["reference_rank"]) - 1, int(r["n_candidates"]), a)
+            lo, hi = lo - rhi, hi - rlo
+        v = None if limit is None else FAILED if lo > limit else PASSED if hi < limit else INCONCLUSIVE
+        out.append({"secret_ref": r.get("secret_ref"), "secret_class": r.get("secret_class"),
+                    "interval": [lo, hi], "verdict": v})
+    verdict = combine(s["verdict"] for s in out)
+    need = None
+    if verdict == INCONCLUSIVE:
+        need = candidates_to_resolve(limit, a)
+    return {"verdict": verdict, "secrets": out, "excess_over_reference": has_ref, "candidates_needed": need,
+            "per_side_error": a}
+
+
+def candidates_to_resolve(limit: float, a: float) -> int | None:
+    """The fewest candidates per secret (on a 1-2-5 ladder) with which a secret that no candidate
+    outscores is shown above `limit` bits: −log2(1 − a^(1/R)) > limit. A function of public values only."""
+    for r in ladder():
+        if -math.log2(1 - a ** (1.0 / r)) > limit:
+            return r
+    return None
+
+
+def ladder(start: int = 10, stop: int = MAX_PEOPLE):
+    """10, 20, 50, 100, 200, 500, …: a coarse grid for published counts and needs."""
+    x = start
+    while x <= stop:
+        for f in (1, 2, 5):
+            if x * f <= stop:
+                yield x * f
+        x *= 10
+
+
+def round_up_ladder(n: int | None) -> int | None:
+    """The first ladder value >= n (None when past the ladder's end)."""
+    if n is None:
+        return None
+    for v in ladder():
+        if v >= n:
+            return v
+    return None
