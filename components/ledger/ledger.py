@@ -13,6 +13,7 @@ its reservation stays and keeps counting.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,3 +312,36 @@ def total_releases(ledger: Ledger) -> int:
 
 
 __all__ = ["Ledger", "Budget", "PersonCost", "Reservation", "default_url"]
+
+
+def pld_estimate_max(ledger: Ledger) -> dict | None:
+    """The PLD composition of the most-charged person's releases, read at the budget's δ.
+
+    LABELLED AN ESTIMATE: composing PLDs and stopping at a budget (the 'natural filter') is not valid when
+    later releases were chosen after earlier ones were seen (Tran et al. 2026); it is shown beside the
+    Rényi-filter spend only to say how loose RDP is, never as the guarantee. Per release the person's
+    event is the same dominating PoissonSampled(q', Gaussian(σ/n)) the RDP charge uses."""
+    import dp_accounting
+
+    m, people, rel, ch, ex, _ = ledger._all()
+    b = _budget_of(m)
+    if b is None or not ch:
+        return None
+    rows = ledger.person_rows()
+    top = max(rows, key=lambda r: (r["epsilon"] or 0.0))["person_key"]
+    with st.read_only(ledger.engine) as conn:
+        params = {r.id: json.loads(r.params) for r in conn.execute(select(st.releases.c.id, st.releases.c.params))}
+        mine = conn.execute(select(st.charges.c.release_id, st.charges.c.rows, st.charges.c.sampling_rate)
+                            .where(st.charges.c.person_key == top)).all()
+        mech = {r.id: r.mechanism for r in conn.execute(select(st.releases.c.id, st.releases.c.mechanism))}
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+    for c in mine:
+        p = params[c.release_id]
+        n = 1 if mech[c.release_id] == "uls" else max(1, int(c.rows))
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            min(1.0, float(c.sampling_rate)), dp_accounting.GaussianDpEvent(float(p["noise_multiplier"]) / n)),
+            int(p["steps"])))
+    e = float(acc.get_epsilon(b.delta))
+    return {"max_epsilon": e if math.isfinite(e) else None, "delta": b.delta,
+            "label": "non-adaptive estimate (PLD composition of the most-charged person's releases); not a "
+                     "guarantee under adaptive releases — the guarantee is the Rényi filter's budget"}
