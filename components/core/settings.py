@@ -19,6 +19,7 @@ _KEYS = {
     "mlflow_registry_uri": "VEIL_MLFLOW_REGISTRY_URI",
     "prefect_api_url": "PREFECT_API_URL",
     "device": "VEIL_DEVICE",
+    "ledger_url": "VEIL_LEDGER_URL",  # per-person privacy ledger; default sqlite under private_dir
 }
 
 
@@ -29,6 +30,7 @@ class Settings:
     mlflow_registry_uri: str
     prefect_api_url: str | None = None  # None: Prefect's ephemeral API, PREFECT_HOME inside home
     device: str = "auto"
+    ledger_url: str | None = None  # None: sqlite:///<private_dir>/ledger.db (components.ledger)
     sources: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -131,5 +133,6 @@ def load_settings(home: str | Path | None = None, env: dict | None = None) -> Se
         mlflow_registry_uri=values.get("mlflow_registry_uri", tracking),
         prefect_api_url=values.get("prefect_api_url"),
         device=values.get("device", "auto"),
+        ledger_url=values.get("ledger_url"),
         sources=sources,
     )

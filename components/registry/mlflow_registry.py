@@ -72,7 +72,7 @@ class Registration:
     run_id: str
     model_uri: str
     certificate_sha256: str
-    lifetime: dict | None = None    # the users' lifetime spend with this release, when the plan has a budget
+    lifetime: dict | None = None    # the ledger's aggregates for this release (components.ledger)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -81,7 +81,7 @@ class Registration:
 def register_model(settings: Settings, *, name: str, certificate: Mapping[str, Any], plan: Mapping[str, Any],
                    base_model_dir: str | Path, adapter_dir: str | Path | None,
                    policy_max_epsilon: float | None = None, experiment: str = "veil",
-                   alias: str | None = "latest-certified") -> Registration:
+                   alias: str | None = "latest-certified", ledger_release_id: int | None = None) -> Registration:
     """Log the model with its certificate and register a new version.
 
     Refuses a certificate that does not verify, or whose ε exceeds the policy's target.
@@ -97,7 +97,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
-    lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
+    lifetime = lifetime_check(settings, cert, plan, ledger_release_id)
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,10 +117,14 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
             for cls, c in (cert.get("secrets") or {}).items():
                 mlflow.log_metric(f"privacy_secret_max_gamma_{cls}", float(c["max_gamma"]))
             mlflow.set_tags(privacy_tags(cert))
-            if lifetime is not None:
-                mlflow.set_tags({"privacy.lifetime_epsilon": repr(lifetime["epsilon"]),
-                                 "privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
-                mlflow.log_metric("privacy_lifetime_epsilon", float(lifetime["epsilon"]))
+            if lifetime is not None:   # aggregates only: the per-person rows stay in the private ledger
+                mlflow.set_tags({"privacy.ledger_release_id": str(lifetime["ledger_release_id"]),
+                                 "privacy.ledger_admitted": str(lifetime["admitted"]),
+                                 "privacy.ledger_retired": str(lifetime["retired"])})
+                if lifetime["budget_epsilon"] is not None:
+                    mlflow.set_tags({"privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
+                if lifetime["spend"]["max_epsilon"] is not None:
+                    mlflow.log_metric("privacy_lifetime_max_epsilon", float(lifetime["spend"]["max_epsilon"]))
             mlflow.log_artifact(str(cert_path))
             mlflow.log_artifact(str(plan_path))
             info = mlflow.pyfunc.log_model(name="model", python_model=VeilCausalLM(), artifacts=artifacts,
@@ -134,34 +138,63 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
                         lifetime=lifetime)
 
 
-def lifetime_check(settings: Settings, cert: Mapping[str, Any], budget: Mapping[str, Any] | None) -> dict | None:
-    """Refuse a release that would take the users past the policy's lifetime budget.
+def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[str, Any],
+                   ledger_release_id: int | None = None) -> dict | None:
+    """The per-person ledger's word on this release (issue 13; components.ledger, docs/privacy/ledger.md).
 
-    Every user-level release already in this registry counts against every user — any model name,
-    any policy — since all of them are trained on the same organisation's people (Veil cannot tell
-    which users a past snapshot held, so it assumes all). Releases are composed with the PLD where
-    their certificates allow (components.accounting.lifetime). A registered certificate that does not
-    verify makes the spend unknown: refused."""
-    if budget is None or cert.get("privacy_unit") != "user":
-        return None
-    from components.accounting.lifetime import lifetime_epsilon, release_from_certificate
+    Replaces the old global sum over the registry. The release must hold a reservation made before
+    training (`components.ledger.reserve_release`, called between plan and train); found by id, by the
+    plan's `ledger.release_id`, or by the plan's sha256. Without one, the release is reserved now from the
+    plan's training rows (a model on disk is a release) and refused if the filter retires anyone, since
+    they are in the model already. Registration appends a `registered` event; the charge never moves,
+    whatever happens to the version afterwards. Returns aggregates only (counts, ε of the budget)."""
+    from components.ledger import Ledger, reserve_release
 
-    rows = list_models(settings)
-    bad = [f"{r['name']}/{r['version']}" for r in rows if r["certificate"] is None]
-    if bad:
-        raise VeilError(f"lifetime budget: registered version(s) {', '.join(bad)} have certificates that do not "
-                        "verify, so what the users have spent is unknown: not registered")
-    prior = [r["certificate"] for r in rows]
-    releases = [x for x in (release_from_certificate(c) for c in prior + [dict(cert)]) if x is not None]
-    uncounted = sum(1 for c in prior if release_from_certificate(c) is None)
-    spend = lifetime_epsilon(releases, float(budget["delta"]))
-    out = {**spend.to_dict(), "budget_epsilon": float(budget["epsilon"]), "uncounted_releases": uncounted}
-    if spend.epsilon > float(budget["epsilon"]) * (1 + 1e-12):
-        raise VeilError(f"lifetime budget: with this release the users' total would be ε={spend.epsilon:.4g} at "
-                        f"δ={budget['delta']:g} over {spend.releases} user-level releases, above the policy's "
-                        f"lifetime ε={budget['epsilon']:g}: not registered (the budget is the policy owners' call: "
-                        "raise lifetime_budget, or release no more models trained on these people)")
-    return out
+    led = Ledger.open(settings)
+    try:
+        rid = ledger_release_id or ((plan.get("ledger") or {}).get("release_id"))
+        if rid is None:
+            found = led.releases_for_plan(str(plan.get("sha256")))
+            rid = found[-1] if found else None
+        late = False
+        if rid is None:
+            try:
+                from components.planning.data import train_rows
+                rows = train_rows(dict(plan))
+            except (VeilError, KeyError, TypeError):
+                if plan.get("lifetime_budget") is None and led.budget() is None:
+                    return None   # no budget anywhere and no rows to charge: nothing the ledger can check
+                raise VeilError(f"ledger: plan {str(plan.get('sha256'))[:12]} has no reservation and its training "
+                                "rows cannot be read to charge it now: not registered (reserve before training)") from None
+            if plan.get("mechanism") == "uls-filtered" and plan.get("lifetime_budget") is None \
+                    and led.budget() is None:
+                return None   # no Rényi curve to charge (docs/privacy/ledger.md) and no budget to enforce
+            res = reserve_release(settings, plan, rows, ledger=led)
+            rid, late = res.release_id, True
+            if res.retired:
+                led.record(rid, "refused", reason="trained before reserving; the filter retires some of its people")
+                raise VeilError(f"ledger: this model was trained without a reservation and {len(res.retired)} of its "
+                                "people have no budget left for it: not registered (their charge for the others stays)")
+        from sqlalchemy import select
+
+        from components.ledger import store as st
+        with st.read_only(led.engine) as conn:
+            row = conn.execute(select(st.releases).where(st.releases.c.id == int(rid))).first()
+        if row is None:
+            raise VeilError(f"ledger: no release {rid}: not registered")
+        if row.plan_sha256 is not None and row.plan_sha256 != plan.get("sha256"):
+            raise VeilError(f"ledger: release {rid} was reserved for another plan: not registered")
+        if row.admitted == 0:
+            led.record(int(rid), "refused", reason="the filter retired everyone")
+            raise VeilError("ledger: the per-person filter retired every person of this release (no budget left): "
+                            "not registered")
+        led.record(int(rid), "registered", certificate_sha256=cert.get("sha256"))
+        b = led.budget()
+        return {"ledger_release_id": int(rid), "admitted": int(row.admitted), "retired": int(row.retired),
+                "reserved_late": late, "budget_epsilon": None if b is None else b.epsilon,
+                "delta": None if b is None else b.delta, "spend": led.summary()["spend"]}
+    finally:
+        led.dispose()
 
 
 def _resolve_version(client, model_uri: str):

@@ -59,8 +59,10 @@ def _summary_table(result: dict, seconds: float) -> Table:
     t.add_row("certificate", f"{describe(cert)} · sha256 {cert['sha256'][:12]}…")
     life = reg.get("lifetime")
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})" + (
-        f" · users' lifetime ε={life['epsilon']:.3f} of {life['budget_epsilon']:g} (δ={life['delta']:g}, "
-        f"{life['releases']} release{'s' if life['releases'] != 1 else ''})" if life else ""))
+        f" · ledger release {life['ledger_release_id']}: {life['admitted']} people charged, {life['retired']} retired"
+        + (f"; max spend ε={life['spend']['max_epsilon']:.3f} of {life['budget_epsilon']:g} (δ={life['delta']:g})"
+           if life.get("budget_epsilon") is not None and life["spend"]["max_epsilon"] is not None else "")
+        if life else ""))
     aud = result.get("audit")
     if aud:
         t.add_row("audit", _audit_line(aud))

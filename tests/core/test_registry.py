@@ -70,28 +70,40 @@ def test_bad_model_uri_is_a_user_error(settings):
         load_model("models:/nope/3", settings)
 
 
-def test_lifetime_budget_composes_releases_and_refuses_the_one_that_overspends(settings, tiny_base):
-    import dp_accounting
+def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, tiny_base):
+    """The registry asks the per-person ledger (issue 13): reserved releases register (a `registered`
+    event, aggregates on the run); a release whose people were all retired by the filter is refused;
+    unreserved releases with a budget are refused; charges stay whatever happens in MLflow."""
+    import mlflow
+    import numpy as np
 
-    from components.accounting.lifetime import lifetime_epsilon, release_from_certificate
+    from components.ledger import Ledger, reserve_release
+    from components.ledger import rdp as R
 
     plan, cert = _plan_and_cert()
-    one = cert["epsilon"]
-    # room for two of these releases, not three
-    rel = release_from_certificate(cert)
-    two, three = (lifetime_epsilon([rel] * n, 1e-5).epsilon for n in (2, 3))
-    plan = {**plan, "lifetime_budget": {"epsilon": (two + three) / 2, "delta": 1e-5}}
-    r1 = register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
-    r2 = register_model(settings, name="b", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
-    assert r1.lifetime["releases"] == 1 and r2.lifetime["releases"] == 2
-    assert r1.lifetime["epsilon"] == pytest.approx(one, rel=2e-3)
-    # independent check: dp-accounting's own PLD accountant on the two composed runs
-    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    step = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.0))
-    acc.compose(dp_accounting.SelfComposedDpEvent(step, 30), 2)
-    ref = acc.get_epsilon(1e-5)
-    assert ref <= r2.lifetime["epsilon"] <= ref * 1.01
-    assert one < r2.lifetime["epsilon"] < 2 * one
-    with pytest.raises(VeilError, match="lifetime budget: .* above the policy's lifetime"):
-        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
-    assert {r["name"] for r in list_models(settings)} == {"a", "b"}   # nothing was registered
+    one = R.sampled_gaussian_rdp(0.05, 1.0, 30)
+    two_fit = R.epsilon_of_spend(2 * one, 1e-5)
+    plan = {**plan, "lifetime_budget": {"epsilon": (two_fit + R.epsilon_of_spend(3 * one, 1e-5)) / 2, "delta": 1e-5}}
+    people = {f"u{i}": 2 for i in range(5)}
+    with pytest.raises(VeilError, match="no reservation"):
+        register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
+    regs = []
+    for name in ("a", "b"):
+        res = reserve_release(settings, plan, people)
+        assert len(res.admitted) == 5
+        regs.append(register_model(settings, name=name, certificate=cert, plan=plan, base_model_dir=tiny_base,
+                                   adapter_dir=None, ledger_release_id=res.release_id))
+    assert regs[1].lifetime["spend"]["max_epsilon"] == pytest.approx(two_fit)
+    assert mlflow.get_run(regs[1].run_id).data.tags["privacy.ledger_admitted"] == "5"
+    third = reserve_release(settings, plan, people)
+    assert third.admitted == () and len(third.retired) == 5
+    with pytest.raises(VeilError, match="retired every person"):
+        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+                       ledger_release_id=third.release_id)
+    assert {r["name"] for r in list_models(settings)} == {"a", "b"}
+    # deleting a registered version gives nothing back
+    led = Ledger.open(settings)
+    before = led.spend(list(people))
+    mlflow.MlflowClient().delete_model_version("a", "1")
+    assert all(np.array_equal(led.spend(list(people))[p], before[p]) for p in people)
+    assert [e["status"] for e in led.events(regs[0].lifetime["ledger_release_id"])] == ["reserved", "registered"]
