@@ -178,14 +178,18 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                             "use a fresh folder or resume=False")
         if state["private_seed_sha"] != hashlib.sha256(str(private_seed).encode()).hexdigest():
             raise VeilError(f"{out_dir}: private seed does not match the checkpoint's")
-        with torch.no_grad():
-            for n, p in named:
-                p.copy_(state["trainable"][n].to(p.device, p.dtype))
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        if device.type == "cuda" and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
+        try:
+            with torch.no_grad():
+                for n, p in named:
+                    p.copy_(state["trainable"][n].to(p.device, p.dtype))
+            opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
+            if device.type == "cuda" and state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state_all(state["cuda_rng"])
+            start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
+        except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+            raise VeilError(f"{out_dir / ckpt.CHECKPOINT}: does not fit this model and optimizer "
+                            f"({type(e).__name__}); use a fresh folder or resume=False") from None
         halted_at = state.get("halted_at")
         resumed_from = start
     prior_attempted = ckpt.read_ledger(out_dir) if (resume and dctx.is_main) else 0
