@@ -158,6 +158,8 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
                          adapter_dir=adapter_dir,
                          policy_max_epsilon=float(target_eps) if target_eps is not None else None)
+    # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME may be 0644)
+    settings.make_private(settings.mlflow_artifacts_dir)
     return reg.to_dict()
 
 
