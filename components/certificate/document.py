@@ -83,6 +83,56 @@ def _accounting_mechanism(mechanism: str) -> tuple[str, str, str]:
             f"{', '.join([*_ACCOUNTING, 'secret'])}") from None
 
 
+def plan_data_fingerprint(plan: Mapping[str, Any]) -> str | None:
+    """The plan's fingerprint of the training data the run must have read. One accessor, so that
+    where the plan keeps it (public part or private annex) can change in one place."""
+    return (plan.get("data") or {}).get("train_records_sha256")
+
+
+def _bind_run(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> None:
+    """Refuse a run that is not the plan's run: k and selection, the data it read, steps, weights."""
+    from components.core.fingerprints import weights_fingerprint
+
+    def refuse(what: str) -> None:
+        raise VeilError(f"training result does not match plan {str(plan.get('sha256', '?'))[:12]}…: {what}: "
+                        "not certifiable")
+
+    k_plan, k_run = plan.get("records_per_user"), train_result.get("records_per_user")
+    if (None if k_plan is None else int(k_plan)) != (None if k_run is None else int(k_run)):
+        refuse(f"records per user k={k_run} but the plan says k={k_plan}")
+    sel_run = (train_result.get("extra") or {}).get("selection", plan.get("selection"))
+    if sel_run != plan.get("selection"):
+        refuse(f"selection {sel_run!r} but the plan says {plan.get('selection')!r}")
+    want = plan_data_fingerprint(plan)
+    got = train_result.get("train_records_sha256")
+    if got is None:
+        refuse("it does not record which train-records file it read (older Veil, or data not from the plan)")
+    if got != want:
+        refuse(f"it read train records with sha256 {got[:12]}… but the plan's are {str(want)[:12]}…")
+    attempted = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
+    if attempted > int(plan["steps"]):
+        refuse(f"{attempted} steps were started but the plan has {int(plan['steps'])}")
+    weights = train_result.get("weights") or {}
+    wdir = train_result.get("adapter_dir") or train_result.get("model_dir")
+    if not weights.get("sha256") or not wdir:
+        refuse("it names no trained weights")
+    if weights_fingerprint(wdir)["sha256"] != weights["sha256"]:
+        refuse(f"the weights in {wdir} are not the ones training wrote (changed since)")
+
+
+def _run_section(train_result: Mapping[str, Any]) -> dict:
+    """What ran, as the certificate records it: weights, base model and tokenizer hashes, device."""
+    w = train_result.get("weights") or {}
+    return {"weights": {"kind": "lora-adapter" if train_result.get("adapter_dir") else "full-model",
+                        "sha256": w.get("sha256"), "files": dict(w.get("files") or {})},
+            "base_model": dict(train_result.get("base_model") or {}) or None,
+            "tokenizer": dict(train_result.get("tokenizer") or {}) or None,
+            "train_records_sha256": train_result.get("train_records_sha256"),
+            "steps_attempted": max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0)),
+            "device": train_result.get("device"), "precision": train_result.get("precision"),
+            "world_size": train_result.get("world_size")}
+
+
 def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> tuple[int, list[str]]:
     """Refuse a run that used other numbers than its plan; return the steps to charge and caveats."""
     mechanism = plan["mechanism"]
@@ -91,6 +141,7 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
             raise VeilError(f"training used {key}={train_result[key]} but the plan says {plan[key]}: not certifiable")
     if train_result.get("mechanism", mechanism) != mechanism:
         raise VeilError(f"training ran {train_result['mechanism']!r} but the plan says {mechanism!r}")
+    _bind_run(plan, train_result)
     # Steps started before a crash released gradients too: they count.
     steps = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
     if steps < 0:
@@ -103,9 +154,10 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
 
 
 def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at: str | None,
-            version: str | None) -> dict:
+            version: str | None, train_result: Mapping[str, Any]) -> dict:
     data = plan["data"]
     return {
+        "run": _run_section(train_result),
         "noise_multiplier": float(plan["noise_multiplier"]),
         "sampling_rate": float(plan["sampling_rate"]),
         "steps": steps,
@@ -175,7 +227,7 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
             # ULS bounds a user's influence by clipping their averaged gradient, whatever their count.
             "kind": "per-user clipped mean gradient" if mechanism == "uls" else "records per user",
         },
-        **_common(plan, steps, caveats, created_at, version),
+        **_common(plan, steps, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
@@ -225,7 +277,7 @@ def _build_filtered_certificate(plan, train_result, created_at, version) -> Cert
                    "gaussian_steps": steps, **{k: v for k, v in noise.to_dict().items() if k != "variant"}},
         "contribution_bound": {"records_per_user": plan.get("records_per_user"), "selection": plan.get("selection"),
                                "kind": "filtered mean of unclipped per-user mean gradients (sensitivity 60τ/W_min)"},
-        **_common(plan, started, caveats, created_at, version),
+        **_common(plan, started, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
@@ -272,7 +324,7 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
         "dp_event": None,
         "contribution_bound": {"kind": "per-record Poisson rates from the secret LP",
                                "selection": plan.get("selection"), "records_per_user": None},
-        **_common(plan, steps, caveats, created_at, version),
+        **_common(plan, steps, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 

@@ -264,7 +264,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             model.save_pretrained(model_dir)
             if hasattr(tokenizer, "save_pretrained"):
                 tokenizer.save_pretrained(model_dir)
-    from components.training.fingerprints import base_fingerprints, weights_fingerprint
+    from components.core.fingerprints import base_fingerprints, weights_fingerprint
 
     weights = weights_fingerprint(adapter_dir or model_dir) if dctx.is_main else None
     base_fp, tok_fp = base_fingerprints(base_dir) if (base_dir is not None and dctx.is_main) else (None, None)
