@@ -135,8 +135,20 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
     from components.planning import load_plan
 
     plan_doc = load_plan(plan_path).to_dict()
-    targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
-    return build_certificate(plan_doc, train_result, secret_targets=targets).to_dict()
+    if plan_doc["mechanism"] != "secret":
+        return build_certificate(plan_doc, train_result).to_dict()
+    return build_certificate(plan_doc, train_result, secret_targets=secret_targets(settings, plan_doc),
+                             untagged_rate=untagged_rate(settings, plan_doc)).to_dict()
+
+
+def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
+    """The largest rate of a training record holding no protected secret (None: none is trained on)."""
+    from catalog.snapshots import load_snapshot
+    from components.planning.data import train_rows
+    from components.planning.secret_plan import untagged_max_rate
+
+    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    return untagged_max_rate(train_rows(plan_doc), snap.secret_spans, plan_doc["target"]["secrets"])
 
 
 def secret_targets(settings: Settings, plan_doc: dict) -> list:

@@ -179,17 +179,19 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
 
 
 def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,
-                      secret_targets: Sequence[Any] | None = None,
+                      secret_targets: Sequence[Any] | None = None, untagged_rate: float | None = None,
                       created_at: str | None = None, version: str | None = None) -> Certificate:
     """Certify a finished training run against its plan.
 
     ε (or, for secret protection, every secret's posterior bound γ) is recomputed for the steps the
     run actually took, with the σ and q training actually used; a run whose σ, q or C differs from
     the plan's is refused rather than certified on the plan's word. Secret-protection runs need
-    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates).
+    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates) and
+    `untagged_rate`, the largest rate of a trained record that holds no protected secret (None when
+    no such record was trained on), for the record-level guarantee untagged records get.
     """
     if plan["mechanism"] == "secret":
-        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version)
+        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version, untagged_rate)
     if plan["mechanism"] == "uls-filtered":
         return _build_filtered_certificate(plan, train_result, created_at, version)
     from components.accounting import epsilon as account
@@ -282,14 +284,48 @@ def _build_filtered_certificate(plan, train_result, created_at, version) -> Cert
     return Certificate(_seal(doc))
 
 
-def _build_secret_certificate(plan, train_result, targets, created_at, version) -> Certificate:
+# δ at which an untagged record's record-level ε is certified (the secret plan has no δ of its own).
+UNTAGGED_DELTA = 1e-5
+TAGGED_ONLY = ("the guarantee covers tagged occurrences only: a secret the tagger missed (no detector "
+               "matched it) is trained on as an untagged record and gets nothing from the per-secret bounds "
+               "below, only the untagged records' record-level guarantee (if any)")
+
+
+def _untagged_section(plan, untagged_rate: float | None, steps: int) -> dict:
+    """What a record holding no protected secret gets: it is sampled at its LP rate (≤ untagged_rate)
+    and clipped to C like every record, so the Poisson-subsampled Gaussian gives it a record-level
+    (ε, δ) under add/remove of that record, with every other record's rate held fixed."""
+    from components.accounting import epsilon as account
+
+    policy = (plan.get("secret_lp") or {}).get("untagged_records")
+    if untagged_rate is None or untagged_rate <= 0:
+        return {"policy": policy, "trained_on": False, "max_rate": None, "epsilon": None, "delta": None,
+                "guarantee": "no record without a protected secret was trained on: nothing to cover"}
+    sigma = float(plan["noise_multiplier"])
+    out = {"policy": policy, "trained_on": True, "max_rate": float(untagged_rate), "delta": UNTAGGED_DELTA,
+           "neighbouring": "add_remove_record (other records' rates held fixed)"}
+    if steps == 0:
+        return {**out, "epsilon": 0.0, "guarantee": "record-level: no step was run"}
+    res = account("record", sampling_rate=float(untagged_rate), noise_multiplier=sigma, steps=steps,
+                  delta=UNTAGGED_DELTA)
+    eps = float(res.epsilon)
+    if not math.isfinite(eps):
+        return {**out, "epsilon": None, "guarantee": f"none: no finite record-level ε at δ={UNTAGGED_DELTA:g}"}
+    return {**out, "epsilon": eps, "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": "record",
+                                                 "pessimistic": res.pessimistic, "discretization": res.discretization},
+            "guarantee": (f"record-level ε={eps:.4g} at δ={UNTAGGED_DELTA:g} (Poisson rate ≤ {untagged_rate:.4g}, "
+                          f"σ={sigma:g}, {steps} steps): about whether a record is in training, not about a "
+                          "secret it may hold")}
+
+
+def _build_secret_certificate(plan, train_result, targets, created_at, version, untagged_rate=None) -> Certificate:
     """Per-secret posterior bounds (seed 004, Lemma 3.2, KL case), aggregated per class.
 
     Secret ids carry the secrets' values, so the certificate — a registered, shareable document —
     holds per-class aggregates only.
     """
     from components.accounting import LIBRARY_VERSION
-    from components.accounting.secrets import DEFAULT_SENSITIVITY, SENSITIVITY_REASON, report_secrets
+    from components.accounting.secrets import DEFAULT_SENSITIVITY, DOMINANCE_NOTE, SENSITIVITY_REASON, report_secrets
 
     if not targets:
         raise VeilError("secret-protection run: no secret targets to certify (the plan's records hold no secret "
@@ -316,6 +352,19 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
         "epsilon": None,
         "delta": None,
         "secrets": classes,
+        "coverage": TAGGED_ONLY,
+        # classes the catalog tagged in the training data but the policy does not protect: their
+        # secrets are trained on as untagged records
+        "ignored_classes": sorted((plan.get("secret_lp") or {}).get("ignored_classes") or []),
+        "assumptions": [
+            DOMINANCE_NOTE,
+            SENSITIVITY_REASON,
+            "which records hold a secret (the tagging) is public; only the secret's value is protected "
+            "(Definition 3.1)",
+            "each secret's records are sampled at their planned Poisson rates; the rates (an LP over every "
+            "record's tags) are treated as given",
+        ],
+        "untagged_records": _untagged_section(plan, untagged_rate, steps),
         "target": dict(plan["target"]),
         "within_target": all(c["all_within_target"] for c in classes.values()),
         "accountant": {"name": "per-secret KL of the Poisson-binomial mixture (seed 004, Lemma 3.2)",
