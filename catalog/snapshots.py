@@ -236,8 +236,8 @@ class SnapshotBuilder:
         else:
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             for f in tmp.iterdir():
-                if f.stat().st_mode & 0o222:
-                    os.chmod(f, 0o444)
+                if f.stat().st_mode & 0o277:
+                    os.chmod(f, 0o400)  # read-only, and the owner's only (snapshots hold people's text)
             shutil.rmtree(final, ignore_errors=True)  # a folder without a manifest is an unfinished write
             os.replace(tmp, final)
         sha = sha256_file(final / "manifest.json")

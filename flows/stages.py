@@ -122,11 +122,12 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     model, tokenizer = load_base(base_dir)
     spec = TrainSpec.from_plan(plan_doc)
     out_dir = settings.runs_dir / plan_doc["sha256"][:16]
-    result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress)
+    result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress, base_dir=base_dir)
     res = result.to_dict()
     (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
-    # Per-step losses are statistics of the sampled private batches: they stay in the run folder.
-    return {k: v for k, v in res.items() if k != "losses"}
+    # Per-step losses and the count of units dropped for a non-finite gradient are statistics of the
+    # sampled private batches: they stay in the run folder.
+    return result.public_dict()
 
 
 def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> dict:
@@ -134,8 +135,20 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
     from components.planning import load_plan
 
     plan_doc = load_plan(plan_path).to_dict()
-    targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
-    return build_certificate(plan_doc, train_result, secret_targets=targets).to_dict()
+    if plan_doc["mechanism"] != "secret":
+        return build_certificate(plan_doc, train_result).to_dict()
+    return build_certificate(plan_doc, train_result, secret_targets=secret_targets(settings, plan_doc),
+                             untagged_rate=untagged_rate(settings, plan_doc)).to_dict()
+
+
+def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
+    """The largest rate of a training record holding no protected secret (None: none is trained on)."""
+    from catalog.snapshots import load_snapshot
+    from components.planning.data import train_rows
+    from components.planning.secret_plan import untagged_max_rate
+
+    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    return untagged_max_rate(train_rows(plan_doc), snap.secret_spans, plan_doc["target"]["secrets"])
 
 
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
@@ -154,11 +167,26 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     from components.registry import register_model
 
     plan_doc = load_plan(plan_path).to_dict()
+    _check_certified_weights(certificate, adapter_dir)
     target_eps = plan_doc["target"].get("epsilon")
     reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
                          adapter_dir=adapter_dir,
                          policy_max_epsilon=float(target_eps) if target_eps is not None else None)
+    # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME may be 0644)
+    settings.make_private(settings.mlflow_artifacts_dir)
     return reg.to_dict()
+
+
+def _check_certified_weights(certificate: dict, weights_dir: str | Path | None) -> None:
+    """The weights being registered are the ones the certificate names (nothing swapped since)."""
+    from components.core.fingerprints import weights_fingerprint
+
+    want = ((certificate.get("run") or {}).get("weights") or {}).get("sha256")
+    if want is None:
+        raise VeilError("certificate names no trained weights (made by an older Veil): certify the run again")
+    if weights_dir is None or weights_fingerprint(weights_dir)["sha256"] != want:
+        raise VeilError(f"{weights_dir}: these weights are not the ones the certificate names "
+                        f"(sha256 {want[:12]}…): not registered")
 
 
 @dataclass

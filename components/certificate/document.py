@@ -83,6 +83,56 @@ def _accounting_mechanism(mechanism: str) -> tuple[str, str, str]:
             f"{', '.join([*_ACCOUNTING, 'secret'])}") from None
 
 
+def plan_data_fingerprint(plan: Mapping[str, Any]) -> str | None:
+    """The plan's fingerprint of the training data the run must have read. One accessor, so that
+    where the plan keeps it (public part or private annex) can change in one place."""
+    return (plan.get("data") or {}).get("train_records_sha256")
+
+
+def _bind_run(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> None:
+    """Refuse a run that is not the plan's run: k and selection, the data it read, steps, weights."""
+    from components.core.fingerprints import weights_fingerprint
+
+    def refuse(what: str) -> None:
+        raise VeilError(f"training result does not match plan {str(plan.get('sha256', '?'))[:12]}…: {what}: "
+                        "not certifiable")
+
+    k_plan, k_run = plan.get("records_per_user"), train_result.get("records_per_user")
+    if (None if k_plan is None else int(k_plan)) != (None if k_run is None else int(k_run)):
+        refuse(f"records per user k={k_run} but the plan says k={k_plan}")
+    sel_run = (train_result.get("extra") or {}).get("selection", plan.get("selection"))
+    if sel_run != plan.get("selection"):
+        refuse(f"selection {sel_run!r} but the plan says {plan.get('selection')!r}")
+    want = plan_data_fingerprint(plan)
+    got = train_result.get("train_records_sha256")
+    if got is None:
+        refuse("it does not record which train-records file it read (older Veil, or data not from the plan)")
+    if got != want:
+        refuse(f"it read train records with sha256 {got[:12]}… but the plan's are {str(want)[:12]}…")
+    attempted = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
+    if attempted > int(plan["steps"]):
+        refuse(f"{attempted} steps were started but the plan has {int(plan['steps'])}")
+    weights = train_result.get("weights") or {}
+    wdir = train_result.get("adapter_dir") or train_result.get("model_dir")
+    if not weights.get("sha256") or not wdir:
+        refuse("it names no trained weights")
+    if weights_fingerprint(wdir)["sha256"] != weights["sha256"]:
+        refuse(f"the weights in {wdir} are not the ones training wrote (changed since)")
+
+
+def _run_section(train_result: Mapping[str, Any]) -> dict:
+    """What ran, as the certificate records it: weights, base model and tokenizer hashes, device."""
+    w = train_result.get("weights") or {}
+    return {"weights": {"kind": "lora-adapter" if train_result.get("adapter_dir") else "full-model",
+                        "sha256": w.get("sha256"), "files": dict(w.get("files") or {})},
+            "base_model": dict(train_result.get("base_model") or {}) or None,
+            "tokenizer": dict(train_result.get("tokenizer") or {}) or None,
+            "train_records_sha256": train_result.get("train_records_sha256"),
+            "steps_attempted": max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0)),
+            "device": train_result.get("device"), "precision": train_result.get("precision"),
+            "world_size": train_result.get("world_size")}
+
+
 def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> tuple[int, list[str]]:
     """Refuse a run that used other numbers than its plan; return the steps to charge and caveats."""
     mechanism = plan["mechanism"]
@@ -91,6 +141,7 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
             raise VeilError(f"training used {key}={train_result[key]} but the plan says {plan[key]}: not certifiable")
     if train_result.get("mechanism", mechanism) != mechanism:
         raise VeilError(f"training ran {train_result['mechanism']!r} but the plan says {mechanism!r}")
+    _bind_run(plan, train_result)
     # Steps started before a crash released gradients too: they count.
     steps = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
     if steps < 0:
@@ -103,9 +154,10 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
 
 
 def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at: str | None,
-            version: str | None) -> dict:
+            version: str | None, train_result: Mapping[str, Any]) -> dict:
     data = plan["data"]
     return {
+        "run": _run_section(train_result),
         "noise_multiplier": float(plan["noise_multiplier"]),
         "sampling_rate": float(plan["sampling_rate"]),
         "steps": steps,
@@ -127,17 +179,19 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
 
 
 def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,
-                      secret_targets: Sequence[Any] | None = None,
+                      secret_targets: Sequence[Any] | None = None, untagged_rate: float | None = None,
                       created_at: str | None = None, version: str | None = None) -> Certificate:
     """Certify a finished training run against its plan.
 
     ε (or, for secret protection, every secret's posterior bound γ) is recomputed for the steps the
     run actually took, with the σ and q training actually used; a run whose σ, q or C differs from
     the plan's is refused rather than certified on the plan's word. Secret-protection runs need
-    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates).
+    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates) and
+    `untagged_rate`, the largest rate of a trained record that holds no protected secret (None when
+    no such record was trained on), for the record-level guarantee untagged records get.
     """
     if plan["mechanism"] == "secret":
-        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version)
+        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version, untagged_rate)
     if plan["mechanism"] == "uls-filtered":
         return _build_filtered_certificate(plan, train_result, created_at, version)
     from components.accounting import epsilon as account
@@ -175,7 +229,7 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
             # ULS bounds a user's influence by clipping their averaged gradient, whatever their count.
             "kind": "per-user clipped mean gradient" if mechanism == "uls" else "records per user",
         },
-        **_common(plan, steps, caveats, created_at, version),
+        **_common(plan, steps, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
@@ -225,19 +279,53 @@ def _build_filtered_certificate(plan, train_result, created_at, version) -> Cert
                    "gaussian_steps": steps, **{k: v for k, v in noise.to_dict().items() if k != "variant"}},
         "contribution_bound": {"records_per_user": plan.get("records_per_user"), "selection": plan.get("selection"),
                                "kind": "filtered mean of unclipped per-user mean gradients (sensitivity 60τ/W_min)"},
-        **_common(plan, started, caveats, created_at, version),
+        **_common(plan, started, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
 
-def _build_secret_certificate(plan, train_result, targets, created_at, version) -> Certificate:
+# δ at which an untagged record's record-level ε is certified (the secret plan has no δ of its own).
+UNTAGGED_DELTA = 1e-5
+TAGGED_ONLY = ("the guarantee covers tagged occurrences only: a secret the tagger missed (no detector "
+               "matched it) is trained on as an untagged record and gets nothing from the per-secret bounds "
+               "below, only the untagged records' record-level guarantee (if any)")
+
+
+def _untagged_section(plan, untagged_rate: float | None, steps: int) -> dict:
+    """What a record holding no protected secret gets: it is sampled at its LP rate (≤ untagged_rate)
+    and clipped to C like every record, so the Poisson-subsampled Gaussian gives it a record-level
+    (ε, δ) under add/remove of that record, with every other record's rate held fixed."""
+    from components.accounting import epsilon as account
+
+    policy = (plan.get("secret_lp") or {}).get("untagged_records")
+    if untagged_rate is None or untagged_rate <= 0:
+        return {"policy": policy, "trained_on": False, "max_rate": None, "epsilon": None, "delta": None,
+                "guarantee": "no record without a protected secret was trained on: nothing to cover"}
+    sigma = float(plan["noise_multiplier"])
+    out = {"policy": policy, "trained_on": True, "max_rate": float(untagged_rate), "delta": UNTAGGED_DELTA,
+           "neighbouring": "add_remove_record (other records' rates held fixed)"}
+    if steps == 0:
+        return {**out, "epsilon": 0.0, "guarantee": "record-level: no step was run"}
+    res = account("record", sampling_rate=float(untagged_rate), noise_multiplier=sigma, steps=steps,
+                  delta=UNTAGGED_DELTA)
+    eps = float(res.epsilon)
+    if not math.isfinite(eps):
+        return {**out, "epsilon": None, "guarantee": f"none: no finite record-level ε at δ={UNTAGGED_DELTA:g}"}
+    return {**out, "epsilon": eps, "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": "record",
+                                                 "pessimistic": res.pessimistic, "discretization": res.discretization},
+            "guarantee": (f"record-level ε={eps:.4g} at δ={UNTAGGED_DELTA:g} (Poisson rate ≤ {untagged_rate:.4g}, "
+                          f"σ={sigma:g}, {steps} steps): about whether a record is in training, not about a "
+                          "secret it may hold")}
+
+
+def _build_secret_certificate(plan, train_result, targets, created_at, version, untagged_rate=None) -> Certificate:
     """Per-secret posterior bounds (seed 004, Lemma 3.2, KL case), aggregated per class.
 
     Secret ids carry the secrets' values, so the certificate — a registered, shareable document —
     holds per-class aggregates only.
     """
     from components.accounting import LIBRARY_VERSION
-    from components.accounting.secrets import DEFAULT_SENSITIVITY, SENSITIVITY_REASON, report_secrets
+    from components.accounting.secrets import DEFAULT_SENSITIVITY, DOMINANCE_NOTE, SENSITIVITY_REASON, report_secrets
 
     if not targets:
         raise VeilError("secret-protection run: no secret targets to certify (the plan's records hold no secret "
@@ -264,6 +352,19 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
         "epsilon": None,
         "delta": None,
         "secrets": classes,
+        "coverage": TAGGED_ONLY,
+        # classes the catalog tagged in the training data but the policy does not protect: their
+        # secrets are trained on as untagged records
+        "ignored_classes": sorted((plan.get("secret_lp") or {}).get("ignored_classes") or []),
+        "assumptions": [
+            DOMINANCE_NOTE,
+            SENSITIVITY_REASON,
+            "which records hold a secret (the tagging) is public; only the secret's value is protected "
+            "(Definition 3.1)",
+            "each secret's records are sampled at their planned Poisson rates; the rates (an LP over every "
+            "record's tags) are treated as given",
+        ],
+        "untagged_records": _untagged_section(plan, untagged_rate, steps),
         "target": dict(plan["target"]),
         "within_target": all(c["all_within_target"] for c in classes.values()),
         "accountant": {"name": "per-secret KL of the Poisson-binomial mixture (seed 004, Lemma 3.2)",
@@ -272,7 +373,7 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
         "dp_event": None,
         "contribution_bound": {"kind": "per-record Poisson rates from the secret LP",
                                "selection": plan.get("selection"), "records_per_user": None},
-        **_common(plan, steps, caveats, created_at, version),
+        **_common(plan, steps, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 

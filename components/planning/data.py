@@ -7,15 +7,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
-from components.core.hashing import sha256_file
+from components.core.hashing import sha256_bytes
+
+
+# Schema metadata key carrying the sha256 of the train-records file the table was read from: the
+# trainer records it and the certificate checks it against the plan (engine.TRAIN_RECORDS_SHA256_KEY).
+TRAIN_RECORDS_SHA256_KEY = b"veil.train_records_sha256"
 
 
 def _checked(path: str, sha256: str, what: str) -> pa.Table:
+    """The file's table, parsed from the very bytes whose sha256 was checked (no second read)."""
     if not Path(path).is_file():
         raise VeilError(f"plan: {what} file {path} is missing")
-    if sha256_file(path) != sha256:
+    data = Path(path).read_bytes()
+    if sha256_bytes(data) != sha256:
         raise VeilError(f"plan: {what} file {path} does not match its sha256 in the plan: refusing to use it")
-    return pq.read_table(path)
+    table = pq.read_table(pa.BufferReader(data))
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), b"veil.sha256": sha256.encode()})
 
 
 def plan_texts(plan: dict, snapshot_records: pa.Table) -> pa.Table:
@@ -40,6 +48,7 @@ def training_records(plan: dict, snapshot_records: pa.Table) -> pa.Table:
     Rows keep their multiplicity (group privacy lists resampled records more than once)."""
     data = plan["data"]
     chosen = train_rows(plan)
+    read_sha = chosen.schema.metadata[b"veil.sha256"]  # what was actually read, not what the plan says
     chosen = chosen.append_column("_row", pa.array(range(chosen.num_rows), pa.int64()))
     joined = chosen.join(plan_texts(plan, snapshot_records), keys="record_id", join_type="inner")
     if joined.num_rows != chosen.num_rows:
@@ -47,4 +56,4 @@ def training_records(plan: dict, snapshot_records: pa.Table) -> pa.Table:
                         f"{data['snapshot_id']}")
     joined = joined.sort_by([("user_id", "ascending"), ("record_id", "ascending"), ("_row", "ascending")])
     cols = ["user_id", "text"] + (["rate"] if "rate" in joined.column_names else [])
-    return joined.select(cols)
+    return joined.select(cols).replace_schema_metadata({TRAIN_RECORDS_SHA256_KEY: read_sha})

@@ -11,12 +11,14 @@ import typer
 from typer.core import TyperGroup
 
 from components.core.errors import VeilError
+from components.core.settings import private_umask
 
 
 class _VeilGroup(TyperGroup):
     """Turns VeilError (and malformed-input errors we name) into one line + exit 2."""
 
     def invoke(self, ctx: click.Context):
+        private_umask()  # everything written under VEIL_HOME is the owner's only, whatever the shell's umask
         try:
             return super().invoke(ctx)
         except VeilError as e:
@@ -42,6 +44,7 @@ for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, 
 
 
 def main() -> None:
+    private_umask()
     try:
         app()
     except VeilError as e:  # raised outside a command (e.g. while loading settings)

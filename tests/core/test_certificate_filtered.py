@@ -11,6 +11,13 @@ from components.accounting.filtered import calibrate_filtered, min_users
 from components.certificate import build_certificate, recompute_epsilon, verify_certificate
 from components.core.errors import VeilError
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 EPS, DELTA, T = 8.0, 1e-5, 40
 
 
@@ -33,10 +40,11 @@ def _plan(sigma, n_users, variant="veil"):
 
 
 def _result(plan, steps_run, halted_at=None):
-    return {"steps_run": steps_run, "steps_attempted": steps_run + (halted_at is not None),
+    b = bound_run.binding(plan)
+    return {**b, "steps_run": steps_run, "steps_attempted": steps_run + (halted_at is not None),
             "mechanism": "uls-filtered", "noise_multiplier": plan["noise_multiplier"], "sampling_rate": 1.0,
             "clip_norm": 1.0, "private_seed_source": "os_entropy",
-            "extra": {"filter": dict(plan["filter"]), "halted_at_step": halted_at}}
+            "extra": {**b["extra"], "filter": dict(plan["filter"]), "halted_at_step": halted_at}}
 
 
 def test_filtered_certificate_matches_closed_form_and_meets_target():
