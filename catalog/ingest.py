@@ -272,6 +272,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     tmp_dir.mkdir(parents=True, exist_ok=True)
     staged_path = tmp_dir / f"{ingest_id}.parquet"
     with store.writer(settings) as con:
+        snap_mod.recover(con, settings)  # a crashed writer's leftovers: we hold the lock, nobody else writes
         con.execute(_STAGE_DDL)
         latest = snap_mod.latest_in_catalog(con)
         if not exact and latest is not None:
@@ -285,8 +286,10 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
         bar = _progress(progress, conn)
         try:
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
+            read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
                 for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql)):
+                    read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
                     if bar is not None:
@@ -296,7 +299,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                     staged.close()
             source_sha = conn.sha256
             source_key = sha256_json({"source_sha256": source_sha, **options})
-            return _merge(con, settings, tagger, builder, staged_path if exact else None, latest,
+            return _merge(con, settings, tagger, builder, staged_path if exact else None, latest, read=read,
                           ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
                           source_key=source_key, options=options, started=started)
         except BaseException:
@@ -440,9 +443,11 @@ def _one(con, q: str):
 
 
 def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, builder, staged_path: Path | None,
-           latest: tuple[str, str] | None, *, ingest_id: str, source: Path, fmt: str, source_sha: str,
+           latest: tuple[str, str] | None, *, read: int, ingest_id: str, source: Path, fmt: str, source_sha: str,
            source_key: str, options: dict, started: datetime) -> IngestReport:
-    read = _one(con, "SELECT count(*) FROM stage")
+    staged_rows = _one(con, "SELECT count(*) FROM stage")
+    if staged_rows != read:  # a bug, not bad input: never report counts that do not add up
+        raise RuntimeError(f"catalog: the source offered {read} records but {staged_rows} were staged")
     quarantined = _one(con, "SELECT count(*) FROM stage WHERE reason IS NOT NULL")
     if options.get("keep_duplicates"):
         # Every copy is kept; the k-th extra copy of a record gets its own id, sha256(id + "#k").
@@ -454,10 +459,23 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
         con.execute("CREATE OR REPLACE TEMP TABLE firsts AS "
                     "SELECT record_id, min(seq) AS seq FROM stage WHERE reason IS NULL GROUP BY record_id")
     accepted = _one(con, "SELECT count(*) FROM firsts")
-    duplicates = read - quarantined - accepted
+    # Counted, not a remainder: valid rows that are not the kept copy of their record.
+    duplicates = _one(con, "SELECT count(*) FROM stage s WHERE reason IS NULL "
+                           "AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.seq = s.seq)")
+    if read != accepted + quarantined + duplicates:
+        raise RuntimeError(f"catalog: read {read} != accepted {accepted} + quarantined {quarantined} "
+                           f"+ duplicates {duplicates}")
     users = _one(con, "SELECT count(DISTINCT user_id) FROM stage WHERE reason IS NULL")
     reasons = dict(con.sql("SELECT regexp_replace(reason, ':.*', '') AS r, count(*) FROM stage "
                            "WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall())
+    if accepted == 0:
+        # Nothing usable is a wrong source or mapping, not a success: nothing is written.
+        first = con.sql("SELECT coalesce(locator, 'line ' || line::VARCHAR), reason FROM stage "
+                        "WHERE reason IS NOT NULL ORDER BY seq LIMIT 1").fetchall()
+        why = f"; first: {first[0][0]}: {first[0][1][:120]}" if first else ""
+        raise VeilError(f"{source}: nothing accepted ({read} records read, {quarantined} quarantined: "
+                        + ", ".join(f"{k} {v}" for k, v in reasons.items()) + f"){why}; nothing written"
+                        if read else f"{source}: nothing accepted: no records in the source; nothing written")
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq, f.record_id FROM firsts f "
@@ -509,7 +527,7 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
     except BaseException:
         con.execute("ROLLBACK")
         raise
-    snap_mod.set_latest(settings, snap_id)
+    snap_mod.mark_committed(settings, snap_id)
     return IngestReport(snapshot_id=snap_id, sha256=snap_sha, read=read, accepted=accepted, quarantined=quarantined,
                         duplicates=duplicates, users=users, records=n_records, seconds=0.0, new=new,
                         snapshot_users=n_users, new_spans=new_spans, tagged_records=tagged, source=str(source),
