@@ -22,7 +22,8 @@ Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "ran
 RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 
 # Detectors the catalog implements (SHARED_CONTRACTS: built-in detectors).
-BUILTIN_DETECTORS = ("credentials", "email", "phone")
+# Must match catalog.tagging.BUILTIN_DETECTORS (a test checks; components never imports catalog).
+BUILTIN_DETECTORS = ("credentials", "email", "phone", "payment_card", "iban", "national_id", "high_entropy")
 
 # Which mechanisms can deliver a guarantee for which unit.
 MECHANISMS_FOR_UNIT = {
@@ -90,6 +91,19 @@ class Protection(_Strict):
         return first + second
 
 
+def _re2_problem(pattern: str) -> str | None:
+    import re2
+
+    opts = re2.Options()
+    opts.log_errors = False
+    try:
+        re2.compile(pattern, opts)
+        return None
+    except re2.error as e:
+        a = e.args[0] if e.args else e
+        return a.decode(errors="replace") if isinstance(a, bytes) else str(a)
+
+
 class TaggingRule(_Strict):
     kind: RuleKind = Field(description="literal | regex | path_glob | detector.")
     patterns: list[str] = Field(min_length=1, description="Literals, regular expressions, globs or detector names.")
@@ -105,6 +119,13 @@ class TaggingRule(_Strict):
                     re.compile(p)
                 except re.error as e:
                     raise ValueError(f"@patterns@ regex {p!r} does not compile: {e}") from None
+                why = _re2_problem(p)
+                if why:
+                    # Tagging runs on RE2 (linear time: a pattern like (a+)+$ cannot hang an ingest);
+                    # backreferences and lookarounds need backtracking, which is what hangs.
+                    raise ValueError(f"@patterns@ regex {p!r} cannot run on RE2, the linear-time engine tagging "
+                                     f"uses ({why}); drop backreferences and lookarounds (use \\b or a named "
+                                     "group 'secret' to narrow the span)")
             if self.kind == "detector" and p not in BUILTIN_DETECTORS:
                 raise ValueError(f"@patterns@ unknown detector {p!r}; built-in detectors: {', '.join(BUILTIN_DETECTORS)}")
         return self
