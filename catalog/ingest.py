@@ -147,7 +147,7 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
              WHEN strlen(text) > {int(max_bytes)}
                   THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
              WHEN ts IS NOT NULL AND cts IS NULL
-                  THEN {_q(f"bad timestamp: field {tname!r} is not ISO-8601 or epoch seconds: ")} || left(ts, 60)
+                  THEN {_q(f"bad timestamp: field {tname!r} is not a date we read (ISO-8601, RFC 2822, epoch seconds/ms, …): ")} || left(ts, 60)
         END AS reason FROM b)
     SELECT seq, line, "offset" AS byte_offset, locator, u AS user_id, reason,
            CASE WHEN reason IS NULL THEN sha256(u || chr(31) || text) END AS record_id,
@@ -325,6 +325,7 @@ class _Normalizer:
         if self.con is None:
             self.con = duckdb.connect()
             self.con.execute("SET TimeZone = 'UTC'")
+        batch = self._fix_timestamps(batch)
         self.con.register("batch", batch)
         try:
             out = self.con.sql(self.sql).to_arrow_table()
@@ -333,6 +334,30 @@ class _Normalizer:
         if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
             raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
         return batch, out
+
+    def _fix_timestamps(self, batch: pa.Table) -> pa.Table:
+        """Values DuckDB's cast cannot read (RFC 2822 and other common forms, catalog/dates.py) are
+        rewritten as ISO-8601 before the stage query; the rest stay as they are (one vectorised test)."""
+        ts = batch.column("ts")
+        if ts.null_count == len(ts):
+            return batch
+        self.con.register("tsb", pa.table({"i": pa.array(np.arange(len(ts), dtype=np.int64)), "ts": ts}))
+        try:
+            bad = self.con.sql("SELECT list(i) FROM tsb "
+                               "WHERE ts IS NOT NULL AND NOT regexp_full_match(trim(ts), '[0-9]{9,11}(\\.[0-9]+)?') "
+                               "AND TRY_CAST(trim(ts) AS TIMESTAMPTZ) IS NULL").fetchall()[0][0]
+        finally:
+            self.con.unregister("tsb")
+        if not bad:
+            return batch
+        from catalog.dates import parse_timestamp
+
+        vals = ts.to_pylist()
+        for i in bad:
+            fixed = parse_timestamp(vals[i])
+            if fixed is not None:
+                vals[i] = fixed
+        return batch.set_column(batch.schema.get_field_index("ts"), "ts", pa.array(vals, pa.string()))
 
     def close(self) -> None:
         if self.con is not None:
