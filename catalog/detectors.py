@@ -49,10 +49,13 @@ class Pattern:
 # -- credentials ----------------------------------------------------------------------------------
 def _to_re2(p: str) -> str:
     """detect-secrets' Python patterns in RE2 syntax: `(?<=\\W)|(?<=^)` → `(?:^|\\W)` (consumes one
-    character; the secret is a capture group, so its span is unchanged), `(?!\\w)` → `(?:\\W|$)`,
-    repeats over RE2's limit of 1000 capped (a longer token still matches: its first 1000 chars)."""
+    character; the secret is a capture group, so its span is unchanged), `(?!…)` dropped,
+    repeats over RE2's limit of 1000 capped (a longer token still matches: its first 1000 chars).
+    A pattern that still does not compile is left out (a test checks none is, on the pinned version)."""
     p = p.replace("(?:(?<=\\W)|(?<=^))", "(?:^|\\W)")
-    p = p.replace("(?!\\w)", "(?:\\W|$)")
+    # "not followed by" checks are dropped: at worst a longer token's prefix matches (still a secret);
+    # as a consuming class inside a capture group they would swallow a character into the value.
+    p = re.sub(r"\(\?!(?:\\w|\[[^\]]*\])\)", "", p)
     p = re.sub(r"\{(\d+),(\d{4,})\}", lambda m: "{%s,1000}" % m.group(1), p)
     return p
 
@@ -87,7 +90,7 @@ def _detect_secrets_patterns() -> list[Pattern]:
                 except re2.error:  # pragma: no cover - checked by a test on the pinned version
                     continue
                 sub = re.sub(r"Detector$", "", name)
-                sub = re.sub(r"(?<!^)(?=[A-Z])", "_", sub).lower() + (f"_{i}" if i else "")
+                sub = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", sub).lower() + (f"_{i}" if i else "")
                 out.append(Pattern(sub, p, None))
     return out
 
@@ -117,8 +120,10 @@ def _assignment_ok(value: str, text: str, start: int, end: int) -> bool:
     if low in _CODE_WORDS or _PLACEHOLDER.search(value):
         return False
     if quoted:
-        # a quoted literal is the value itself — unless it names an environment variable or a setting
-        return not re.fullmatch(r"[A-Z][A-Z0-9_]*_(?:KEY|TOKEN|SECRET|PASSWORD|PASS|PWD)", value)
+        # a quoted literal is the value itself — unless it is a name: an environment variable, a dict
+        # key or an HTTP header named for a credential ("API_KEY", "refresh_token", "X-Access-Token")
+        return not (re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(?:[_-]+[A-Za-z0-9]+)+", value)
+                    and re.search(r"(?i)pass|pwd|secret|token|key|auth|cred", value))
     if _ATTR.match(value):  # settings.SECRET_KEY, os.environ
         return False
     if _IDENT.match(value) and ("_" in value or value.islower()) and re.search(r"pass|pwd|secret|token|key", low):
@@ -180,6 +185,9 @@ def credential_patterns() -> list[Pattern]:
 def _phone_check(value: str, text: str, start: int, end: int) -> bool:
     import phonenumbers
 
+    before = text[start - 1:start]
+    if before and (before.isalnum() or before in ".~+-_/:"):  # a version (1.2+20080419), an id, a path
+        return False
     digits = sum(c.isdigit() for c in value)
     if not 7 <= digits <= 15:
         return False
@@ -247,8 +255,7 @@ def _stdnum_check(module: str) -> Callable[[str, str, int, int], bool]:
     return check
 
 
-CARD = [Pattern("payment_card", r"\b(?:\d[ \-]?){12,18}\d\b", check=_card_check, normalize=_digits,
-                prefilter=r"\d\d\d\d[ \-]?\d\d\d\d[ \-]?\d\d\d\d")]
+CARD = [Pattern("payment_card", r"\b(?:\d[ \-]?){12,18}\d\b", check=_card_check, normalize=_digits)]
 IBAN = [Pattern("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b", check=_iban_check,
                 normalize=_compact_upper, prefilter=r"[A-Z][A-Z]\d\d ?[A-Z0-9][A-Z0-9][A-Z0-9][A-Z0-9]")]
 NATIONAL_ID = [
