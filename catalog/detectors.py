@@ -23,6 +23,7 @@ Names and postal addresses need an NER model; none ships with Veil (no local mod
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -182,33 +183,38 @@ def credential_patterns() -> list[Pattern]:
 
 
 # -- phones ---------------------------------------------------------------------------------------
-def _phone_check(value: str, text: str, start: int, end: int) -> bool:
+@functools.lru_cache(maxsize=65_536)
+def _phone_parse(value: str) -> tuple[bool, bool, str | None]:
+    """(valid, possible, E.164) by libphonenumber, region US for national forms; cached: the same
+    number recurs (signatures) and parsing is the costly part of tagging phones."""
     import phonenumbers
 
+    try:
+        n = phonenumbers.parse(value, "US")
+    except phonenumbers.NumberParseException:
+        return False, False, None
+    possible = phonenumbers.is_possible_number(n)
+    return (phonenumbers.is_valid_number(n), possible,
+            phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.E164) if possible else None)
+
+
+def _phone_check(value: str, text: str, start: int, end: int) -> bool:
     before = text[start - 1:start]
     if before and (before.isalnum() or before in ".~+-_/:"):  # a version (1.2+20080419), an id, a path
         return False
     digits = sum(c.isdigit() for c in value)
     if not 7 <= digits <= 15:
         return False
-    try:
-        n = phonenumbers.parse(value, "US")
-    except phonenumbers.NumberParseException:
-        return False
+    valid, possible, _ = _phone_parse(value)
     # With an explicit +country code the writer meant a phone number: a possible one is enough.
-    return phonenumbers.is_possible_number(n) if value.lstrip().startswith("+") else phonenumbers.is_valid_number(n)
+    return possible if value.lstrip().startswith("+") else valid
 
 
 def norm_phone(value: str) -> str:
     """E.164 when libphonenumber can parse it (region US for national forms), else '+'/digits."""
-    import phonenumbers
-
-    try:
-        n = phonenumbers.parse(value, "US")
-        if phonenumbers.is_possible_number(n):
-            return phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.E164)
-    except phonenumbers.NumberParseException:
-        pass
+    e164 = _phone_parse(value)[2]
+    if e164:
+        return e164
     digits = re.sub(r"\D", "", value)
     return ("+" + digits) if value.lstrip().startswith("+") else digits
 

@@ -135,7 +135,7 @@ _QUANT = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 def loosen(pattern: str) -> str:
     """A pattern matching wherever `pattern` matches, in a form RE2 runs as a small DFA: assertions
-    (\\b, \\B, lookarounds) dropped, counted repeats {m,n} widened to + (m ≥ 1) or * (m = 0)."""
+    (\\b, \\B, lookarounds) dropped, counted repeats {m,n} widened to {min(m, 8),}."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -168,7 +168,10 @@ def loosen(pattern: str) -> str:
         if c == "{":
             m = _QUANT.match(pattern, i)
             if m:
-                out.append("*" if int(m.group(1)) == 0 else "+")
+                # keep a small lower bound (a token's length is what tells it from a word: `AC[a-z0-9]{32}`
+                # loosened to `AC[a-z0-9]+` would pass "ACme"), drop the upper one (DFA size)
+                lo = min(int(m.group(1)), 8)
+                out.append("*" if lo == 0 else "+" if lo == 1 else "{%d,}" % lo)
                 i = m.end()
                 continue
         out.append(c)
@@ -302,6 +305,20 @@ class Tagger:
         if self._prefilter is not None and not _re2_ok(self._prefilter):  # pragma: no cover - parts each compile
             self._prefilter = None
         self._unfiltered = [m for m in self._matchers if m.prefilter is None]
+        # Matchers of one detector family share a first scan (one alternation): the per-pattern scans
+        # then run over the rows that family may match, not over every candidate row.
+        fams: dict[str, list[_Matcher]] = {}
+        self._groups: list[tuple[str | None, list[_Matcher]]] = []
+        for m in self._matchers:
+            if m.prefilter is None:
+                continue
+            if m.family is None:
+                self._groups.append((None, [m]))
+            else:
+                fams.setdefault(m.family, []).append(m)
+        for ms in fams.values():
+            alt = "|".join("(?:" + m.prefilter + ")" for m in ms)
+            self._groups.append((alt if len(ms) > 1 and _re2_ok(alt) else None, ms))
         self._glob_prefilter = "|".join("(?:" + g[3].pattern + ")" for g in self._globs) or None
         if self._glob_prefilter and any(not _rule_case(r) for r in self.rules if r.get("kind") == "path_glob"):
             self._glob_prefilter = "(?i)" + self._glob_prefilter  # looser: fine for a prefilter
@@ -410,12 +427,17 @@ class Tagger:
             cand = texts.take(idx)
             rows = idx.to_pylist()
             per_row: list[list[_Matcher]] = [[] for _ in rows]
-            for m in self._matchers:
-                if m.prefilter is None:
-                    continue
-                hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, m.prefilter), False))
-                for j in hit.to_pylist():
-                    per_row[j].append(m)
+            for group_filter, ms in self._groups:
+                sub, back = cand, None
+                if group_filter is not None:
+                    g = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, group_filter), False))
+                    if len(g) == 0:
+                        continue
+                    sub, back = cand.take(g), g.to_pylist()
+                for m in ms:
+                    hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(sub, m.prefilter), False))
+                    for j in hit.to_pylist():
+                        per_row[j if back is None else back[j]].append(m)
             ctexts = cand.to_pylist()
             cpaths = paths.take(idx).to_pylist() if paths is not None else [None] * len(rows)
             for j, row in enumerate(rows):
