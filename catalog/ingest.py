@@ -65,6 +65,9 @@ class IngestReport:
     source_sha256: str = ""
     ingest_id: str = ""
     quarantine_reasons: dict = field(default_factory=dict)
+    # names under several account ids in the snapshot (git/mail): likely one person each; the list
+    # names people, so it goes to settings.private_dir/people/likely-duplicates.json, not here
+    likely_duplicate_people: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -214,6 +217,12 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         conn = _connector(source, fmt, fields, max_record_bytes)
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
+    if fmt in ("git", "mbox", "maildir") and report.accepted:
+        from catalog.people import likely_same_person, write_likely_duplicates
+
+        found = likely_same_person(settings.snapshots_dir / report.snapshot_id / "records.parquet")
+        report.likely_duplicate_people = len(found)
+        write_likely_duplicates(settings.private_dir, found, str(source))
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -154,7 +154,13 @@ def parse_message(raw: bytes) -> dict:
             ts = dt.isoformat() if dt is not None and dt.tzinfo is not None else (dt.isoformat() + "+00:00" if dt else None)
         except (TypeError, ValueError, IndexError):
             ts = None
+    try:  # the sender's display name: how ingest spots one person behind several addresses
+        from_name = next((n.strip() for n, a in email.utils.getaddresses([str(v) for v in msg.get_all("From", [])])
+                          if a and a.strip().lower() == senders[0] and n.strip()), None)
+    except Exception:  # noqa: BLE001 - malformed headers: no name, the address still counts
+        from_name = None
     meta = {
+        "from_name": from_name,
         "message_id": str(msg.get("Message-ID", "")).strip() or None,
         "subject": str(msg.get("Subject", "")) or None,
         "to": _addresses(msg, "To"),

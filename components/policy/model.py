@@ -234,6 +234,41 @@ class Release(_Strict):
     promoters: list[str] = Field(default_factory=list, description="Who may promote a model to production.")
 
 
+class People(_Strict):
+    """Who is a person: accounts that are not people, identities that are one person, and who owns a
+    record. Applied by the catalog (catalog.people) when a snapshot is read for training/planning."""
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Accounts that are not people (bots, service users): globs on account ids and on author "
+                    "names, case-insensitive; only '*' and '?' are special ('[bot]' is literal), e.g. "
+                    "'*[bot]@*', 'dependabot*', 'pre-commit-ci*'.")
+    aliases: list[list[str]] = Field(
+        default_factory=list,
+        description="Each list is one person's identities across sources (addresses, account ids); the first "
+                    "is the id the person gets.")
+    ownership: Literal["author", "all-participants"] = Field(
+        default="author",
+        description="'author': a record belongs to its writer (mail: the sender). 'all-participants': also "
+                    "to every recipient (mail To/Cc), each of whom it can reveal something about.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "People":
+        seen: dict[str, int] = {}
+        for i, group in enumerate(self.aliases):
+            ids = [a.strip().lower() for a in group]
+            if len(set(ids)) < 2 or any(not a for a in ids):
+                raise ValueError(f"@aliases.{i}@ an alias list names at least two different, non-empty identities")
+            for a in ids:
+                if a in seen and seen[a] != i:
+                    raise ValueError(f"@aliases.{i}@ identity '{a}' is also in alias list {seen[a] + 1}: "
+                                     "one identity, one person")
+                seen[a] = i
+        for i, pat in enumerate(self.exclude):
+            if not pat.strip() or pat.strip("*?") == "":
+                raise ValueError(f"@exclude.{i}@ pattern {pat!r} would exclude every account")
+        return self
+
+
 class Spec(_Strict):
     privacy_unit: PrivacyUnit
     mechanism: Mechanism = "auto"
@@ -247,6 +282,8 @@ class Spec(_Strict):
     filter: Filter | None = Field(default=None, description="Required by (and only for) mechanism 'uls-filtered'.")
     audit: Audit = Field(default_factory=Audit)
     release: Release = Field(default_factory=Release)
+    people: People = Field(default_factory=People, description="Who is a person: excluded accounts, aliases, "
+                                                                 "record ownership.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Spec":
@@ -306,6 +343,10 @@ class Policy(_Strict):
                 out.append({"secret_class": c.name, "kind": r.kind, "patterns": list(r.patterns),
                             "case_sensitive": bool(r.case_sensitive)})
         return out
+
+    def people(self) -> dict:
+        """The `people` section as plain data (catalog.people applies it)."""
+        return self.spec.people.model_dump()
 
     def secret_protection(self) -> dict[str, Protection]:
         """Secret class → its (κ, γ) after applying tiers."""
