@@ -90,9 +90,58 @@ def plan_accounts(records: pa.Table, people) -> tuple[dict[str, str | None], dic
     return mapping, report
 
 
+def _person_of(pid: str, pats, alias) -> str | None:
+    """An identity that wrote nothing (a recipient): excluded by its id, else its alias or itself."""
+    if any(rx.fullmatch(pid) for _, rx in pats):
+        return None
+    return alias.get(pid.strip().lower(), pid.strip().lower())
+
+
+def owners_column(records: pa.Table, user_ids: pa.Array, people) -> tuple[pa.Array, dict]:
+    """Each record's owners: its writer first, then (ownership 'all-participants') every To/Cc
+    recipient in `metadata`, each mapped through aliases and exclusions like a writer. Bcc never
+    reaches the catalog, so it never owns. Rows with a null writer (excluded) get null."""
+    p = _people(people)
+    authors = user_ids.to_pylist()
+    if p["ownership"] != "all-participants":
+        return pa.array([None if a is None else [a] for a in authors], pa.list_(pa.string())), \
+            {"records_with_several_owners": 0}
+    pats = [(x, _glob(x)) for x in p["exclude"]]
+    alias = {a.strip().lower(): g[0].strip().lower() for g in p["aliases"] for a in g}
+    con = duckdb.connect()
+    try:
+        con.register("r", pa.table({"i": pa.array(range(len(records)), pa.int64()),
+                                    "metadata": records.column("metadata")}))
+        rows = con.sql("""SELECT i, list_concat(
+                coalesce(TRY_CAST(json_extract(metadata, '$.to') AS VARCHAR[]), []),
+                coalesce(TRY_CAST(json_extract(metadata, '$.cc') AS VARCHAR[]), [])) AS who
+            FROM r WHERE json_exists(metadata, '$.to') OR json_exists(metadata, '$.cc')""").fetchall()
+    finally:
+        con.close()
+    owners: list = [None if a is None else [a] for a in authors]
+    cache: dict[str, str | None] = {}
+    several = 0
+    for i, who in rows:
+        if authors[i] is None or not who:
+            continue
+        extra = []
+        for w in who:
+            if w not in cache:
+                cache[w] = _person_of(w, pats, alias)
+            q = cache[w]
+            if q is not None and q != authors[i] and q not in extra:
+                extra.append(q)
+        if extra:
+            owners[i] = [authors[i]] + sorted(extra)
+            several += 1
+    return pa.array(owners, pa.list_(pa.string())), {"records_with_several_owners": several}
+
+
 def apply_people(records: pa.Table, people) -> tuple[pa.Table, dict]:
-    """`records` without excluded accounts and with aliases merged, and a counts-only report
-    (`excluded_records`, `excluded_accounts`, per pattern, `merged_accounts`, `people`)."""
+    """`records` without excluded accounts and with aliases merged, an `owners` column (the writer,
+    plus every To/Cc participant under ownership 'all-participants'), and a counts-only report
+    (`excluded_records`, `excluded_accounts`, per pattern, `merged_accounts`, `people`,
+    `records_with_several_owners`)."""
     mapping, report = plan_accounts(records, people)
     users = records.column("user_id")
     keys = pa.array(list(mapping.keys()), pa.string())
@@ -102,8 +151,12 @@ def apply_people(records: pa.Table, people) -> tuple[pa.Table, dict]:
     keep = pc.is_valid(new_users)
     report["excluded_records"] = len(records) - (pc.sum(keep).as_py() or 0)
     report["records"] = len(records) - report["excluded_records"]
-    out = records.set_column(records.schema.get_field_index("user_id"), records.schema.field("user_id"),
-                             new_users.cast(pa.string())).filter(keep)
+    new_users = new_users.cast(pa.string())
+    owners, orep = owners_column(records, new_users.combine_chunks() if isinstance(new_users, pa.ChunkedArray)
+                                 else new_users, people)
+    report.update(orep)
+    out = records.set_column(records.schema.get_field_index("user_id"), records.schema.field("user_id"), new_users)
+    out = out.append_column("owners", owners).filter(keep)
     return out, report
 
 

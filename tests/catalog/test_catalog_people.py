@@ -98,3 +98,24 @@ def test_people_cli_prints_counts(settings, tmp_path, monkeypatch):
     d = json.loads(res.stdout)
     assert (d["accounts"], d["excluded_accounts"], d["excluded_records"], d["people"]) == (2, 1, 1, 1)
     assert "dependabot" not in res.stdout
+
+
+def test_all_participants_own_a_mail(settings, tmp_path):
+    mbox = (b"From a@x Mon Jan  2 03:04:05 2006\nFrom: Ann <ann@x.example>\nTo: bob@x.example, dependabot[bot]@gh\n"
+            b"Cc: Ann Lee <ann.lee@gmail.com>, carol@x.example\nBcc: secret.watcher@x.example\n\nhello all\n\n"
+            b"From b@x Mon Jan  2 03:04:05 2006\nFrom: bob@x.example\n\nno recipients\n")
+    p = tmp_path / "m.mbox"
+    p.write_bytes(mbox)
+    ingest_source(p, "mbox", settings=settings)
+    recs = load_snapshot(settings).records
+    people = {"exclude": ["*[bot]@*"], "aliases": [["ann.lee@gmail.com", "ann@x.example"]],
+              "ownership": "all-participants"}
+    out, rep = apply_people(recs, people)
+    owners = dict(zip(out.column("user_id").to_pylist(), out.column("owners").to_pylist()))
+    # the writer first (merged to the alias's first id); recipients mapped and excluded the same way;
+    # the writer's own alias among the recipients is not a second owner; Bcc never owns
+    assert owners == {"ann.lee@gmail.com": ["ann.lee@gmail.com", "bob@x.example", "carol@x.example"],
+                      "bob@x.example": ["bob@x.example"]}
+    assert rep["records_with_several_owners"] == 1
+    out2, _ = apply_people(recs, {**people, "ownership": "author"})
+    assert [len(o) for o in out2.column("owners").to_pylist()] == [1, 1]
