@@ -28,9 +28,10 @@ class JsonlSource(StreamedFile):
     format = "jsonl"
     default_source = "jsonl"
 
-    # 8 MiB blocks: three in flight (one parsing, two queued) plus their parsed tables; 16 MiB blocks
-    # cost ~190 MB more peak RSS on 1M records for ~5 % less CPU (measured, docs/catalog.md).
-    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 8 << 20):
+    # 16 MiB blocks: three in flight (one parsing, two queued) plus their parsed tables. 8 MiB blocks
+    # save ~180 MB of peak RSS on 1M records but cost ~15 % more CPU (per-block fixed costs in
+    # pyarrow.json and the stage query); speed is the target here (docs/catalog.md, Memory and speed).
+    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20):
         fields.check()
         self.path = Path(path)
         self.fields = fields
