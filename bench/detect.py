@@ -328,7 +328,7 @@ def main(argv=None) -> int:
           f"{res['credential_recall_code']:>7.1%} {res['credential_recall_code_baseline']:>7.1%}")
     print()
     print(f"ordinary records flagged (prose: {res['corpus']['prose']} Debian changelog entries, "
-          f"code: {res['corpus']['code']} stdlib chunks)")
+          f"code: {res['corpus']['code']} 30-line chunks of stdlib + installed packages)")
     for ctx, fp in res["false_positives"].items():
         for fam, v in fp.items():
             ex = ("  e.g. " + " | ".join(repr(x) for x in v.get("examples", [])[:3])) if v.get("examples") else ""
