@@ -22,7 +22,8 @@ Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "ran
 RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 
 # Detectors the catalog implements (SHARED_CONTRACTS: built-in detectors).
-BUILTIN_DETECTORS = ("credentials", "email", "phone")
+# Must match catalog.tagging.BUILTIN_DETECTORS (a test checks; components never imports catalog).
+BUILTIN_DETECTORS = ("credentials", "email", "phone", "payment_card", "iban", "national_id", "high_entropy")
 
 # Which mechanisms can deliver a guarantee for which unit.
 MECHANISMS_FOR_UNIT = {
@@ -90,6 +91,19 @@ class Protection(_Strict):
         return first + second
 
 
+def _re2_problem(pattern: str) -> str | None:
+    import re2
+
+    opts = re2.Options()
+    opts.log_errors = False
+    try:
+        re2.compile(pattern, opts)
+        return None
+    except re2.error as e:
+        a = e.args[0] if e.args else e
+        return a.decode(errors="replace") if isinstance(a, bytes) else str(a)
+
+
 class TaggingRule(_Strict):
     kind: RuleKind = Field(description="literal | regex | path_glob | detector.")
     patterns: list[str] = Field(min_length=1, description="Literals, regular expressions, globs or detector names.")
@@ -105,6 +119,13 @@ class TaggingRule(_Strict):
                     re.compile(p)
                 except re.error as e:
                     raise ValueError(f"@patterns@ regex {p!r} does not compile: {e}") from None
+                why = _re2_problem(p)
+                if why:
+                    # Tagging runs on RE2 (linear time: a pattern like (a+)+$ cannot hang an ingest);
+                    # backreferences and lookarounds need backtracking, which is what hangs.
+                    raise ValueError(f"@patterns@ regex {p!r} cannot run on RE2, the linear-time engine tagging "
+                                     f"uses ({why}); drop backreferences and lookarounds (use \\b or a named "
+                                     "group 'secret' to narrow the span)")
             if self.kind == "detector" and p not in BUILTIN_DETECTORS:
                 raise ValueError(f"@patterns@ unknown detector {p!r}; built-in detectors: {', '.join(BUILTIN_DETECTORS)}")
         return self
@@ -213,6 +234,41 @@ class Release(_Strict):
     promoters: list[str] = Field(default_factory=list, description="Who may promote a model to production.")
 
 
+class People(_Strict):
+    """Who is a person: accounts that are not people, identities that are one person, and who owns a
+    record. Applied by the catalog (catalog.people) when a snapshot is read for training/planning."""
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Accounts that are not people (bots, service users): globs on account ids and on author "
+                    "names, case-insensitive; only '*' and '?' are special ('[bot]' is literal), e.g. "
+                    "'*[bot]@*', 'dependabot*', 'pre-commit-ci*'.")
+    aliases: list[list[str]] = Field(
+        default_factory=list,
+        description="Each list is one person's identities across sources (addresses, account ids); the first "
+                    "is the id the person gets.")
+    ownership: Literal["author", "all-participants"] = Field(
+        default="author",
+        description="'author': a record belongs to its writer (mail: the sender). 'all-participants': also "
+                    "to every recipient (mail To/Cc), each of whom it can reveal something about.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "People":
+        seen: dict[str, int] = {}
+        for i, group in enumerate(self.aliases):
+            ids = [a.strip().lower() for a in group]
+            if len(set(ids)) < 2 or any(not a for a in ids):
+                raise ValueError(f"@aliases.{i}@ an alias list names at least two different, non-empty identities")
+            for a in ids:
+                if a in seen and seen[a] != i:
+                    raise ValueError(f"@aliases.{i}@ identity '{a}' is also in alias list {seen[a] + 1}: "
+                                     "one identity, one person")
+                seen[a] = i
+        for i, pat in enumerate(self.exclude):
+            if not pat.strip() or pat.strip("*?") == "":
+                raise ValueError(f"@exclude.{i}@ pattern {pat!r} would exclude every account")
+        return self
+
+
 class Spec(_Strict):
     privacy_unit: PrivacyUnit
     mechanism: Mechanism = "auto"
@@ -226,6 +282,8 @@ class Spec(_Strict):
     filter: Filter | None = Field(default=None, description="Required by (and only for) mechanism 'uls-filtered'.")
     audit: Audit = Field(default_factory=Audit)
     release: Release = Field(default_factory=Release)
+    people: People = Field(default_factory=People, description="Who is a person: excluded accounts, aliases, "
+                                                                 "record ownership.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Spec":
@@ -285,6 +343,10 @@ class Policy(_Strict):
                 out.append({"secret_class": c.name, "kind": r.kind, "patterns": list(r.patterns),
                             "case_sensitive": bool(r.case_sensitive)})
         return out
+
+    def people(self) -> dict:
+        """The `people` section as plain data (catalog.people applies it)."""
+        return self.spec.people.model_dump()
 
     def secret_protection(self) -> dict[str, Protection]:
         """Secret class → its (κ, γ) after applying tiers."""
