@@ -81,7 +81,7 @@ def test_estimate_and_double_follows_the_cheaper_doubling():
 def test_auto_compares_uls_els_group_and_explains(tmp_path):
     text = (ROOT / "policies" / "email-assistant.yaml").read_text()
     text = (text.replace("steps: 2000", "steps: 40").replace("expected_batch_size: 512", "expected_batch_size: 32")
-            .replace("holdout_users: 1000", "holdout_users: 10").replace("max_records_per_user: 16",
+            .replace("holdout_users: 0.02", "holdout_users: 0.2").replace("max_records_per_user: 16",
                                                                         "max_records_per_user: 2"))
     p = tmp_path / "email.yaml"
     p.write_text(text)
