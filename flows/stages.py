@@ -94,22 +94,25 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     pol = load_policy(policy)
     snap = load_snapshot(settings, snapshot_id)
     scorer, compute = planning_aids(pol, base_dir)
-    p = make_plan(pol, snap, out_dir=settings.plans_dir, scorer=scorer, compute=compute,
+    # the public part goes to plans/, the annex (membership, exact counts) to the private area
+    p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
                   cache_dir=settings.cache_dir, progress=progress)
     path = save_plan(p, settings.plans_dir)
     return {"plan_path": str(path), "plan": p.to_dict()}
 
 
 def training_data(settings: Settings, plan_doc: dict) -> pa.Table:
-    """The plan's training records (user_id, text[, rate]) from the plan's own snapshot."""
+    """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
+    private annex (checked against the plan's commitment)."""
     from catalog.snapshots import load_snapshot
+    from components.planning.annex import load_annex
     from components.planning.data import training_records
 
     data = plan_doc["data"]
     snap = load_snapshot(settings, data["snapshot_id"])
     if snap.sha256 != data["snapshot_sha256"]:
         raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
-    return training_records(plan_doc, snap.records)
+    return training_records(plan_doc, load_annex(settings.private_dir, plan_doc), snap.records)
 
 
 def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:
@@ -142,10 +145,12 @@ def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
     from catalog.snapshots import load_snapshot
     from components.accounting.secrets import secret_targets as targets_for
+    from components.planning.annex import load_annex
     from components.planning.data import train_rows
 
     snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
-    return targets_for(train_rows(plan_doc), snap.secret_spans, plan_doc["target"]["secrets"])
+    return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
+                       plan_doc["target"]["secrets"])
 
 
 def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,

@@ -28,7 +28,7 @@ from components.audit.report import SECTION_SCHEMA, ref_key, roc_plot, secret_re
 from components.audit.user_inference import (_check_samples, aggregate_user_scores, auroc_by_m, score_samples,
                                             user_inference_report)
 from components.core.errors import VeilError
-from components.core.hashing import sha256_file, sha256_json
+from components.core.hashing import sha256_json
 
 CONTRACT_KEYS = ("auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in", "users_out", "passed")
 
@@ -83,34 +83,21 @@ def user_level_guarantee(certificate: Mapping | None) -> tuple[float | None, flo
     return float(certificate["epsilon"]), float(certificate["delta"])
 
 
-def _resolve_file(path: str, settings) -> Path:
-    p = Path(path)
-    if not p.is_absolute():
-        for base in (Path(settings.home), Path(settings.home) / "plans"):
-            if (base / p).is_file():
-                return base / p
-    return p
+def _annex(plan: Mapping, settings) -> dict:
+    """The plan's private annex (held-out users, attacker/canary/train files), checked against the plan."""
+    from components.planning.annex import load_annex
+
+    return load_annex(settings.private_dir, plan)
 
 
-def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings) -> pa.Table:
+def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings, annex: Mapping | None = None) -> pa.Table:
     """(user_id, text, member) for the plan's attacker records, texts joined from the snapshot (and the
-    plan's canary records, if any). The attacker file must match the plan's sha256."""
-    aud = plan.get("audit") or {}
-    if not aud.get("attacker_records_file"):
-        raise VeilError("plan: audit.attacker_records_file is missing; re-plan with audit.holdout_users > 0")
-    f = _resolve_file(aud["attacker_records_file"], settings)
-    if not f.is_file():
-        raise VeilError(f"plan: audit.attacker_records_file {f} not found")
-    want = aud.get("attacker_records_sha256")
-    if want and sha256_file(f) != want:
-        raise VeilError(f"plan: audit.attacker_records_file {f} does not match its sha256 in the plan")
-    att = pq.read_table(f)
-    texts = snapshot_records.select(["record_id", "text"])
-    if aud.get("canary_records_file"):
-        cf = _resolve_file(aud["canary_records_file"], settings)
-        if not cf.is_file():
-            raise VeilError(f"plan: audit.canary_records_file {cf} not found")
-        texts = pa.concat_tables([texts, pq.read_table(cf).select(["record_id", "text"]).cast(texts.schema)])
+    plan's canary records, if any). The files come from the plan's private annex, sha256-checked."""
+    from components.planning.data import attacker_rows, plan_texts
+
+    annex = _annex(plan, settings) if annex is None else annex
+    att = attacker_rows(annex)
+    texts = plan_texts(annex, snapshot_records)
     joined = att.join(texts, "record_id", join_type="left outer")
     missing = joined.filter(pc.is_null(joined["text"])).num_rows
     if missing:
@@ -152,16 +139,17 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     timings: dict[str, float] = {}
 
     # --- user inference -------------------------------------------------------------------------
+    annex = _annex(plan, settings) if samples is None or (secret_spans is not None and truth is None) else None
     if samples is None:
-        samples = attacker_samples(plan, snapshot_records, settings)
+        samples = attacker_samples(plan, snapshot_records, settings, annex)
+    canary_ids = set((annex or {}).get("canary_users") or [])
     _say(progress, f"scoring {samples.num_rows} attacker samples of {len(set(samples['user_id'].to_pylist()))} users")
     _check_samples(samples)
     ratios = score_samples(loaded.model, loaded.tokenizer, samples["text"].to_pylist(), reference=reference,
                            seq_len=seq_len, batch_size=batch_size, progress=progress)
     scores = aggregate_user_scores(samples, ratios)
     timings["user_inference_s"] = time.perf_counter() - t0
-    canary_mask = pa.array([is_canary(u) or u in set(plan.get("audit", {}).get("canary_users") or [])
-                            for u in scores["user_id"].to_pylist()])
+    canary_mask = pa.array([is_canary(u) or u in canary_ids for u in scores["user_id"].to_pylist()])
     real = scores.filter(pc.invert(canary_mask))
     canary = scores.filter(canary_mask)
     ui = user_inference_report(real, eps, delta, bootstrap=bootstrap, seed=seed,
@@ -169,16 +157,16 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                                auroc_ceiling_pld=ceilings["auroc_ceiling_pld"])
     failures = list(ui["failures"])
     m = real["m"].to_pylist()
-    real_rows = pc.invert(pa.array([is_canary(u) or u in set(plan.get("audit", {}).get("canary_users") or [])
-                                    for u in samples["user_id"].to_pylist()]))
+    real_rows = pc.invert(pa.array([is_canary(u) or u in canary_ids for u in samples["user_id"].to_pylist()]))
     sweep = auroc_by_m(samples.filter(real_rows), ratios[real_rows.to_numpy(zero_copy_only=False)],
                        [x for x in (1, 2, 4, 8, 16) if x < max(m or [1])] + [max(m or [1])],
                        bootstrap=bootstrap, seed=seed)
 
     # --- canaries ----------------------------------------------------------------------------------
-    cfile = (plan.get("audit") or {}).get("canary_records_file")
-    if canary_records is None and cfile and _resolve_file(cfile, settings).is_file():
-        canary_records = pq.read_table(_resolve_file(cfile, settings))
+    if canary_records is None and annex is not None and annex.get("canary_records_file"):
+        from components.planning.annex import annex_file
+
+        canary_records = pq.read_table(annex_file(annex, "canary_records"))
     canary_section = None
     canary_rows = []
     if canary.num_rows:
@@ -227,10 +215,9 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     if truth is not None:
         probes = probes_from_truth(truth)
     elif secret_spans is not None and secret_spans.num_rows:
-        train_ids = None
-        tf = plan.get("data", {}).get("train_records_file")
-        if tf and _resolve_file(tf, settings).is_file():
-            train_ids = pq.read_table(_resolve_file(tf, settings), columns=["record_id"])["record_id"].to_pylist()
+        from components.planning.data import train_rows
+
+        train_ids = train_rows(annex)["record_id"].to_pylist()
         probes = probes_from_spans(snapshot_records, secret_spans, record_ids=train_ids)
     probes = _cap_per_class(probes, max_secrets_per_class, key)
     secret_rows = []

@@ -97,6 +97,10 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
+    from components.planning.plan import assert_public
+
+    # Only the public part of a plan is ever logged or embedded; its annex names people.
+    assert_public(dict(plan), "plan to register")
     lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
