@@ -133,6 +133,39 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
 
+def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Table | None = None
+                  ) -> tuple[AuditSplit, _Canaries | None]:
+    """The audit split of `records` (record_id, user_id, text) under the policy's unit, canaries merged.
+
+    Every decision about a unit depends on that unit alone (see audit_split); tests/privacy checks it."""
+    spec = policy.spec
+    unit = spec.privacy_unit
+    # secret units: decisions must not move when a secret's value is substituted — compare masked texts
+    content = masked_texts(records, secret_spans) if unit == "secret" else None
+    split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
+                            seed=spec.training.seed, key=key, unit=unit,
+                            attacker_record_rate=float(spec.audit.attacker_record_rate), content=content)
+    canaries = _canaries(policy, split, spec.training.seed, key)
+    return (canaries.merged if canaries is not None else split), canaries
+
+
+def bound_contributions(train: pa.Table, mechanism: str, *, k: int, selection: str, seed: int,
+                        scorer: Scorer | None = None, key: bytes | None = None) -> pa.Table:
+    """The rows training may touch for a user-level mechanism: each user's choice from their own records.
+
+    ULS with random / random-chunk keeps every record (the trainer draws G afresh at every visit);
+    deterministic strategies fix each user's k records here; ELS/group bound to k (group: exactly k).
+    Record and secret units train on every unreserved record (the secret LP then weights them)."""
+    if mechanism in ("uls", "uls-filtered"):
+        if selection in ("random",) + REDRAWN_PER_VISIT:
+            return train
+        return select_records(train, k, selection, seed=seed, scorer=scorer, key=key)
+    if mechanism in ("els", "group"):
+        return select_records(train, k, selection, seed=seed, scorer=scorer, exactly_k=(mechanism == "group"),
+                              key=key)
+    return train
+
+
 # Largest change one privacy unit makes to the count N that q = B/N divides by (the Laplace
 # sensitivity), per mechanism; k = records_per_user. See _population.
 def _population_sensitivity(mechanism: str, k: int) -> tuple[str, int, str]:
@@ -201,17 +234,7 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
 
     say("reserving audit users and attacker samples")
     unit = spec.privacy_unit
-    content = None
-    if unit == "secret":
-        # decisions must not move when a secret's value is substituted: compare texts with spans masked
-        spans = getattr(snapshot, "secret_spans", None)
-        content = masked_texts(records, spans)
-    split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
-                            seed=tr.seed, key=key, unit=unit, attacker_record_rate=float(spec.audit.attacker_record_rate),
-                            content=content)
-    canaries = _canaries(policy, split, tr.seed, key)
-    if canaries is not None:
-        split = canaries.merged
+    split, canaries = reserve_audit(policy, records, key=key, secret_spans=getattr(snapshot, "secret_spans", None))
     caveats: list[str] = [
         "ε covers the training run only: hyperparameters (learning rate, clip norm, C, steps) were not "
         "tuned privately and their tuning is not accounted",
@@ -261,18 +284,16 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     rate_col: np.ndarray | None = None
     say(f"selecting records ({selection}, k={k})")
     if mechanism in ("uls", "uls-filtered"):
-        # random / random-chunk: the trainer draws G afresh at every visit, so every record stays
-        # available; deterministic strategies fix each user's k records here.
-        chosen = (split.train if selection in ("random",) + REDRAWN_PER_VISIT
-                  else select_records(split.train, k, selection, seed=tr.seed, scorer=scorer, key=key))
+        chosen = bound_contributions(split.train, mechanism, k=k, selection=selection, seed=tr.seed, scorer=scorer,
+                                     key=key)
         n_units = len(set(chosen.column("user_id").to_pylist()))
         records_per_user: int | None = k
         if selection in REDRAWN_PER_VISIT or selection == "random":
             caveats.append(f"ULS draws {'chunks' if selection == 'random-chunk' else 'records'} afresh at every "
                            "visit of a user; the bound holds because a user's gradient is one clipped mean")
     elif mechanism in ("els", "group"):
-        chosen = select_records(split.train, k, selection, seed=tr.seed, scorer=scorer,
-                                exactly_k=(mechanism == "group"), key=key)
+        chosen = bound_contributions(split.train, mechanism, k=k, selection=selection, seed=tr.seed, scorer=scorer,
+                                     key=key)
         n_units = chosen.num_rows
         records_per_user = k
         if mechanism == "group":
