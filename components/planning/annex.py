@@ -163,3 +163,13 @@ def annex_file(annex: Mapping, key: str, *, check: bool = True) -> Path | None:
             raise VeilError(f"plan annex: {key.replace('_', ' ')} file {path} does not match its sha256 in the "
                             "annex: refusing to use it")
     return path
+
+
+def attach_annex(private_dir: str | Path, plan: Mapping, annex: Mapping) -> dict:
+    """Seal `annex` under this home's key, store it for `plan`, and return the plan with its commitment.
+
+    For plans assembled by hand (tests, benches); `make_plan` does the same for real plans, before
+    sealing the plan's own hash."""
+    sealed, digest = seal_annex(plan_key(private_dir), annex)
+    save_annex(private_dir, plan["sha256"], sealed)
+    return {**plan, "annex": {"schema": ANNEX_SCHEMA, "commitment": digest}}

@@ -56,21 +56,26 @@ def world(tmp_path_factory):
     pq.write_table(pa.Table.from_pylist(att), att_file)
     pq.write_table(canaries, can_file)
     plan = {"sha256": "p" * 64, "training": {"seq_len": 64, "seed": 0}, "data": {"snapshot_id": "snap-1"},
-            "audit": {"attacker_records_file": str(att_file), "attacker_records_sha256": sha256_file(att_file),
-                      "canary_records_file": str(can_file), "canary_users": can_users,
-                      "thresholds": {"max_user_inference_auroc": 0.99, "max_secret_exposure": 99.0}}}
+            "audit": {"thresholds": {"max_user_inference_auroc": 0.99, "max_secret_exposure": 99.0}}}
+    # membership lives in the plan's private annex (sealed per test home by _loaded)
+    annex = {"attacker_records_file": str(att_file), "attacker_records_sha256": sha256_file(att_file),
+             "canary_records_file": str(can_file), "canary_records_sha256": sha256_file(can_file),
+             "canary_users": can_users, "held_out_users": [u for u in users if u not in members]}
     truth = {"secrets": [{"secret_id": "credential:" + KEY, "class": "credential", "value": KEY, "context": CTX}]}
-    return SimpleNamespace(model=model, reference=reference, tokenizer=tok, plan=plan, records=pa.Table.from_pylist(recs),
-                           truth=truth, canaries=canaries, users=users)
+    return SimpleNamespace(model=model, reference=reference, tokenizer=tok, plan=plan, annex=annex,
+                           records=pa.Table.from_pylist(recs), truth=truth, canaries=canaries, users=users)
 
 
-def _loaded(w, unit="user", eps=0.1):
+def _loaded(w, settings, unit="user", eps=0.1, annex=None):
+    from components.planning.annex import attach_annex
+
     cert = {"privacy_unit": unit, "epsilon": eps, "delta": 1e-6, "sha256": "c" * 64}
-    return SimpleNamespace(model=w.model, tokenizer=w.tokenizer, certificate=cert, plan=w.plan)
+    plan = attach_annex(settings.private_dir, w.plan, annex or w.annex)
+    return SimpleNamespace(model=w.model, tokenizer=w.tokenizer, certificate=cert, plan=plan)
 
 
 def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, settings):
-    res = run_audit(_loaded(world), world.records, settings=settings, reference=world.reference, truth=world.truth,
+    res = run_audit(_loaded(world, settings), world.records, settings=settings, reference=world.reference, truth=world.truth,
                     canary_records=world.canaries, bootstrap=30, n_candidates=31)
     s = res.summary()
     assert s["users_in"] == 8 and s["users_out"] == 8
@@ -84,7 +89,7 @@ def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, se
     doc = json.dumps(res.to_json())
     assert list(res.to_json())[:7] == ["auroc", "auroc_std", "auroc_ceiling", "tpr_at_fpr", "users_in",
                                       "users_out", "passed"]
-    for u in world.users + world.plan["audit"]["canary_users"]:
+    for u in world.users + world.annex["canary_users"]:
         assert u not in doc
     assert KEY not in doc
     private = pq.read_table(res.private_path)
@@ -99,13 +104,13 @@ def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, se
 
 
 def test_without_user_level_guarantee_only_policy_decides(world, settings):
-    res = run_audit(_loaded(world, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference, bootstrap=20,
+    res = run_audit(_loaded(world, settings, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference, bootstrap=20,
                     plot=False)
     s = res.summary()
     assert s["auroc_ceiling"] == 1.0 and not s["above_ceiling"] and s["epsilon"] is None
     assert s["auroc_ceiling_pld"] is None
     assert s["passed"] == (s["auroc"] <= 0.99)
-    res = run_audit(_loaded(world, unit="record"), world.records, settings=settings, reference=world.reference, bootstrap=20, plot=False,
+    res = run_audit(_loaded(world, settings, unit="record"), world.records, settings=settings, reference=world.reference, bootstrap=20, plot=False,
                     policy_thresholds={"max_user_inference_auroc": 0.55, "max_secret_exposure": 0.0},
                     truth=world.truth, n_candidates=15)
     assert not res.passed and len(res.summary()["failures"]) == 2
@@ -122,8 +127,6 @@ def test_thresholds_from_policy_object_or_plan():
 
 
 def test_tampered_attacker_file_is_refused(world, settings, tmp_path):
-    plan = json.loads(json.dumps(world.plan))
-    plan["audit"]["attacker_records_sha256"] = "0" * 64
-    loaded = SimpleNamespace(model=world.model, tokenizer=world.tokenizer, certificate={}, plan=plan)
+    loaded = _loaded(world, settings, annex={**world.annex, "attacker_records_sha256": "0" * 64})
     with pytest.raises(VeilError, match="sha256"):
         run_audit(loaded, world.records, settings=settings)
