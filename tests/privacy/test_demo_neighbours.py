@@ -89,6 +89,7 @@ def test_the_certificate_covers_the_pair(demo):
                       k=1).noise_multiplier
     one = eps_n + account("uls", sampling_rate=q, noise_multiplier=sigma, steps=tr.steps, delta=t.delta).epsilon
     assert one <= t.epsilon + 1e-9
-    # two people moved together: sensitivity 2 ≡ σ/2 for the Gaussian
-    two = account("uls", sampling_rate=q, noise_multiplier=sigma / 2, steps=tr.steps, delta=t.delta).epsilon
-    assert two > t.epsilon
+    # two people apart (each Poisson-sampled on their own: the Binomial(2, q) mixture) is far above
+    two = eps_n + account("group-tight", sampling_rate=q, noise_multiplier=sigma, steps=tr.steps, delta=t.delta,
+                          k=2).epsilon
+    assert two > 1.5 * t.epsilon
