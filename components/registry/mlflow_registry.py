@@ -158,7 +158,19 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], budget: Mapping[
     prior = [r["certificate"] for r in rows]
     releases = [x for x in (release_from_certificate(c) for c in prior + [dict(cert)]) if x is not None]
     uncounted = sum(1 for c in prior if release_from_certificate(c) is None)
+    # Each release also published a DP estimate of N (pure ε_N, basic composition); the PLD part
+    # above covers DP-SGD only.
+    import dataclasses
+
+    from components.accounting.lifetime import Release
+    from components.certificate.document import population_epsilon
+
+    n_releases = len(releases)
+    releases += [Release(label=f"population:{str(c.get('sha256', ''))[:12]}", epsilon=population_epsilon(c),
+                         delta=0.0, neighbouring=str(c.get("neighbouring") or "add_remove_user"))
+                 for c in prior + [dict(cert)] if c.get("privacy_unit") == "user" and population_epsilon(c) > 0]
     spend = lifetime_epsilon(releases, float(budget["delta"]))
+    spend = dataclasses.replace(spend, releases=n_releases)
     out = {**spend.to_dict(), "budget_epsilon": float(budget["epsilon"]), "uncounted_releases": uncounted}
     if spend.epsilon > float(budget["epsilon"]) * (1 + 1e-12):
         raise VeilError(f"lifetime budget: with this release the users' total would be ε={spend.epsilon:.4g} at "

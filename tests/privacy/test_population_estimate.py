@@ -97,12 +97,14 @@ def test_same_inputs_same_estimate_and_the_noise_is_laplace(tmp_path, snap):
 def test_sensitivity_bounds_one_units_effect_on_the_count(tmp_path, snap, mechanism, unit):
     """Δ in the plan ≥ the largest change one unit makes to the exact N (measured on neighbours)."""
     pol = _policy(tmp_path, mechanism, unit, steps=5)
+    (tmp_path / "keys").mkdir(mode=0o700)                  # a fixed key: the same draws on every run
+    (tmp_path / "keys" / "plan.key").write_bytes(b"\x05" * 32)
     base = make_plan(pol, snap, private_dir=tmp_path, created_at=WHEN).to_dict()
     n0 = load_annex(tmp_path, base)["population"]["exact"]
     delta = base["data"]["population"]["sensitivity"]
     recs = snap.records
     worst = 0
-    for i in range(0, 60, 12):
+    for i in range(0, 60, 6):
         if unit == "user":
             drop = pc.not_equal(recs["user_id"], recs["user_id"][i])
         else:
@@ -114,3 +116,20 @@ def test_sensitivity_bounds_one_units_effect_on_the_count(tmp_path, snap, mechan
     assert delta == {"uls": 1, "record": 1}.get(mechanism, pol.spec.contribution.max_records_per_user)
     assert base["data"]["population"]["scale"] == pytest.approx(delta / base["data"]["population"]["epsilon"])
     assert math.isfinite(base["data"]["population"]["estimate"])
+
+
+def test_lifetime_spend_includes_the_population_estimate(tmp_path, snap, monkeypatch):
+    import components.registry.mlflow_registry as reg
+    from components.accounting.lifetime import Release, lifetime_epsilon
+
+    pol = _policy(tmp_path)
+    plan = make_plan(pol, snap, private_dir=tmp_path, created_at=WHEN).to_dict()
+    cert = build_certificate(plan, {"steps_run": plan["steps"], "steps_attempted": plan["steps"], "mechanism": "uls",
+                                    "noise_multiplier": plan["noise_multiplier"], "sampling_rate": plan["sampling_rate"],
+                                    "clip_norm": plan["clip_norm"], "private_seed_source": "os_entropy"}).to_dict()
+    monkeypatch.setattr(reg, "list_models", lambda s: [])
+    spend = reg.lifetime_check(None, cert, {"epsilon": 100.0, "delta": 1e-5})
+    sgd_only = lifetime_epsilon([Release(label="x", mechanism="uls", sampling_rate=plan["sampling_rate"],
+                                         noise_multiplier=plan["noise_multiplier"], steps=plan["steps"])], 1e-5)
+    assert spend["epsilon"] == pytest.approx(sgd_only.epsilon + plan["data"]["population"]["epsilon"])
+    assert spend["releases"] == 1
