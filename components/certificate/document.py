@@ -84,9 +84,10 @@ def _accounting_mechanism(mechanism: str) -> tuple[str, str, str]:
 
 
 def plan_data_fingerprint(plan: Mapping[str, Any]) -> str | None:
-    """The plan's fingerprint of the training data the run must have read. One accessor, so that
-    where the plan keeps it (public part or private annex) can change in one place."""
-    return (plan.get("data") or {}).get("train_records_sha256")
+    """The plan's fingerprint of the training data the run must have read: the salted commitment to
+    the train-records file's sha256 (the raw sha256 is in the private annex; the trainer, which holds
+    the annex, commits the sha256 of the bytes it actually read under the same salt)."""
+    return (plan.get("data") or {}).get("train_records_commitment")
 
 
 def _bind_run(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> None:
@@ -104,11 +105,11 @@ def _bind_run(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> None:
     if sel_run != plan.get("selection"):
         refuse(f"selection {sel_run!r} but the plan says {plan.get('selection')!r}")
     want = plan_data_fingerprint(plan)
-    got = train_result.get("train_records_sha256")
+    got = train_result.get("train_records_commitment")
     if got is None:
         refuse("it does not record which train-records file it read (older Veil, or data not from the plan)")
     if got != want:
-        refuse(f"it read train records with sha256 {got[:12]}… but the plan's are {str(want)[:12]}…")
+        refuse(f"the train records it read commit to {got[:12]}… but the plan's commitment is {str(want)[:12]}…")
     attempted = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
     if attempted > int(plan["steps"]):
         refuse(f"{attempted} steps were started but the plan has {int(plan['steps'])}")
@@ -127,7 +128,7 @@ def _run_section(train_result: Mapping[str, Any]) -> dict:
                         "sha256": w.get("sha256"), "files": dict(w.get("files") or {})},
             "base_model": dict(train_result.get("base_model") or {}) or None,
             "tokenizer": dict(train_result.get("tokenizer") or {}) or None,
-            "train_records_sha256": train_result.get("train_records_sha256"),
+            "train_records_commitment": train_result.get("train_records_commitment"),
             "steps_attempted": max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0)),
             "device": train_result.get("device"), "precision": train_result.get("precision"),
             "world_size": train_result.get("world_size")}
@@ -153,9 +154,33 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
     return steps, caveats
 
 
+def _population(plan: Mapping[str, Any]) -> dict:
+    """The plan's public population section (how N entered: a Laplace estimate, or public by the
+    neighbouring relation). A plan without one treated N as public: say so, never silently."""
+    pop = (plan.get("data") or {}).get("population")
+    if pop is None:
+        return {"mechanism": "none", "epsilon": 0.0, "delta": 0.0,
+                "why": "the plan gives no population estimate: the number of training units is treated as public"}
+    return dict(pop)
+
+
+def population_epsilon(doc: Mapping[str, Any]) -> float:
+    """ε spent on the DP population estimate N̂ (0 when N is public under the neighbouring relation)."""
+    return float(((doc.get("dataset") or {}).get("population") or {}).get("epsilon") or 0.0)
+
+
 def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at: str | None,
             version: str | None, train_result: Mapping[str, Any]) -> dict:
     data = plan["data"]
+    pop = _population(plan)
+    if pop.get("mechanism") == "laplace":
+        caveats = caveats + [
+            f"population: the number of training {pop['unit']} N is private; it entered only through "
+            f"N̂ = N + Laplace({pop['sensitivity']}/ε_N) = {pop['estimate']:.2f} with ε_N = {pop['epsilon']:.4g} "
+            "(q = B/N̂, the step divisor is B), composed with DP-SGD by basic composition: ε = ε_N + ε_DP-SGD, "
+            "δ unchanged"]
+    elif data.get("population") is None:
+        caveats = caveats + [pop["why"]]
     return {
         "run": _run_section(train_result),
         "noise_multiplier": float(plan["noise_multiplier"]),
@@ -166,9 +191,11 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
         "clip_norm": float(plan["clip_norm"]),
         "sampling": "poisson",
         "releases": "all intermediate models (the accountant composes every step)",
+        # No exact private count and no bare membership hash: a salted commitment and the population
+        # section (a DP estimate, or a count public under the neighbouring relation).
         "dataset": {"snapshot_id": data["snapshot_id"], "snapshot_sha256": data["snapshot_sha256"],
-                    "train_records_sha256": data.get("train_records_sha256"),
-                    "n_train_users": data.get("n_train_users"), "n_train_records": data.get("n_train_records")},
+                    "train_records_commitment": data.get("train_records_commitment"),
+                    "population": pop},
         "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},
         "plan_sha256": plan["sha256"],
         "caveats": caveats,
@@ -202,15 +229,18 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
     k = 1 if acc_mech in ("uls", "record") else int(plan["records_per_user"])
     delta = float(plan["target"]["delta"])
     if steps == 0:
-        eps_value, event, meta = 0.0, {"name": "NoOpDpEvent"}, {}
+        eps_sgd, event, meta = 0.0, {"name": "NoOpDpEvent"}, {}
     else:
         res = account(acc_mech, sampling_rate=float(plan["sampling_rate"]),
                       noise_multiplier=float(plan["noise_multiplier"]), steps=steps, delta=delta, k=k)
-        eps_value, event = float(res.epsilon), res.dp_event
-        if not math.isfinite(eps_value):
+        eps_sgd, event = float(res.epsilon), res.dp_event
+        if not math.isfinite(eps_sgd):
             raise VeilError(f"no finite ε reaches δ={delta:g} for this run: not certifiable")
         meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
                 "discretization": res.discretization, "notes": list(res.notes)}
+    # The population estimate N̂ was released with the plan (q depends on it), steps or not.
+    eps_n = float(_population(plan).get("epsilon") or 0.0)
+    eps_value = eps_n + eps_sgd
     doc = {
         "schema": SCHEMA,
         "privacy_unit": unit,
@@ -218,6 +248,8 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
         "mechanism": mechanism,
         "epsilon": eps_value,
         "delta": delta,
+        "epsilon_parts": {"population_estimate": eps_n, "dp_sgd": eps_sgd,
+                          "composition": "basic (ε adds, δ is DP-SGD's)"},
         "target": dict(plan["target"]),
         "within_target": eps_value <= float(plan["target"]["epsilon"]) + 1e-12,
         "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": acc_mech,
@@ -254,7 +286,10 @@ def _build_filtered_certificate(plan, train_result, created_at, version) -> Cert
         raise VeilError(f"training used filter {train_result.get('extra', {}).get('filter')} but the plan says {f}")
     started, caveats = _checked_steps(plan, train_result)
     steps = _filtered_gaussian_steps(train_result, started)
-    n_users = int(plan["data"]["n_train_users"])
+    pop = _population(plan)
+    if pop.get("exact") is None:
+        raise VeilError("uls-filtered plan: its population section does not give the (public, replace-one) user count")
+    n_users = int(pop["exact"])
     noise = filtered_noise(epsilon=float(f["epsilon"]), delta=float(f["delta"]), steps=int(plan["steps"]),
                            n_users=n_users, tau=float(f["tau"]), noise_multiplier=float(plan["noise_multiplier"]))
     acc = filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
@@ -409,13 +444,14 @@ def recompute_epsilon(doc: Mapping[str, Any]) -> float:
         return float(filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
                                       noise_multiplier=float(doc["noise_multiplier"]),
                                       steps_run=int(f["gaussian_steps"]))["epsilon"])
+    eps_n = population_epsilon(doc)
     if int(doc["steps"]) == 0:
-        return 0.0
+        return eps_n
     acc_mech = doc["accountant"]["mechanism"]
     k = 1 if acc_mech in ("uls", "record") else int(doc["contribution_bound"]["records_per_user"])
-    return float(account(acc_mech, sampling_rate=float(doc["sampling_rate"]),
-                         noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
-                         delta=float(doc["delta"]), k=k).epsilon)
+    return eps_n + float(account(acc_mech, sampling_rate=float(doc["sampling_rate"]),
+                                 noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
+                                 delta=float(doc["delta"]), k=k).epsilon)
 
 
 def attach_audit(doc: Mapping[str, Any], audit: Mapping[str, Any]) -> Certificate:
@@ -436,5 +472,7 @@ def describe(doc: Mapping[str, Any]) -> str:
         parts = [f"{cls} γ≤{c['max_gamma']:.3g} (κ={c['kappa']:g}, target {c['gamma_target']:g})"
                  for cls, c in sorted(doc["secrets"].items())]
         return "secret-level: " + "; ".join(parts)
+    eps_n = population_epsilon(doc)
     return (f"{doc['privacy_unit']}-level ε={doc['epsilon']:.4f}, δ={doc['delta']:g} "
-            f"({doc['accountant']['mechanism']}, {'pessimistic ' if doc['accountant'].get('pessimistic') else ''}PLD)")
+            f"({doc['accountant']['mechanism']}, {'pessimistic ' if doc['accountant'].get('pessimistic') else ''}PLD"
+            + (f"; includes ε_N={eps_n:.3g} for the population estimate" if eps_n else "") + ")")

@@ -59,8 +59,34 @@ def person_rates(persons, default_rate: float) -> dict[str, list[float]]:
     return out
 
 
+def _population_epsilon(plan: Mapping) -> float:
+    """ε_N of the plan's DP population estimate N̂ (Laplace, pure DP); 0 when N is public."""
+    pop = (plan.get("data") or {}).get("population") or {}
+    return float(pop.get("epsilon") or 0.0) if pop.get("mechanism") == "laplace" else 0.0
+
+
+def pure_dp_rdp(eps: float, orders) -> np.ndarray:
+    """ε-DP implies ½ε²-zCDP (Bun & Steinke 2016, Prop. 3.3) and D_α ≤ D_∞ = ε: (α, min(ε, αε²/2))-RDP."""
+    a = np.asarray(orders, dtype=float)
+    return np.minimum(eps, a * eps * eps / 2.0)
+
+
 def release_costs(plan: Mapping, persons, orders=_rdp.ORDERS) -> dict[str, PersonCost]:
-    """Each person's RDP cost for this release (module rdp for the derivation)."""
+    """Each person's RDP cost for this release (module rdp for the derivation), the population
+    estimate's share included (one person moves N by one unit: a user, or for record units each of
+    their rows, so n rows cost n·ε_N by pure-DP group privacy)."""
+    eps_n = _population_epsilon(plan)
+    out = _release_costs(plan, persons, orders)
+    if eps_n <= 0:
+        return out
+    per_row = str(plan.get("mechanism")) == "record"
+    for u, c in out.items():
+        extra = pure_dp_rdp(eps_n * (c.rows if per_row else 1), orders)
+        out[u] = PersonCost(rows=c.rows, sampling_rate=c.sampling_rate, rdp=np.asarray(c.rdp) + extra)
+    return out
+
+
+def _release_costs(plan: Mapping, persons, orders) -> dict[str, PersonCost]:
     mechanism = str(plan.get("mechanism"))
     q, sigma = _num(plan, "sampling_rate"), _num(plan, "noise_multiplier")
     steps = int(_num(plan, "steps"))

@@ -208,24 +208,51 @@ class Filter(_Strict):
 class Canaries(_Strict):
     users: int = Field(default=0, ge=0, description="Synthetic canary users (seed 003 App. D.2); 0: none.")
     substring_words: int = Field(default=10, ge=1, le=200)
+    records_per_user: int = Field(
+        default=8, ge=2, le=10_000,
+        description="Records each canary user writes. A public value: sizing canaries from the real users' "
+                    "counts would make every user's data move the canaries.")
 
 
 class Audit(_Strict):
     holdout_users: float = Field(
-        default=0.25, ge=0,
-        description="Users never trained on: a fraction in (0, 1) or a whole count ≥ 1.")
+        default=0.25, ge=0, lt=1,
+        description="Probability in [0, 1) that a user is never trained on; each user is drawn independently "
+                    "(a count is refused: it would need the number of users, which is private).")
     attacker_samples_per_user: int = Field(default=4, ge=1, description="m: records per user kept out of "
                                                                          "training for the attacker.")
+    attacker_record_rate: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="Record-level units: each distinct record is kept out for the attacker independently with "
+                    "this probability (m per user would let one record move another).")
     max_user_inference_auroc: float = Field(default=0.65, ge=0.5, le=1)
     max_secret_exposure: float = Field(default=4.0, ge=0, description="Largest allowed exposure (bits).")
     canaries: Canaries = Field(default_factory=Canaries)
 
-    @field_validator("holdout_users")
+    @field_validator("holdout_users", mode="before")
     @classmethod
-    def _holdout(cls, v: float) -> float:
-        if v >= 1 and v != int(v):
-            raise ValueError(f"{v:g} is neither a fraction below 1 nor a whole number of users")
+    def _holdout(cls, v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1:
+            raise ValueError(f"{v:g} is a count of users; give a probability in [0, 1) instead: each person is held "
+                             "out by an independent draw, and turning a count into a probability would need the "
+                             "number of users, which is private")
         return v
+
+    @model_validator(mode="after")
+    def _canaries_fit(self) -> "Audit":
+        if self.canaries.users and self.canaries.records_per_user < self.attacker_samples_per_user + 2:
+            raise ValueError(f"@canaries.records_per_user@ canaries.records_per_user ({self.canaries.records_per_user}) "
+                             f"must be at least attacker_samples_per_user + 2 ({self.attacker_samples_per_user + 2})")
+        return self
+
+
+class Population(_Strict):
+    """The number of training units is private (add/remove neighbours change it). Veil publishes only
+    a Laplace estimate of it, paid for from the target ε."""
+    epsilon_fraction: float = Field(
+        default=0.02, gt=0, le=0.5,
+        description="Share of the target ε spent on the DP estimate N̂ of the number of training units "
+                    "(q = B/N̂); DP-SGD gets the rest.")
 
 
 class Release(_Strict):
@@ -281,6 +308,7 @@ class Spec(_Strict):
     training: Training = Field(default_factory=Training)
     filter: Filter | None = Field(default=None, description="Required by (and only for) mechanism 'uls-filtered'.")
     audit: Audit = Field(default_factory=Audit)
+    population: Population = Field(default_factory=Population)
     release: Release = Field(default_factory=Release)
     people: People = Field(default_factory=People, description="Who is a person: excluded accounts, aliases, "
                                                                  "record ownership.")

@@ -97,6 +97,10 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
+    from components.planning.plan import assert_public
+
+    # Only the public part of a plan is ever logged or embedded; its annex names people.
+    assert_public(dict(plan), "plan to register")
     lifetime = lifetime_check(settings, cert, plan, ledger_release_id)
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
@@ -117,14 +121,13 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
             for cls, c in (cert.get("secrets") or {}).items():
                 mlflow.log_metric(f"privacy_secret_max_gamma_{cls}", float(c["max_gamma"]))
             mlflow.set_tags(privacy_tags(cert))
-            if lifetime is not None:   # aggregates only: the per-person rows stay in the private ledger
-                mlflow.set_tags({"privacy.ledger_release_id": str(lifetime["ledger_release_id"]),
-                                 "privacy.ledger_admitted": str(lifetime["admitted"]),
-                                 "privacy.ledger_retired": str(lifetime["retired"])})
+            if lifetime is not None:
+                # The release id and the budget only. How many people were admitted or retired is an
+                # exact private count (it is N), and the ledger's spend distribution depends on who was
+                # in which release: both stay in the private ledger (`veil ledger` for administrators).
+                mlflow.set_tags({"privacy.ledger_release_id": str(lifetime["ledger_release_id"])})
                 if lifetime["budget_epsilon"] is not None:
                     mlflow.set_tags({"privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
-                if lifetime["spend"]["max_epsilon"] is not None:
-                    mlflow.log_metric("privacy_lifetime_max_epsilon", float(lifetime["spend"]["max_epsilon"]))
             mlflow.log_artifact(str(cert_path))
             mlflow.log_artifact(str(plan_path))
             info = mlflow.pyfunc.log_model(name="model", python_model=VeilCausalLM(), artifacts=artifacts,
@@ -159,8 +162,9 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
         late = False
         if rid is None:
             try:
+                from components.planning.annex import load_annex
                 from components.planning.data import train_rows
-                rows = train_rows(dict(plan))
+                rows = train_rows(load_annex(settings.private_dir, dict(plan)))
             except (VeilError, KeyError, TypeError):
                 if plan.get("lifetime_budget") is None and led.budget() is None:
                     return None   # no budget anywhere and no rows to charge: nothing the ledger can check

@@ -19,6 +19,7 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
 
         arts = context.artifacts
         self.certificate = verify_certificate(json.loads(Path(arts["certificate"]).read_text())).to_dict()
+        # The public plan only (register_model refuses one with annex fields); the annex never ships.
         self.plan = json.loads(Path(arts["plan"]).read_text())
         model, self.tokenizer = load_base(arts["base_model"])
         adapter = arts.get("adapter")

@@ -141,6 +141,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                     f"{spec.mechanism} is bounded to k={spec.records_per_user}; pass only the plan's selected records")
         rates = np.full(tok.n_records, float(spec.sampling_rate))
     expected = float(rates.sum())
+    if spec.mechanism in ("uls", "els", "group", "record") and spec.expected_batch_size is not None:
+        # q·N would put the private N into every update's scale; the plan's B = q·N̂ is public.
+        expected = float(spec.expected_batch_size)
     if not expected > 0:
         raise VeilError("training data: expected batch size is 0 (all sampling rates are 0)")
     if spec.mechanism == "secret":

@@ -206,5 +206,9 @@ class TrainResult:
         return {k: v for k, v in self.to_dict().items() if k not in PRIVATE_FIELDS}
 
 
-# Statistics of private batches, kept only in the run folder's train_result.json.
-PRIVATE_FIELDS = ("losses", "nonfinite_units")
+# Statistics of private batches and exact private counts, kept only in the run folder's
+# train_result.json: realised batch sizes and unit/record counts reveal N (which the plan only
+# publishes as a DP estimate), and the raw sha256 of the train-records file would let anyone with the
+# roster test membership hypotheses (the public form is the plan's salted commitment).
+PRIVATE_FIELDS = ("losses", "nonfinite_units", "batch_mean", "batch_min", "batch_max", "empty_steps", "n_units",
+                  "n_records", "train_records_sha256")

@@ -54,14 +54,16 @@ def _summary_table(result: dict, seconds: float) -> Table:
               else "target: every secret's posterior bound γ")
     t.add_row("plan", f"{p['mechanism']} · q={p['sampling_rate']:.4g} · σ={p['noise_multiplier']:.4g} · "
                       f"T={p['steps']} · C={p['clip_norm']} · {target}")
-    t.add_row("train", f"{tr['steps_run']} DP steps · {tr['batch_mean']:.1f} users/step on average "
+    # not the realised mean batch: it is q·N, and N is private (the plan publishes only N̂)
+    t.add_row("train", f"{tr['steps_run']} DP steps · expected batch {p['expected_batch_size']} "
                        f"· {tr['trainable_params']:,} trainable parameters · {tr['seconds']:.0f} s")
     t.add_row("certificate", f"{describe(cert)} · sha256 {cert['sha256'][:12]}…")
     life = reg.get("lifetime")
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})" + (
-        f" · ledger release {life['ledger_release_id']}: {life['admitted']} people charged, {life['retired']} retired"
-        + (f"; max spend ε={life['spend']['max_epsilon']:.3f} of {life['budget_epsilon']:g} (δ={life['delta']:g})"
-           if life.get("budget_epsilon") is not None and life["spend"]["max_epsilon"] is not None else "")
+        # counts of people charged/retired are exact private counts: `veil ledger` (administrators) has them
+        f" · charged to the per-person ledger (release {life['ledger_release_id']}"
+        + (f"; lifetime budget ε={life['budget_epsilon']:g}, δ={life['delta']:g}" if life.get("budget_epsilon") is not None
+           else "") + ")"
         if life else ""))
     aud = result.get("audit")
     if aud:
