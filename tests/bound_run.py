@@ -15,7 +15,7 @@ def binding(plan: dict, weights_dir: str | Path | None = None) -> dict:
     if not any(wdir.iterdir()):
         (wdir / "adapter_model.safetensors").write_bytes(b"weights of " + str(plan.get("sha256")).encode())
         (wdir / "adapter_config.json").write_text("{}")
-    return {"train_records_sha256": plan["data"].get("train_records_sha256"),
+    return {"train_records_commitment": plan["data"].get("train_records_commitment"),
             "records_per_user": plan.get("records_per_user"), "extra": {"selection": plan.get("selection")},
             "adapter_dir": str(wdir), "model_dir": None, "weights": weights_fingerprint(wdir),
             "base_model": {"sha256": "b" * 64, "n_files": 3}, "tokenizer": {"sha256": "c" * 64, "files": {}},

@@ -24,7 +24,7 @@ def _plan(steps=120, mechanism="uls", k=None):
         "target": {"epsilon": 8.0, "delta": DELTA}, "sampling_rate": Q, "noise_multiplier": SIGMA,
         "steps": steps, "expected_batch_size": 16, "clip_norm": 1.0, "records_per_user": k or 4,
         "selection": "random", "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32,
-                                        "train_records_sha256": "ef" * 32, "n_train_users": 200,
+                                        "train_records_commitment": "ef" * 32, "n_train_users": 200,
                                         "n_train_records": 4000},
         "policy": {"name": "demo", "path": "policies/demo.yaml", "sha256": "01" * 32},
     }

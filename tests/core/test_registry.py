@@ -28,7 +28,7 @@ def _plan_and_cert(epsilon_target=8.0):
     plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
-            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_sha256": "ef" * 32},
+            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "t", "sha256": "01" * 32}}
     res = {**bound_run.binding(plan), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return plan, build_certificate(plan, res).to_dict()

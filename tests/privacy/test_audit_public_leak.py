@@ -16,6 +16,13 @@ import _audit_stub as stub
 from components.audit import make_canary_users, run_audit
 from components.certificate import build_certificate
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 SECRETS = ["+1-555-013-4377", "+1-555-013-4912", "+1-555-013-4050"]
 
 
@@ -51,8 +58,9 @@ def _certificate():
     plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": 8.0, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
-            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32}, "policy": {"name": "t", "sha256": "01" * 32}}
-    res = {"steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
+            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "policy": {"name": "t", "sha256": "01" * 32}}
+    res = {**bound_run.binding(plan), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return build_certificate(plan, res).to_dict()
 
 

@@ -4,6 +4,7 @@ weights, the base model and its tokenizer match the files."""
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib.util
 import warnings
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from components.certificate import build_certificate
 from components.core.errors import VeilError
 from components.core.fingerprints import TOKENIZER_FILES, tree_sha256
+from components.planning.annex import commitment
 from components.training import TrainSpec, train
 
 warnings.filterwarnings("ignore")
@@ -24,6 +26,7 @@ tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tiny)
 
 DATA_SHA = "e" * 64
+SALT = "5a" * 32
 
 
 def _sha(p: Path) -> str:
@@ -46,10 +49,13 @@ def run(tmp_path_factory):
                      records_per_user=2, lora={"r": 2, "alpha": 4, "dropout": 0.0}, seq_len=16,
                      selection="random")
     res = train(spec, data, model, tok, tmp / "run", progress=False, base_dir=base).to_dict()
+    assert res["train_records_sha256"] == DATA_SHA          # the trainer saw what it read
+    # stages.train commits it under the annex's salt; the public plan holds the same commitment
+    res["train_records_commitment"] = commitment(SALT, res["train_records_sha256"])
     plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "privacy_unit": "user",
             "target": {"epsilon": 50.0, "delta": 1e-5}, "sampling_rate": 0.5, "noise_multiplier": 1.1, "steps": 2,
             "expected_batch_size": 3, "clip_norm": 1.0, "records_per_user": 2, "selection": "random",
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_sha256": DATA_SHA},
+            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": commitment(SALT, DATA_SHA)},
             "policy": {"name": "t", "sha256": "01" * 32}}
     return plan, res, base
 
@@ -66,14 +72,16 @@ def test_certificate_hashes_match_the_files(run):
     assert r["base_model"]["sha256"] == tree_sha256(base_files)
     tok_files = {k: v for k, v in base_files.items() if any(Path(k).match(t) for t in TOKENIZER_FILES)}
     assert "tokenizer.json" in tok_files and r["tokenizer"]["sha256"] == tree_sha256(tok_files)
-    assert r["train_records_sha256"] == DATA_SHA and r["device"] == "cpu" and r["precision"] == "float32"
+    assert r["train_records_commitment"] == commitment(SALT, DATA_SHA) and "train_records_sha256" not in r
+    assert DATA_SHA not in json.dumps(cert)                  # the raw sha256 would test membership guesses
+    assert r["device"] == "cpu" and r["precision"] == "float32"
     assert cert["steps"] == cert["steps_planned"] == 2
 
 
 @pytest.mark.parametrize("change,needle", [
     (lambda res: res.update(records_per_user=5), "k=5"),
-    (lambda res: res.update(train_records_sha256="0" * 64), "train records"),
-    (lambda res: res.update(train_records_sha256=None), "train-records file"),
+    (lambda res: res.update(train_records_commitment=commitment(SALT, "0" * 64)), "train records"),
+    (lambda res: res.update(train_records_commitment=None), "train-records file"),
     (lambda res: res["extra"].update(selection="ppl-high"), "selection"),
     (lambda res: res.update(steps_attempted=3), "steps were started"),
     (lambda res: res.update(weights=None), "no trained weights"),
@@ -109,6 +117,7 @@ def test_training_records_pass_on_the_sha256_of_the_file_read(tmp_path):
     f = tmp_path / "train.parquet"
     pq.write_table(pa.table({"record_id": ["r1", "r2"], "user_id": ["u", "v"]}), f)
     sha = _sha(f)
-    plan = {"data": {"snapshot_id": "s", "train_records_file": str(f), "train_records_sha256": sha}}
-    t = training_records(plan, pa.table({"record_id": ["r1", "r2"], "text": ["a b", "c d"]}))
+    plan = {"data": {"snapshot_id": "s"}}
+    annex = {"train_records_file": str(f), "train_records_sha256": sha}
+    t = training_records(plan, annex, pa.table({"record_id": ["r1", "r2"], "text": ["a b", "c d"]}))
     assert t.schema.metadata[b"veil.train_records_sha256"] == sha.encode()

@@ -23,6 +23,13 @@ from components.planning.annex import annex_dir, annex_file, commitment
 from components.policy import load_policy
 from components.registry.mlflow_registry import privacy_tags
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "planning"))
 from _planning_fixtures import make_snapshot  # noqa: E402
@@ -97,7 +104,7 @@ def test_public_plan_and_registered_documents_carry_no_membership(tmp_path, snap
     annex = load_annex(private, d)
     assert annex["held_out_users"] and annex["canary_users"]          # there is something to leak
     # what the registry logs: plan.json, the certificate, its tags and params
-    cert = build_certificate(d, {"steps_run": 20, "steps_attempted": 20, "mechanism": mechanism,
+    cert = build_certificate(d, {**bound_run.binding(d), "steps_run": 20, "steps_attempted": 20, "mechanism": mechanism,
                                  "noise_multiplier": d["noise_multiplier"], "sampling_rate": d["sampling_rate"],
                                  "clip_norm": d["clip_norm"], "private_seed_source": "os_entropy"}).to_dict()
     tags = privacy_tags(cert)

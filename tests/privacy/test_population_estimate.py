@@ -23,6 +23,13 @@ from components.planning import load_annex, make_plan
 from components.planning.annex import laplace_noise
 from components.policy import load_policy
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "planning"))
 from _planning_fixtures import make_snapshot  # noqa: E402
@@ -59,7 +66,7 @@ def test_certificate_epsilon_is_population_plus_dp_sgd(tmp_path, snap):
     eps_n = pop["epsilon"]
     assert eps_n == pytest.approx(0.02 * pol.spec.target.epsilon) and pop["mechanism"] == "laplace"
     for steps_run in (0, 17, plan["steps"]):
-        cert = build_certificate(plan, {"steps_run": steps_run, "steps_attempted": steps_run, "mechanism": "uls",
+        cert = build_certificate(plan, {**bound_run.binding(plan), "steps_run": steps_run, "steps_attempted": steps_run, "mechanism": "uls",
                                         "noise_multiplier": plan["noise_multiplier"],
                                         "sampling_rate": plan["sampling_rate"], "clip_norm": plan["clip_norm"],
                                         "private_seed_source": "os_entropy"}).to_dict()
@@ -118,18 +125,26 @@ def test_sensitivity_bounds_one_units_effect_on_the_count(tmp_path, snap, mechan
     assert math.isfinite(base["data"]["population"]["estimate"])
 
 
-def test_lifetime_spend_includes_the_population_estimate(tmp_path, snap, monkeypatch):
-    import components.registry.mlflow_registry as reg
-    from components.accounting.lifetime import Release, lifetime_epsilon
+def test_lifetime_spend_includes_the_population_estimate(tmp_path, snap):
+    """The per-person ledger charges each release's ε_N (pure DP → (α, min(ε_N, αε_N²/2))-RDP) on top of
+    the DP-SGD curve; checked against dp-accounting's RDP accountant for the DP-SGD part."""
+    import dp_accounting
+    import numpy as np
+
+    from components.ledger.release import release_costs
+    from components.ledger.rdp import ORDERS
 
     pol = _policy(tmp_path)
     plan = make_plan(pol, snap, private_dir=tmp_path, created_at=WHEN).to_dict()
-    cert = build_certificate(plan, {"steps_run": plan["steps"], "steps_attempted": plan["steps"], "mechanism": "uls",
-                                    "noise_multiplier": plan["noise_multiplier"], "sampling_rate": plan["sampling_rate"],
-                                    "clip_norm": plan["clip_norm"], "private_seed_source": "os_entropy"}).to_dict()
-    monkeypatch.setattr(reg, "list_models", lambda s: [])
-    spend = reg.lifetime_check(None, cert, {"epsilon": 100.0, "delta": 1e-5})
-    sgd_only = lifetime_epsilon([Release(label="x", mechanism="uls", sampling_rate=plan["sampling_rate"],
-                                         noise_multiplier=plan["noise_multiplier"], steps=plan["steps"])], 1e-5)
-    assert spend["epsilon"] == pytest.approx(sgd_only.epsilon + plan["data"]["population"]["epsilon"])
-    assert spend["releases"] == 1
+    eps_n = plan["data"]["population"]["epsilon"]
+    costs = release_costs(plan, {"u1": 3, "u2": 1}, ORDERS)
+    acc = dp_accounting.rdp.RdpAccountant(list(ORDERS))
+    acc.compose(dp_accounting.PoissonSampledDpEvent(
+        plan["sampling_rate"], dp_accounting.GaussianDpEvent(plan["noise_multiplier"])), int(plan["steps"]))
+    sgd = np.asarray(acc._rdp)
+    a = np.asarray(ORDERS, dtype=float)
+    want = sgd + np.minimum(eps_n, a * eps_n ** 2 / 2)
+    for c in costs.values():   # user level: one person moves N by one, whatever their row count
+        assert np.allclose(c.rdp, want, rtol=1e-9, atol=1e-12)
+    fin = np.isfinite(sgd)
+    assert fin.any() and np.all(np.asarray(costs["u1"].rdp)[fin] > sgd[fin])   # ε_N is charged, not dropped
