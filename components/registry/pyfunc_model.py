@@ -1,38 +1,58 @@
 """The pyfunc wrapper MLflow stores: a causal LM (base + optional LoRA adapter) that generates text.
 
-MLflow's transformers flavor reaches for the hub, so Veil ships its own small pyfunc.
+MLflow's transformers flavor reaches for the hub, so Veil ships its own small pyfunc. It verifies
+the release before it loads a single weight (components.registry.verification): a plain
+`mlflow.pyfunc.load_model("models:/…")` refuses a tampered model with one line.
 """
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import mlflow.pyfunc
 
 
 class VeilCausalLM(mlflow.pyfunc.PythonModel):
-    """Input: a DataFrame with a `prompt` column (or a list of strings); output: continuations."""
+    """Input: a DataFrame with a `prompt` column (or a list of strings); output: continuations.
+
+    Artifacts: `certificate` + `seal` (the pre-audit certificate and its signature), `plan` (public),
+    `base_model` (HF directory, tokenizer included) and either `adapter` (peft layout:
+    `adapter_config.json` + `adapter_model.safetensors`) or `model` (a fully fine-tuned HF directory).
+    """
 
     def load_context(self, context):
-        from components.certificate import verify_certificate
         from components.modeling import load_base
+        from components.registry.verification import verify_loaded_package
 
         arts = context.artifacts
-        self.certificate = verify_certificate(json.loads(Path(arts["certificate"]).read_text())).to_dict()
-        self.plan = json.loads(Path(arts["plan"]).read_text())
-        model, self.tokenizer = load_base(arts["base_model"])
-        adapter = arts.get("adapter")
-        if adapter:
-            from peft import PeftModel
+        verification, embedded, registered = verify_loaded_package(arts)
+        verification.raise_if_invalid("model")
+        # Registered = the audited amendment when the registry was consulted; it differs from the
+        # embedded one only by its audit section (checked: embedded_matches_registered).
+        self.certificate = registered or embedded
+        self.embedded_certificate = embedded
+        self.verification = verification.to_dict()
+        import json
+        from pathlib import Path
 
-            model = PeftModel.from_pretrained(model, adapter)
+        self.plan = json.loads(Path(arts["plan"]).read_text())
+        if arts.get("model"):
+            model, self.tokenizer = load_base(arts["model"])
+        else:
+            model, self.tokenizer = load_base(arts["base_model"])
+            if arts.get("adapter"):
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, arts["adapter"])
         self.model = model.eval()
 
     def predict(self, context, model_input, params=None):
         import torch
 
         params = params or {}
-        prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
+        if hasattr(model_input, "columns"):
+            prompts = list(model_input["prompt"])
+        elif isinstance(model_input, dict):
+            prompts = list(model_input["prompt"]) if not isinstance(model_input["prompt"], str) else [model_input["prompt"]]
+        else:
+            prompts = list(model_input)
         out = []
         for prompt in prompts:
             enc = self.tokenizer(prompt, return_tensors="pt")

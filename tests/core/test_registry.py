@@ -17,12 +17,17 @@ def tiny_base(tmp_path_factory):
                             n_head=2, n_positions=32, steps=2, seq_len=16, batch_size=4, progress=False)
 
 
-def _plan_and_cert(epsilon_target=8.0):
-    plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
+def _plan_and_cert(epsilon_target=8.0, lifetime_budget=None):
+    from components.planning.plan import seal
+
+    plan = {"schema": "veil.plan/v1", "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
             "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32},
             "policy": {"name": "t", "sha256": "01" * 32}}
+    if lifetime_budget is not None:
+        plan["lifetime_budget"] = lifetime_budget
+    plan = seal(plan)
     res = {"steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return plan, build_certificate(plan, res).to_dict()
 
@@ -51,7 +56,7 @@ def test_register_list_load_and_refuse_tampering(settings, tiny_base):
     path = settings.home / "certificate.json"
     path.write_text(json.dumps(forged))
     client.log_artifact(reg.run_id, str(path))
-    with pytest.raises(VeilError, match="sha256"):
+    with pytest.raises(VeilError, match="hash: .*sha256"):
         load_model("models:/t/1", settings)
     assert list_models(settings)[0]["certificate_status"].startswith("INVALID")
 
@@ -80,7 +85,7 @@ def test_lifetime_budget_composes_releases_and_refuses_the_one_that_overspends(s
     # room for two of these releases, not three
     rel = release_from_certificate(cert)
     two, three = (lifetime_epsilon([rel] * n, 1e-5).epsilon for n in (2, 3))
-    plan = {**plan, "lifetime_budget": {"epsilon": (two + three) / 2, "delta": 1e-5}}
+    plan, cert = _plan_and_cert(lifetime_budget={"epsilon": (two + three) / 2, "delta": 1e-5})
     r1 = register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
     r2 = register_model(settings, name="b", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
     assert r1.lifetime["releases"] == 1 and r2.lifetime["releases"] == 2
