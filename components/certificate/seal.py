@@ -41,7 +41,7 @@ def fingerprint(raw_public: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw_public).hexdigest()
 
 
-def _raw(public_key) -> bytes:
+def raw_public_bytes(public_key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -108,7 +108,7 @@ def load_signing_key(settings, *, env: Mapping[str, str] | None = None):
     return _read_private(path)
 
 
-def _read_public(path: Path) -> list:
+def read_public_keys(path: Path) -> list:
     """Public keys from a PEM file (a private key file contributes its public half)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -147,8 +147,8 @@ def trusted_keys(settings=None, *, env: Mapping[str, str] | None = None) -> dict
             sources.append(local)
     out: dict[str, Any] = {}
     for src in sources:
-        for key in _read_public(src):
-            out[fingerprint(_raw(key))] = key
+        for key in read_public_keys(src):
+            out[fingerprint(raw_public_bytes(key))] = key
     return out
 
 
@@ -160,7 +160,7 @@ def make_seal(certificate: Mapping[str, Any], bindings: Mapping[str, Any], priva
     if unknown or missing:
         raise VeilError(f"seal: bindings must be exactly {', '.join(BINDINGS)} "
                         f"(unknown: {sorted(unknown)}, missing: {sorted(missing)})")
-    raw = _raw(private_key.public_key())
+    raw = raw_public_bytes(private_key.public_key())
     body = {
         "schema": SEAL_SCHEMA,
         "certificate_sha256": certificate["sha256"],

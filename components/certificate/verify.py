@@ -160,14 +160,14 @@ def artifact_bindings(*, weights_dir: str | Path | None, base_model_dir: str | P
 
 def check_plan(plan: Any, cert: Mapping[str, Any], sealed: str | None) -> None:
     if not isinstance(plan, Mapping):
-        raise VeilError("plan: not a JSON object")
+        raise VeilError("the plan is not a JSON object")
     if sha256_json(dict(plan)) != sealed:
-        raise VeilError("plan: the plan file is not the sealed one (edited after sealing: e.g. audit thresholds)")
+        raise VeilError("the plan file is not the sealed one (edited after sealing: e.g. its audit thresholds)")
     body = {k: v for k, v in plan.items() if k != "sha256"}
     if sha256_json(body) != plan.get("sha256"):
-        raise VeilError("plan: its content does not hash to its sha256")
+        raise VeilError("the plan's content does not hash to its sha256")
     if plan.get("sha256") != cert.get("plan_sha256"):
-        raise VeilError("plan: not the plan the certificate was issued for")
+        raise VeilError("not the plan the certificate was issued for")
 
 
 def check_policy(plan: Mapping[str, Any] | None, cert: Mapping[str, Any], sealed: str | None) -> None:
@@ -175,7 +175,7 @@ def check_policy(plan: Mapping[str, Any] | None, cert: Mapping[str, Any], sealed
     if plan is not None:
         names["plan"] = (plan.get("policy") or {}).get("sha256")
     if len(set(names.values())) != 1 or sealed is None:
-        raise VeilError("policy: sha256 differs between " + ", ".join(f"{k} {str(v)[:12]}" for k, v in names.items()))
+        raise VeilError("policy sha256 differs between " + ", ".join(f"{k} {str(v)[:12]}" for k, v in names.items()))
 
 
 def check_amendment(registered: Mapping[str, Any], embedded: Mapping[str, Any]) -> None:
