@@ -53,11 +53,19 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
             prompts = list(model_input["prompt"]) if not isinstance(model_input["prompt"], str) else [model_input["prompt"]]
         else:
             prompts = list(model_input)
+        cfg = self.model.config
+        context_len = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
         out = []
         for prompt in prompts:
             enc = self.tokenizer(prompt, return_tensors="pt")
+            new = int(params.get("max_new_tokens", 32))
+            if context_len:
+                # Stay inside the model's positions: keep the prompt's end and shorten the continuation.
+                new = max(1, min(new, context_len // 2))
+                keep = context_len - new
+                enc = {k: v[:, -keep:] for k, v in enc.items()}
             with torch.no_grad():
-                ids = self.model.generate(**enc, max_new_tokens=int(params.get("max_new_tokens", 32)),
+                ids = self.model.generate(**enc, max_new_tokens=new,
                                           do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
             out.append(self.tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
         return out
