@@ -56,12 +56,12 @@ class Release:
         return doc
 
     def log_run_json(self, name: str, doc: dict) -> None:
+        import tempfile
+
         p = self.tmp / "upload" / name
         p.parent.mkdir(exist_ok=True)
-        original = self.tmp / "orig" / name
-        if not original.exists():
-            original.parent.mkdir(exist_ok=True)
-            self.client.download_artifacts(self.run_id, name, str(original.parent))
+        # The artifact as it is now (not cached: an earlier case, e.g. the audit, may have changed it).
+        original = Path(self.client.download_artifacts(self.run_id, name, tempfile.mkdtemp(dir=self.tmp)))
         p.write_text(json.dumps(doc, indent=2, sort_keys=True))
         self.client.log_artifact(self.run_id, str(p))
         self._undo.append(lambda: self.client.log_artifact(self.run_id, str(original)))
@@ -341,3 +341,34 @@ def test_tamper_is_restored(rel):
     """The fixture's undo really restores (otherwise the cases above would pass vacuously)."""
     code, doc = _verify_cli(URI)
     assert code == 0 and doc["valid"], doc
+
+
+# --- the audit amendment (runs last: it amends the release for good) -----------------------------
+
+def test_audit_amendment_is_explicit_and_verified(rel):
+    from components.registry import load_model, record_audit, verify_model
+
+    audit = {"auroc": 0.52, "auroc_ceiling": 0.9, "passed": True}
+    first = record_audit(rel.settings, URI, audit)
+    second = record_audit(rel.settings, URI, dict(audit, auroc=0.51))
+    # Both amend the embedded (pre-audit) certificate: one link, no unexplained second hash.
+    assert first["supersedes"] == second["supersedes"] == rel.cert["sha256"]
+    v = verify_model(URI, rel.settings)
+    assert v.valid and v.certificate_sha256 == second["sha256"], v.to_dict()
+    loaded = load_model(URI, rel.settings)
+    assert loaded.certificate["sha256"] == second["sha256"] and loaded.certificate["audit"]["auroc"] == 0.51
+
+
+def test_amendment_that_changes_more_than_the_audit_is_refused(rel):
+    """Even signed with the trusted key, a post-audit certificate may differ from the embedded one
+    only in its audit section."""
+    from components.certificate.seal import load_signing_key, make_seal
+
+    registered = rel.client.download_artifacts(rel.run_id, "certificate.json", str(rel.tmp / "amend"))
+    doc = json.loads(Path(registered).read_text())
+    forged = _rehash(dict(doc, target=dict(doc["target"], epsilon=100.0)))
+    seal = json.loads(rel.arts["seal"].read_text())
+    rel.log_run_json("certificate.json", forged)
+    rel.log_run_json("seal.json", make_seal(forged, seal["bindings"], load_signing_key(rel.settings)))
+    rel.set_tag("privacy.certificate_sha256", forged["sha256"])
+    _assert_refused_everywhere(rel, "embedded_matches_registered")
