@@ -5,7 +5,7 @@ re-hash it. A seal is signed with a private key the registry's writers do not ha
 binds the certificate to the exact bytes it speaks for:
 
     {"schema": "veil.seal/v1", "certificate_sha256": …,
-     "bindings": {"weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry"},
+     "bindings": {"weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry", "code"},
      "public_key": {"algorithm": "ed25519", "raw": base64, "fingerprint": "sha256:…"},
      "signed_at": …, "signature": base64(Ed25519(canonical JSON of everything else))}
 
@@ -33,7 +33,7 @@ KEY_ENV = "VEIL_SIGNING_KEY"
 TRUST_ENV = "VEIL_TRUSTED_KEYS"
 DEFAULT_KEY_FILE = "signing-ed25519.pem"
 TRUSTED_DIR = "trusted-keys"
-BINDINGS = ("weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry")
+BINDINGS = ("weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry", "code")
 
 
 def fingerprint(raw_public: bytes) -> str:

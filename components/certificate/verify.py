@@ -11,6 +11,7 @@ Every load path runs these (the pyfunc's `load_context`, `registry.load_model`, 
 | `weights` / `base_model` / `tokenizer` | the canonical directory hashes of the files that will be loaded equal the sealed ones |
 | `plan` | the plan file hashes to the sealed hash, is self-consistent, and is the certificate's plan (its audit thresholds are inside) |
 | `policy` | seal, certificate and plan name the same policy sha256 |
+| `code` | the package's `code/components` is the sealed copy and `python_model.pkl` names only the pyfunc class |
 | `embedded_matches_registered` | the registered certificate is the model's embedded one, or that one plus exactly an audit section with `supersedes` = its hash |
 | `tags` / `metrics` | the registry's `privacy.*`/`audit.*` tags and privacy metrics say what the certificate says |
 
@@ -149,13 +150,60 @@ def _recheck_secrets(cert: Mapping[str, Any]) -> dict[str, float]:
 # --- artifacts -------------------------------------------------------------------------------------
 
 def artifact_bindings(*, weights_dir: str | Path | None, base_model_dir: str | Path, plan: Mapping[str, Any],
-                      ledger_entry: str | None = None) -> dict:
-    """What a seal binds, computed from the files being released (see components.core.hashing)."""
+                      ledger_entry: str | None = None, code_dir: str | Path | None = None) -> dict:
+    """What a seal binds, computed from the files being released (see components.core.hashing).
+
+    `code_dir` is the `components/` package that travels in the model as MLflow `code_paths`."""
     base = model_dir_hashes(base_model_dir)
     return {"weights": sha256_dir(weights_dir) if weights_dir else None,
             "base_model": base["model"], "tokenizer": base["tokenizer"],
             "plan": sha256_json(dict(plan)), "policy": (plan.get("policy") or {}).get("sha256"),
-            "ledger_entry": ledger_entry}
+            "ledger_entry": ledger_entry, "code": sha256_dir(code_dir) if code_dir else None}
+
+
+# The only classes a Veil model's python_model.pkl may name: the pyfunc itself and MLflow's type-hint
+# holder. Anything else (a REDUCE, another global) is code a registry writer slipped in.
+PICKLE_GLOBALS = {("components.registry.pyfunc_model", "VeilCausalLM"), ("mlflow.models.signature", "_TypeHints")}
+_PICKLE_FORBIDDEN = {"REDUCE", "INST", "OBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID",
+                     "GET", "BINGET", "LONG_BINGET", "DUP"}
+_PICKLE_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "STRING", "BINSTRING",
+                   "SHORT_BINSTRING"}
+
+
+def check_package_code(root: Path, sealed: str | None) -> None:
+    """The package's code is the sealed `components/` and its pickle names only the pyfunc class.
+
+    Meaningful when run by an installed Veil before loading (`veil verify`, `load_model`): code
+    inside a package cannot vouch for itself once it runs.
+    """
+    import pickletools
+
+    code = root / "code" / "components"
+    actual = sha256_dir(code) if code.is_dir() else None
+    if actual != sealed:
+        raise VeilError(f"the package's code/components hashes to {str(actual)[:12]}…, the seal says {str(sealed)[:12]}…")
+    pkl = root / "python_model.pkl"
+    # The two operations right before STACK_GLOBAL must push the (module, name) strings themselves,
+    # so what the check reads is what the unpickler would import (memo tricks cannot swap them).
+    recent: list[tuple[str, Any]] = []
+    try:
+        for op, arg, _ in pickletools.genops(pkl.read_bytes()):
+            if op.name in _PICKLE_FORBIDDEN:
+                raise VeilError(f"python_model.pkl uses {op.name}: not a Veil model pickle")
+            if op.name in ("MEMOIZE", "FRAME", "PROTO"):
+                continue
+            if op.name in ("STACK_GLOBAL", "GLOBAL"):
+                if op.name == "GLOBAL":
+                    name = tuple(str(arg).split(" ", 1))
+                elif len(recent) >= 2 and all(k in _PICKLE_STRINGS for k, _ in recent[-2:]):
+                    name = (str(recent[-2][1]), str(recent[-1][1]))
+                else:
+                    name = ("<computed>", "<computed>")
+                if name not in PICKLE_GLOBALS:
+                    raise VeilError(f"python_model.pkl imports {'.'.join(name)}: not a Veil model pickle")
+            recent.append((op.name, arg))
+    except (OSError, ValueError) as e:
+        raise VeilError(f"python_model.pkl unreadable ({type(e).__name__})") from None
 
 
 def check_plan(plan: Any, cert: Mapping[str, Any], sealed: str | None) -> None:
@@ -243,6 +291,9 @@ def verify_package(artifacts: Mapping[str, str], trusted: Mapping[str, Any],
     base = model_dir_hashes(artifacts["base_model"])
     _hash_check(v, "base_model", b.get("base_model"), base["model"], "the base model")
     _hash_check(v, "tokenizer", b.get("tokenizer"), base["tokenizer"], "the tokenizer")
+    root = Path(artifacts["certificate"]).parent.parent   # MLflow copies artifacts to <package>/artifacts/
+    if (root / "MLmodel").is_file():
+        v.run("code", check_package_code, root, b.get("code"))
     plan = v.run("plan", _read_json, artifacts["plan"], "embedded plan")
     if cert is not None:
         if plan is not None:

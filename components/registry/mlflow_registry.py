@@ -149,7 +149,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
     key = signing_key if signing_key is not None else load_signing_key(settings)
     seal = make_seal(cert, artifact_bindings(weights_dir=adapter_dir, base_model_dir=base_model_dir, plan=plan,
-                                             ledger_entry=ledger_entry), key)
+                                             ledger_entry=ledger_entry, code_dir=_components_dir()), key)
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
     with tempfile.TemporaryDirectory() as tmp:

@@ -343,6 +343,45 @@ def test_tamper_is_restored(rel):
     assert code == 0 and doc["valid"], doc
 
 
+
+# --- the package's code (checked by an installed Veil before any of it runs) ---------------------
+
+def _assert_refused_before_loading(rel: Release, check: str) -> None:
+    """Code a package carries cannot vouch for itself once it runs, so the defence is the installed
+    Veil's: load_model and veil verify refuse before unpickling anything."""
+    from components.registry import load_model
+
+    with pytest.raises(VeilError) as e1:
+        load_model(URI, rel.settings)
+    assert "\n" not in str(e1.value) and f"{check}:" in str(e1.value)
+    code, doc = _verify_cli(URI)
+    assert code == 2 and doc["checks"][check] is False, doc
+
+
+def test_package_code_edited(rel):
+    f = rel.package / "code" / "components" / "certificate" / "verify.py"
+    rel.edit_file(f, f.read_bytes().replace(b"def valid(self) -> bool:\n        return",
+                                            b"def valid(self) -> bool:\n        return True or"))
+    _assert_refused_before_loading(rel, "code")
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_pickle_replaced_by_code_that_runs_on_load(rel):
+    import pickle
+
+    marker = rel.tmp / "pwned"
+    rel.edit_file(rel.package / "python_model.pkl", pickle.dumps(_Payload(marker)))
+    _assert_refused_before_loading(rel, "code")
+    assert not marker.exists(), "the payload ran: the pickle was loaded before it was checked"
+
+
 # --- the audit amendment (runs last: it amends the release for good) -----------------------------
 
 def test_audit_amendment_is_explicit_and_verified(rel):
