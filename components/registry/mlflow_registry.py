@@ -188,6 +188,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
                 code_paths=[_components_dir()], pip_requirements=runtime_requirements(),
                 signature=model_signature(), input_example=pd.DataFrame({"prompt": [INPUT_EXAMPLE_PROMPT]}))
             run_id = run.info.run_id
+    _verify_logged(client, info.model_uri, run_id, settings)
     tags = {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]}
     mv = mlflow.register_model(info.model_uri, name, tags=tags)
     if alias:
@@ -195,6 +196,25 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     return Registration(name=name, version=str(mv.version), run_id=run_id,
                         model_uri=f"models:/{name}/{mv.version}", certificate_sha256=cert["sha256"],
                         lifetime=lifetime)
+
+
+def _verify_logged(client, model_uri: str, run_id: str, settings: Settings) -> None:
+    """Verify what was just logged, as a consumer will, before it becomes a registered version
+    (a package that does not verify — e.g. the signing key is not in this installation's trust
+    store — is never registered)."""
+    from components.certificate.seal import trusted_keys
+    from components.certificate.verify import verify_package
+    from components.registry.verification import check_registry_side, package_artifacts
+
+    trusted = trusted_keys(settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        import mlflow
+
+        pkg = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        v, embedded, embedded_seal = verify_package(package_artifacts(pkg), trusted)
+    check_registry_side(client, run_id, [], embedded, embedded_seal, trusted, v)
+    if not v.valid:
+        raise VeilError(f"the logged model does not verify ({v.reason}): not registered")
 
 
 def lifetime_check(settings: Settings, cert: Mapping[str, Any], budget: Mapping[str, Any] | None) -> dict | None:

@@ -100,3 +100,25 @@ def test_lifetime_budget_composes_releases_and_refuses_the_one_that_overspends(s
     with pytest.raises(VeilError, match="lifetime budget: .* above the policy's lifetime"):
         register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
     assert {r["name"] for r in list_models(settings)} == {"a", "b"}   # nothing was registered
+
+
+def test_a_package_that_would_not_verify_is_never_registered(settings, tiny_base):
+    """Signed with a key this installation does not trust: the logged model is checked as a
+    consumer would check it, and no version is registered."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    plan, cert = _plan_and_cert()
+    with pytest.raises(VeilError, match="does not verify .*signature: seal: no trusted keys"):
+        register_model(settings, name="u", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+                       signing_key=Ed25519PrivateKey.generate())
+    assert list_models(settings) == []
+
+
+def test_a_certificate_its_own_parameters_contradict_is_not_sealed(settings, tiny_base):
+    from components.core.hashing import sha256_json
+
+    plan, cert = _plan_and_cert()
+    body = {k: v for k, v in dict(cert, epsilon=cert["epsilon"] / 3).items() if k != "sha256"}
+    with pytest.raises(VeilError, match="parameters .* give ε"):
+        register_model(settings, name="x", certificate={**body, "sha256": sha256_json(body)}, plan=plan,
+                       base_model_dir=tiny_base, adapter_dir=None)

@@ -95,3 +95,28 @@ def test_seal_publishes_the_public_key(package):
     assert run.data.tags["privacy.signing_key"] == seal["public_key"]["fingerprint"]
     with open(mlflow.artifacts.download_artifacts(run_id=reg.run_id, artifact_path="signing_key.pub.pem")) as f:
         assert f.read().startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def test_full_fine_tune_directory_is_registered_as_a_model_and_verifies(package, tmp_path):
+    """Full fine-tuning writes a whole HF model directory (training's `model/`), not an adapter."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from components.registry import load_model, register_model, verify_model
+
+    settings, _, _, base = package
+    full = tmp_path / "model"
+    shutil.copytree(base, full)
+    w = load_file(str(full / "model.safetensors"))
+    save_file({k: v + 0.01 for k, v in w.items()}, str(full / "model.safetensors"), metadata={"format": "pt"})
+    plan, cert = plan_and_certificate()
+    reg = register_model(settings, name="full", certificate=cert, plan=plan, base_model_dir=base, adapter_dir=full)
+    assert verify_model(reg.model_uri, settings).valid
+    loaded = load_model(reg.model_uri, settings)
+    ids = torch.tensor([[1, 2, 3]])
+    from components.modeling import load_base
+
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(ids).logits, load_base(full)[0](ids).logits)
