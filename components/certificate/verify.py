@@ -105,7 +105,7 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
     if cert.get("privacy_unit") == "secret":
         return None, _recheck_secrets(cert)
     try:
-        eps = recompute_epsilon(cert)
+        eps = _cached_epsilon(cert, recompute_epsilon)
     except (KeyError, TypeError, ValueError) as e:
         raise VeilError(f"certificate parameters are incomplete or malformed ({type(e).__name__}: {e})") from None
     stated = cert.get("epsilon")
@@ -120,6 +120,22 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
             raise VeilError(f"certificate says within_target={cert['within_target']} for ε={float(stated):.6g} "
                             f"against target ε={target}")
     return eps, None
+
+
+_EPSILON_CACHE: dict[str, float] = {}
+_ACCOUNTED = ("privacy_unit", "accountant", "sampling_rate", "noise_multiplier", "steps", "delta",
+              "contribution_bound", "filter")
+
+
+def _cached_epsilon(cert: Mapping[str, Any], compute) -> float:
+    """ε for the certificate's accounting parameters, memoised in this process (one load path runs
+    the check on the embedded and the registered certificate: the same parameters)."""
+    key = sha256_json({k: cert.get(k) for k in _ACCOUNTED})
+    if key not in _EPSILON_CACHE:
+        if len(_EPSILON_CACHE) > 1024:
+            _EPSILON_CACHE.clear()
+        _EPSILON_CACHE[key] = compute(cert)
+    return _EPSILON_CACHE[key]
 
 
 def _recheck_secrets(cert: Mapping[str, Any]) -> dict[str, float]:
