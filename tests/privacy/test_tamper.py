@@ -160,6 +160,17 @@ def _assert_refused_everywhere(rel: Release, check: str) -> None:
     code, doc = _verify_cli(URI)
     assert code == 2 and doc is not None and doc["valid"] is False, (code, doc)
     assert doc["checks"][check] is False, doc
+    assert _models_status().startswith("INVALID"), "veil models still says verified"
+
+
+def _models_status() -> str:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(app, ["models", "--json"])
+    rows = [r for r in json.loads(res.stdout) if r["name"] == NAME and r["version"] == "1"]
+    return rows[0]["certificate_status"]
 
 
 # --- the untouched release ---------------------------------------------------------------------
@@ -179,6 +190,7 @@ def test_untouched_release_verifies_on_every_path(rel):
                                   "plan", "policy", "embedded_matches_registered", "tags", "metrics"}
     assert doc["epsilon"] == pytest.approx(rel.cert["epsilon"], rel=1e-12)
     assert seconds < 10, f"veil verify took {seconds:.1f} s"
+    assert _models_status() == "verified"
     loaded = load_model(URI, rel.settings)
     assert loaded.certificate["sha256"] == rel.cert["sha256"]
     assert mlflow.pyfunc.load_model(URI).predict({"prompt": ["the weekly"]}, params={"max_new_tokens": 2})
@@ -356,6 +368,7 @@ def _assert_refused_before_loading(rel: Release, check: str) -> None:
     assert "\n" not in str(e1.value) and f"{check}:" in str(e1.value)
     code, doc = _verify_cli(URI)
     assert code == 2 and doc["checks"][check] is False, doc
+    assert _models_status().startswith("INVALID"), "veil models still says verified"
 
 
 def test_package_code_edited(rel):
