@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from components.core.errors import VeilError
-from components.core.hashing import model_dir_hashes, sha256_dir, sha256_json
+from components.core.hashing import model_dir_hashes, not_cache, sha256_dir, sha256_json
 
 # Relative tolerance on a recomputed ε: the accountant's documented agreement between its two finest
 # discretization grids (components.accounting.accountant.AGREEMENT). The accountant is deterministic,
@@ -174,7 +174,7 @@ def artifact_bindings(*, weights_dir: str | Path | None, base_model_dir: str | P
     return {"weights": sha256_dir(weights_dir) if weights_dir else None,
             "base_model": base["model"], "tokenizer": base["tokenizer"],
             "plan": sha256_json(dict(plan)), "policy": (plan.get("policy") or {}).get("sha256"),
-            "ledger_entry": ledger_entry, "code": sha256_dir(code_dir) if code_dir else None}
+            "ledger_entry": ledger_entry, "code": sha256_dir(code_dir, include=not_cache) if code_dir else None}
 
 
 # The only classes a Veil model's python_model.pkl may name: the pyfunc itself and MLflow's type-hint
@@ -195,7 +195,7 @@ def check_package_code(root: Path, sealed: str | None) -> None:
     import pickletools
 
     code = root / "code" / "components"
-    actual = sha256_dir(code) if code.is_dir() else None
+    actual = sha256_dir(code, include=not_cache) if code.is_dir() else None
     if actual != sealed:
         raise VeilError(f"the package's code/components hashes to {str(actual)[:12]}…, the seal says {str(sealed)[:12]}…")
     pkl = root / "python_model.pkl"
@@ -220,6 +220,19 @@ def check_package_code(root: Path, sealed: str | None) -> None:
             recent.append((op.name, arg))
     except (OSError, ValueError) as e:
         raise VeilError(f"python_model.pkl unreadable ({type(e).__name__})") from None
+
+
+def certified_artifacts_mismatch(cert: Mapping[str, Any], bindings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Where the certificate's own `run` section (the hashes training recorded) names other
+    weights, base model or tokenizer than the seal binds: [(check, why)]."""
+    run = cert.get("run") or {}
+    out = []
+    for name in ("weights", "base_model", "tokenizer"):
+        certified = (run.get(name) or {}).get("sha256") if isinstance(run.get(name), Mapping) else None
+        if certified is not None and certified != bindings.get(name):
+            out.append((name, f"the certificate was issued for {name} {certified[:12]}…, the seal binds "
+                              f"{str(bindings.get(name))[:12]}…"))
+    return out
 
 
 def check_plan(plan: Any, cert: Mapping[str, Any], sealed: str | None) -> None:
@@ -307,6 +320,9 @@ def verify_package(artifacts: Mapping[str, str], trusted: Mapping[str, Any],
     base = model_dir_hashes(artifacts["base_model"])
     _hash_check(v, "base_model", b.get("base_model"), base["model"], "the base model")
     _hash_check(v, "tokenizer", b.get("tokenizer"), base["tokenizer"], "the tokenizer")
+    if cert is not None:
+        for name, why in certified_artifacts_mismatch(cert, b):
+            v.record(name, False, why)
     root = Path(artifacts["certificate"]).parent.parent   # MLflow copies artifacts to <package>/artifacts/
     if (root / "MLmodel").is_file():
         v.run("code", check_package_code, root, b.get("code"))

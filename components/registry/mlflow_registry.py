@@ -125,7 +125,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     import pandas as pd
 
     from components.certificate.seal import load_signing_key, make_seal
-    from components.certificate.verify import artifact_bindings, recheck_guarantee
+    from components.certificate.verify import artifact_bindings, certified_artifacts_mismatch, recheck_guarantee
     from components.registry.pyfunc_model import VeilCausalLM
 
     cert = verify_certificate(certificate).to_dict()
@@ -148,8 +148,12 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         weights_key = "adapter" if (Path(adapter_dir) / "adapter_config.json").is_file() else "model"
     lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
     key = signing_key if signing_key is not None else load_signing_key(settings)
-    seal = make_seal(cert, artifact_bindings(weights_dir=adapter_dir, base_model_dir=base_model_dir, plan=plan,
-                                             ledger_entry=ledger_entry, code_dir=_components_dir()), key)
+    bindings = artifact_bindings(weights_dir=adapter_dir, base_model_dir=base_model_dir, plan=plan,
+                                 ledger_entry=ledger_entry, code_dir=_components_dir())
+    wrong = certified_artifacts_mismatch(cert, bindings)
+    if wrong:
+        raise VeilError(f"{wrong[0][1]}: not registered")
+    seal = make_seal(cert, bindings, key)
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
     with tempfile.TemporaryDirectory() as tmp:

@@ -63,14 +63,23 @@ def test_directory_hash_is_content_and_names_not_timestamps(tmp_path):
     assert sha256_dir(a) != h
     split = model_dir_hashes(a)
     assert split["tokenizer"] == sha256_dir(a, include=lambda r: r.endswith("tokenizer.json"))
-    assert split["model"] == sha256_dir(a, include=lambda r: r == "w.bin")
+    assert split["model"] == sha256_dir(a)
     # independent: the documented construction, by hand
     import hashlib
 
-    files = sorted([["sub/tokenizer.json", hashlib.sha256(b"{}").hexdigest()],
-                    ["w.bin", hashlib.sha256(b"\x00\x02").hexdigest()]])
-    assert sha256_dir(a) == hashlib.sha256(json.dumps({"files": files, "kind": "veil.dir/v1"}, sort_keys=True,
-                                                      separators=(",", ":")).encode()).hexdigest()
+    files = {"sub/tokenizer.json": hashlib.sha256(b"{}").hexdigest(), "w.bin": hashlib.sha256(b"\x00\x02").hexdigest()}
+    assert sha256_dir(a) == hashlib.sha256(json.dumps(files, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_certificate_run_section_must_name_the_sealed_files():
+    from components.certificate.verify import certified_artifacts_mismatch
+
+    b = {"weights": "a" * 64, "base_model": "b" * 64, "tokenizer": "c" * 64}
+    cert = {"run": {"weights": {"sha256": "a" * 64}, "base_model": {"sha256": "b" * 64}, "tokenizer": None}}
+    assert certified_artifacts_mismatch(cert, b) == []
+    cert["run"]["base_model"]["sha256"] = "d" * 64
+    assert [n for n, _ in certified_artifacts_mismatch(cert, b)] == ["base_model"]
+    assert certified_artifacts_mismatch({}, b) == []          # certificates without a run section
 
 
 # --- keys and trust --------------------------------------------------------------------------------
