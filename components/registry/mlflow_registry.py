@@ -148,6 +148,8 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         weights_key = "adapter" if (Path(adapter_dir) / "adapter_config.json").is_file() else "model"
     lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
     key = signing_key if signing_key is not None else load_signing_key(settings)
+    if ledger_entry is None and (lifetime or {}).get("ledger_release_id") is not None:
+        ledger_entry = str(lifetime["ledger_release_id"])   # the per-person ledger's release (components.ledger)
     bindings = artifact_bindings(weights_dir=adapter_dir, base_model_dir=base_model_dir, plan=plan,
                                  ledger_entry=ledger_entry, code_dir=_components_dir())
     wrong = certified_artifacts_mismatch(cert, bindings)
