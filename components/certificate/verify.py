@@ -194,6 +194,20 @@ def check_package_code(root: Path, sealed: str | None) -> None:
     """
     import pickletools
 
+    import yaml
+
+    try:
+        flavor = (yaml.safe_load((root / "MLmodel").read_text()) or {})["flavors"]["python_function"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        raise VeilError("MLmodel has no python_function flavor") from None
+    # What MLflow runs on load: its own loader, our pickle, and the code folder added to sys.path.
+    if flavor.get("loader_module") != "mlflow.pyfunc.model" or flavor.get("python_model") != "python_model.pkl":
+        raise VeilError(f"MLmodel loads through {flavor.get('loader_module')!r}/{flavor.get('python_model')!r}, "
+                        "not MLflow's PythonModel loader")
+    extra = sorted(p.name for p in (root / "code").iterdir() if p.name != "components") \
+        if (root / "code").is_dir() else []
+    if flavor.get("code") not in ("code", None) or extra:
+        raise VeilError(f"the package carries code besides the sealed components/: {', '.join(extra) or flavor.get('code')}")
     code = root / "code" / "components"
     actual = sha256_dir(code, include=not_cache) if code.is_dir() else None
     if actual != sealed:
@@ -302,6 +316,9 @@ def verify_package(artifacts: Mapping[str, str], trusted: Mapping[str, Any],
 
     v = v or Verification()
     cert = seal = None
+    if "certificate" not in artifacts:
+        v.record("hash", False, "the model package lists no certificate artifact")
+        return v, None, None
     doc = v.run("hash", lambda: verify_certificate(_read_json(artifacts["certificate"], "embedded certificate")))
     if doc is not None:
         cert = doc.to_dict()
@@ -314,6 +331,11 @@ def verify_package(artifacts: Mapping[str, str], trusted: Mapping[str, Any],
             if cert is not None:
                 v.record("signature", seal.get("certificate_sha256") == cert["sha256"],
                          "the embedded seal is for another certificate")
+    missing = [k for k in ("certificate", "plan", "base_model") if k not in artifacts]
+    if missing:   # an MLmodel edited to drop artifacts: nothing else can be checked
+        for name in ("hash", "plan", "base_model"):
+            v.record(name, False, f"the model package lists no {', '.join(missing)} artifact")
+        return v, None, None
     b = (seal or {}).get("bindings") or {}
     weights = artifacts.get("adapter") or artifacts.get("model")
     _hash_check(v, "weights", b.get("weights"), sha256_dir(weights) if weights else None, "the adapter/model weights")

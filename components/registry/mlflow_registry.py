@@ -16,7 +16,7 @@ from components.registry.verification import CERT_ARTIFACT, PLAN_ARTIFACT, SEAL_
 # What the pyfunc needs at load time, pinned to the versions that registered it (`veil` itself is
 # not on an index: its `components` package travels inside the model as `code_paths`).
 RUNTIME_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors", "accelerate", "numpy",
-                        "scipy", "pandas", "dp-accounting", "cryptography")
+                        "scipy", "pandas", "pyyaml", "dp-accounting", "cryptography")
 INPUT_EXAMPLE_PROMPT = "The weekly report"
 
 

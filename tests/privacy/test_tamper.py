@@ -378,6 +378,14 @@ def test_package_code_edited(rel):
     _assert_refused_before_loading(rel, "code")
 
 
+def test_package_loader_redirected_to_extra_code(rel):
+    (rel.package / "code" / "evil.py").write_text("raise SystemExit('pwned')\n")
+    rel._undo.append(lambda: (rel.package / "code" / "evil.py").unlink())
+    mlmodel = rel.package / "MLmodel"
+    rel.edit_file(mlmodel, mlmodel.read_bytes().replace(b"loader_module: mlflow.pyfunc.model", b"loader_module: evil"))
+    _assert_refused_before_loading(rel, "code")
+
+
 class _Payload:
     def __init__(self, marker):
         self.marker = marker
