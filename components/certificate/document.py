@@ -372,11 +372,14 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version, 
     for t in targets:
         cls = t.secret_id.split(":", 1)[0]
         classes.setdefault(cls, {"kappa": t.kappa, "gamma_target": t.gamma, "n_secrets": 0, "max_gamma": t.kappa,
-                                 "max_kl": 0.0, "all_within_target": True})["n_secrets"] += 1
+                                 "max_kl": 0.0, "max_kl_per_step": 0.0, "all_within_target": True})["n_secrets"] += 1
     for r in reports:
         c = classes[r.secret_id.split(":", 1)[0]]
         c["max_gamma"] = max(c["max_gamma"], float(r.gamma))
         c["max_kl"] = max(c["max_kl"], float(r.kl))
+        # KL composes linearly over steps (accounting.secrets.secret_kl): kept so that a verifier can
+        # recompute γ from this certificate's own steps (components.certificate.verify).
+        c["max_kl_per_step"] = max(c["max_kl_per_step"], float(r.kl) / steps)
         c["all_within_target"] = c["all_within_target"] and bool(r.meets_target)
     doc = {
         "schema": SCHEMA,

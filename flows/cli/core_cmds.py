@@ -182,7 +182,7 @@ def register_cmd(plan: Path = typer.Option(..., "--plan"),
 
 
 def models(json_out: bool = typer.Option(False, "--json")) -> None:
-    """Registered model versions with their certificates."""
+    """Registered model versions with their certificates; `verified` only when every check passes."""
     from components.registry import list_models
 
     rows = list_models(_settings())
@@ -196,9 +196,14 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
         aud = _audit_line(a, short=True) if a else "—"
+        status = r["certificate_status"]
+        short = status if status == "verified" else "INVALID (" + status[len("INVALID: "):].split(":", 1)[0] + ")"
         t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
-                  describe(c) if c else "?", str(c.get("steps", "?")), aud, r["certificate_status"])
+                  describe(c) if c else "?", str(c.get("steps", "?")), aud, short)
     out.print(t)
+    for r in rows:
+        if r["certificate_status"] != "verified":
+            out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}")
 
 
 def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Option(..., "--source"),

@@ -24,12 +24,17 @@ def tiny_base(tmp_path_factory):
                             n_head=2, n_positions=32, steps=2, seq_len=16, batch_size=4, progress=False)
 
 
-def _plan_and_cert(epsilon_target=8.0):
-    plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
+def _plan_and_cert(epsilon_target=8.0, lifetime_budget=None):
+    from components.planning.plan import seal
+
+    plan = {"schema": "veil.plan/v1", "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
             "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "t", "sha256": "01" * 32}}
+    if lifetime_budget is not None:
+        plan["lifetime_budget"] = lifetime_budget
+    plan = seal(plan)
     res = {**bound_run.binding(plan), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return plan, build_certificate(plan, res).to_dict()
 
@@ -58,7 +63,7 @@ def test_register_list_load_and_refuse_tampering(settings, tiny_base):
     path = settings.home / "certificate.json"
     path.write_text(json.dumps(forged))
     client.log_artifact(reg.run_id, str(path))
-    with pytest.raises(VeilError, match="sha256"):
+    with pytest.raises(VeilError, match="hash: .*sha256"):
         load_model("models:/t/1", settings)
     assert list_models(settings)[0]["certificate_status"].startswith("INVALID")
 
@@ -90,7 +95,8 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
     plan, cert = _plan_and_cert()
     one = R.sampled_gaussian_rdp(0.05, 1.0, 30)
     two_fit = R.epsilon_of_spend(2 * one, 1e-5)
-    plan = {**plan, "lifetime_budget": {"epsilon": (two_fit + R.epsilon_of_spend(3 * one, 1e-5)) / 2, "delta": 1e-5}}
+    plan, cert = _plan_and_cert(lifetime_budget={"epsilon": (two_fit + R.epsilon_of_spend(3 * one, 1e-5)) / 2,
+                                                 "delta": 1e-5})
     people = {f"u{i}": 2 for i in range(5)}
     with pytest.raises(VeilError, match="no reservation"):
         register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
@@ -117,3 +123,25 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
     mlflow.MlflowClient().delete_model_version("a", "1")
     assert all(np.array_equal(led.spend(list(people))[p], before[p]) for p in people)
     assert [e["status"] for e in led.events(regs[0].lifetime["ledger_release_id"])] == ["reserved", "registered"]
+
+
+def test_a_package_that_would_not_verify_is_never_registered(settings, tiny_base):
+    """Signed with a key this installation does not trust: the logged model is checked as a
+    consumer would check it, and no version is registered."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    plan, cert = _plan_and_cert()
+    with pytest.raises(VeilError, match="does not verify .*signature: seal: no trusted keys"):
+        register_model(settings, name="u", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+                       signing_key=Ed25519PrivateKey.generate())
+    assert list_models(settings) == []
+
+
+def test_a_certificate_its_own_parameters_contradict_is_not_sealed(settings, tiny_base):
+    from components.core.hashing import sha256_json
+
+    plan, cert = _plan_and_cert()
+    body = {k: v for k, v in dict(cert, epsilon=cert["epsilon"] / 3).items() if k != "sha256"}
+    with pytest.raises(VeilError, match="parameters .* give ε"):
+        register_model(settings, name="x", certificate={**body, "sha256": sha256_json(body)}, plan=plan,
+                       base_model_dir=tiny_base, adapter_dir=None)
