@@ -64,9 +64,11 @@ def privacy_tags(cert: Mapping[str, Any]) -> dict[str, str]:
         tags[f"privacy.secret.{cls}.max_gamma"] = repr(float(c["max_gamma"]))
         tags[f"privacy.secret.{cls}.kappa"] = repr(float(c["kappa"]))
     audit = cert.get("audit") or {}
-    for key in ("auroc", "auroc_ceiling", "passed"):
+    for key in ("auroc", "auroc_ceiling", "passed", "verdict"):
         if key in audit:
             tags[f"audit.{key}"] = str(audit[key])
+    if "covered_by_certificate" in audit:   # the audit's public section says it is not covered
+        tags["audit.covered_by_certificate"] = str(bool(audit["covered_by_certificate"])).lower()
     return tags
 
 
@@ -377,8 +379,7 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
     """
     from components.audit.public import SECTION_SCHEMA, public_metrics, public_tags
     from components.certificate import attach_audit
-    from components.certificate.seal import load_signing_key, make_seal, trusted_keys
-    from components.registry.verification import package_artifacts, verify_version
+    from components.certificate.seal import load_signing_key, make_seal
 
     if audit.get("schema") != SECTION_SCHEMA or audit.get("covered_by_certificate") is not False:
         raise VeilError(f"audit: record_audit takes the public audit section ({SECTION_SCHEMA}, "
@@ -386,13 +387,7 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
 
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
-    with tempfile.TemporaryDirectory() as tmp:
-        package = _download_package(mv, tmp)
-        v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
-        v.raise_if_invalid(f"audit of {model_uri}")
-        arts = package_artifacts(package)
-        embedded = json.loads(Path(arts["certificate"]).read_text())
-        embedded_seal = json.loads(Path(arts["seal"]).read_text())
+    embedded, embedded_seal = _verified_embedded(client, mv, settings, model_uri)
     new = attach_audit(embedded, audit).to_dict()
     seal = make_seal(new, embedded_seal["bindings"], load_signing_key(settings))
     with tempfile.TemporaryDirectory() as tmp:
@@ -409,6 +404,19 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
             client.set_model_version_tag(other.name, other.version, key, value)
         client.set_tag(mv.run_id, key, value)
     return new
+
+
+def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[dict, dict]:
+    """The model package's embedded (pre-audit) certificate and seal, after the whole release verified."""
+    from components.certificate.seal import trusted_keys
+    from components.registry.verification import package_artifacts, verify_version
+
+    with tempfile.TemporaryDirectory() as tmp:
+        package = _download_package(mv, tmp)
+        v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
+        v.raise_if_invalid(f"audit of {model_uri}")
+        arts = package_artifacts(package)
+        return json.loads(Path(arts["certificate"]).read_text()), json.loads(Path(arts["seal"]).read_text())
 
 
 def list_models(settings: Settings) -> list[dict]:

@@ -15,6 +15,21 @@ _h.loader.exec_module(bound_run)
 from components.registry import list_models, load_model, register_model
 
 
+_W: dict = {}   # the module's one trained-looking adapter and its base (binding needs real weights)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_adapter(tiny_base, tmp_path_factory):
+    import sys
+
+    sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "privacy"))
+    from _sealed_release import build_adapter
+
+    _W["base"] = tiny_base
+    _W["adapter"] = build_adapter(_Path(tiny_base), tmp_path_factory.mktemp("adapter") / "adapter")
+    return _W["adapter"]
+
+
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory):
     from components.modeling import build_base_model
@@ -35,13 +50,13 @@ def _plan_and_cert(epsilon_target=8.0, lifetime_budget=None):
     if lifetime_budget is not None:
         plan["lifetime_budget"] = lifetime_budget
     plan = seal(plan)
-    res = {**bound_run.binding(plan), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
+    res = {**bound_run.binding(plan, _W.get("adapter"), _W.get("base")), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return plan, build_certificate(plan, res).to_dict()
 
 
 def test_register_list_load_and_refuse_tampering(settings, tiny_base):
     plan, cert = _plan_and_cert()
-    reg = register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+    reg = register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
                          policy_max_epsilon=8.0)
     assert reg.model_uri == "models:/t/1"
     rows = list_models(settings)
@@ -71,7 +86,7 @@ def test_register_list_load_and_refuse_tampering(settings, tiny_base):
 def test_refuses_epsilon_above_the_policy(settings, tiny_base):
     plan, cert = _plan_and_cert()
     with pytest.raises(VeilError, match="exceeds the policy"):
-        register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+        register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
                        policy_max_epsilon=cert["epsilon"] / 2)
 
 
@@ -99,13 +114,13 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
                                                  "delta": 1e-5})
     people = {f"u{i}": 2 for i in range(5)}
     with pytest.raises(VeilError, match="no reservation"):
-        register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
+        register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"])
     regs = []
     for name in ("a", "b"):
         res = reserve_release(settings, plan, people)
         assert len(res.admitted) == 5
         regs.append(register_model(settings, name=name, certificate=cert, plan=plan, base_model_dir=tiny_base,
-                                   adapter_dir=None, ledger_release_id=res.release_id))
+                                   adapter_dir=_W["adapter"], ledger_release_id=res.release_id))
     assert regs[1].lifetime["spend"]["max_epsilon"] == pytest.approx(two_fit)
     tags = mlflow.get_run(regs[1].run_id).data.tags
     assert tags["privacy.ledger_release_id"] == str(regs[1].lifetime["ledger_release_id"])
@@ -114,7 +129,7 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
     third = reserve_release(settings, plan, people)
     assert third.admitted == () and len(third.retired) == 5
     with pytest.raises(VeilError, match="retired every person"):
-        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
                        ledger_release_id=third.release_id)
     assert {r["name"] for r in list_models(settings)} == {"a", "b"}
     # deleting a registered version gives nothing back
@@ -132,7 +147,7 @@ def test_a_package_that_would_not_verify_is_never_registered(settings, tiny_base
 
     plan, cert = _plan_and_cert()
     with pytest.raises(VeilError, match="does not verify .*signature: seal: no trusted keys"):
-        register_model(settings, name="u", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+        register_model(settings, name="u", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
                        signing_key=Ed25519PrivateKey.generate())
     assert list_models(settings) == []
 
@@ -144,4 +159,4 @@ def test_a_certificate_its_own_parameters_contradict_is_not_sealed(settings, tin
     body = {k: v for k, v in dict(cert, epsilon=cert["epsilon"] / 3).items() if k != "sha256"}
     with pytest.raises(VeilError, match="parameters .* give ε"):
         register_model(settings, name="x", certificate={**body, "sha256": sha256_json(body)}, plan=plan,
-                       base_model_dir=tiny_base, adapter_dir=None)
+                       base_model_dir=tiny_base, adapter_dir=_W["adapter"])

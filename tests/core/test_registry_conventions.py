@@ -27,7 +27,7 @@ def package(tmp_path_factory):
         settings = load_settings(tmp / "home").ensure()
         base = build_base(tmp / "base")
         adapter = build_adapter(base, tmp / "adapter")
-        plan, cert = plan_and_certificate()
+        plan, cert = plan_and_certificate(adapter, base)
         reg = register_model(settings, name="conv", certificate=cert, plan=plan, base_model_dir=base,
                              adapter_dir=adapter)
         mv = mlflow.MlflowClient().get_model_version("conv", reg.version)
@@ -111,7 +111,7 @@ def test_full_fine_tune_directory_is_registered_as_a_model_and_verifies(package,
     shutil.copytree(base, full)
     w = load_file(str(full / "model.safetensors"))
     save_file({k: v + 0.01 for k, v in w.items()}, str(full / "model.safetensors"), metadata={"format": "pt"})
-    plan, cert = plan_and_certificate()
+    plan, cert = plan_and_certificate(full, base)
     reg = register_model(settings, name="full", certificate=cert, plan=plan, base_model_dir=base, adapter_dir=full)
     assert verify_model(reg.model_uri, settings).valid
     loaded = load_model(reg.model_uri, settings)

@@ -22,6 +22,13 @@ from components.certificate.verify import check_amendment, recheck_guarantee
 from components.core.errors import VeilError
 from components.core.hashing import model_dir_hashes, sha256_dir, sha256_json
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 Q, SIGMA, T, DELTA = 0.08, 1.1, 120, 1e-5
 
 
@@ -29,12 +36,12 @@ def _plan(**kw):
     return {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "privacy_unit": "user",
             "target": {"epsilon": 8.0, "delta": DELTA}, "sampling_rate": Q, "noise_multiplier": SIGMA, "steps": T,
             "expected_batch_size": 16, "clip_norm": 1.0, "records_per_user": 4, "selection": "random",
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32}, "policy": {"name": "p", "sha256": "01" * 32},
-            **kw}
+            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "policy": {"name": "p", "sha256": "01" * 32}, **kw}
 
 
 def _res(**kw):
-    return {"steps_run": T, "mechanism": "uls", "noise_multiplier": SIGMA, "sampling_rate": Q, "clip_norm": 1.0, **kw}
+    return {**bound_run.binding(_plan(records_per_user=kw.pop("records_per_user", 4))), "steps_run": T, "mechanism": "uls", "noise_multiplier": SIGMA, "sampling_rate": Q, "clip_norm": 1.0, **kw}
 
 
 def _rehash(doc):
@@ -171,7 +178,7 @@ def test_gamma_recomputed_for_a_secret_certificate():
 
     plan = _plan(mechanism="secret", steps=50, sampling_rate=0.02, noise_multiplier=3.0, records_per_user=None,
                  target={"epsilon": None, "delta": None, "secrets": {"credential": {"kappa": 1e-3, "gamma": 0.05}}})
-    res = _res(steps_run=50, mechanism="secret", sampling_rate=0.02, noise_multiplier=3.0)
+    res = _res(steps_run=50, mechanism="secret", sampling_rate=0.02, noise_multiplier=3.0, records_per_user=None)
     targets = [SecretTarget.make("credential:A", [0.02], 1e-3, 0.05),
                SecretTarget.make("credential:B", [0.04], 1e-3, 0.05)]
     cert = build_certificate(plan, res, secret_targets=targets).to_dict()

@@ -35,7 +35,7 @@ def build_adapter(base_dir: Path, out: Path) -> Path:
     return out
 
 
-def plan_and_certificate() -> tuple[dict, dict]:
+def plan_and_certificate(weights_dir=None, base_dir=None) -> tuple[dict, dict]:
     from components.certificate import build_certificate
     from components.planning.plan import seal
 
@@ -44,9 +44,15 @@ def plan_and_certificate() -> tuple[dict, dict]:
         "privacy_unit": "user", "neighbouring": "add_remove_user", "target": {"epsilon": 8.0, "delta": 1e-5},
         "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": STEPS, "expected_batch_size": 10,
         "clip_norm": 1.0, "records_per_user": 2, "selection": "random", "training": {"lr": 0.01},
-        "accounting": {}, "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32},
-        "audit": {"held_out_users": [], "thresholds": {"max_user_inference_auroc": 0.6, "max_canary_auroc": 0.6,
+        "accounting": {}, "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32,
+                                   "train_records_commitment": "ef" * 32},
+        "audit": {"thresholds": {"max_user_inference_auroc": 0.6, "max_canary_auroc": 0.6,
                                                         "max_secret_exposure": 4.0}},
         "policy": {"name": "t", "sha256": "01" * 32}})
-    res = {"steps_run": STEPS, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bound_run", Path(__file__).resolve().parents[1] / "bound_run.py")
+    bound_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound_run)
+    res = {**bound_run.binding(plan, weights_dir, base_dir), "steps_run": STEPS, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return plan, build_certificate(plan, res).to_dict()

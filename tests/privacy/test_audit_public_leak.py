@@ -47,6 +47,9 @@ class FakeClient:
     def log_metric(self, run_id, key, value):
         self.metrics[key] = value
 
+    def search_model_versions(self, query):
+        return [self.get_model_version("m", "1")]
+
     def set_model_version_tag(self, name, version, key, value):
         self.tags[key] = value
 
@@ -102,6 +105,10 @@ def published(monkeypatch, settings):
                     truth=stub.truth(*SECRETS), reference=stub.REFERENCE, bootstrap=20, n_candidates=50)
     client = FakeClient(cert)
     monkeypatch.setattr(reg, "_client", lambda s: client)
+    # the release's verification (seal, weights, …) is tests/privacy/test_tamper.py's; here the
+    # embedded certificate is taken as verified so that only what the audit publishes is under test
+    monkeypatch.setattr(reg, "_verified_embedded", lambda c, mv, s, uri: (cert, {"bindings": {
+        k: "0" * 64 for k in ("weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry", "code")}}))
     new_cert = reg.record_audit(settings, "models:/m/1", res.summary(), plot_path=res.plot_path)
     return SimpleNamespace(res=res, client=client, cert=new_cert, samples=samples, canaries=canaries)
 
@@ -137,7 +144,7 @@ def test_no_ids_secrets_or_per_person_figures_in_anything_published(published):
             continue
         assert all(abs(v - x) > 1e-9 * max(1.0, abs(v)) for x in published_numbers), v
     # the measured ROC stays private; the logged plot is the public one
-    assert set(client.artifacts) == {"/certificate.json", f"audit/{res.plot_path.name}"}
+    assert set(client.artifacts) == {"/certificate.json", "/seal.json", f"audit/{res.plot_path.name}"}
     assert res.private_plot_path.parent == res.private_path.parent
 
 

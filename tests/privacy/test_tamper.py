@@ -119,7 +119,7 @@ def release(tmp_path_factory):
         settings = load_settings(home).ensure()
         base = build_base(tmp / "base")
         adapter = build_adapter(base, tmp / "adapter")
-        plan, cert = plan_and_certificate()
+        plan, cert = plan_and_certificate(adapter, base)
         reg = register_model(settings, name=NAME, certificate=cert, plan=plan, base_model_dir=base,
                              adapter_dir=adapter, policy_max_epsilon=8.0)
         r = Release(settings, reg, cert, plan, tmp)
@@ -408,15 +408,16 @@ def test_pickle_replaced_by_code_that_runs_on_load(rel):
 def test_audit_amendment_is_explicit_and_verified(rel):
     from components.registry import load_model, record_audit, verify_model
 
-    audit = {"auroc": 0.52, "auroc_ceiling": 0.9, "passed": True}
+    audit = {"schema": "veil.audit/v2", "covered_by_certificate": False, "verdict": "passed", "passed": True,
+             "auroc": [0.5, 0.55], "auroc_interval": [0.45, 0.6], "auroc_ceiling": 0.9}
     first = record_audit(rel.settings, URI, audit)
-    second = record_audit(rel.settings, URI, dict(audit, auroc=0.51))
+    second = record_audit(rel.settings, URI, dict(audit, auroc=[0.45, 0.5]))
     # Both amend the embedded (pre-audit) certificate: one link, no unexplained second hash.
     assert first["supersedes"] == second["supersedes"] == rel.cert["sha256"]
     v = verify_model(URI, rel.settings)
     assert v.valid and v.certificate_sha256 == second["sha256"], v.to_dict()
     loaded = load_model(URI, rel.settings)
-    assert loaded.certificate["sha256"] == second["sha256"] and loaded.certificate["audit"]["auroc"] == 0.51
+    assert loaded.certificate["sha256"] == second["sha256"] and loaded.certificate["audit"]["auroc"] == [0.45, 0.5]
 
 
 def test_amendment_that_changes_more_than_the_audit_is_refused(rel):
