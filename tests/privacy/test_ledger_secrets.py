@@ -271,3 +271,12 @@ def _race(url: str) -> None:
         assert life == pytest.approx(spent + big, rel=1e-12) and life <= _budget()
     finally:
         led.dispose()
+
+
+def test_charging_the_planned_rows_bounds_a_release_with_fewer_records():
+    """The charge uses the plan's rows before retirements and drops: it must not be below the KL of any
+    subset of the secret's records or of lower rates (the assumption docs/privacy/ledger.md states)."""
+    full = (0.02, 0.05, 0.05, 0.1)
+    k_full = secret_kl(full, SIGMA, T).kl
+    for sub in [(0.02,), (0.05, 0.1), (0.02, 0.05, 0.05), (0.01, 0.05, 0.05, 0.1), (0.02, 0.05, 0.04, 0.1)]:
+        assert secret_kl(sub, SIGMA, T).kl <= k_full
