@@ -107,9 +107,10 @@ def _annex(settings: Settings, plan_doc: dict) -> dict:
     return load_annex(settings.private_dir, plan_doc)
 
 
-def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None) -> pa.Table:
+def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None, *,
+                  drop_records=()) -> pa.Table:
     """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
-    private annex (checked against the plan's commitment)."""
+    private annex (checked against the plan's commitment), less the records in `drop_records`."""
     from catalog.snapshots import load_snapshot
     from components.planning.data import training_records
 
@@ -117,7 +118,8 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None)
     snap = load_snapshot(settings, data["snapshot_id"])
     if snap.sha256 != data["snapshot_sha256"]:
         raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
-    return training_records(plan_doc, _annex(settings, plan_doc) if annex is None else annex, snap.records)
+    return training_records(plan_doc, _annex(settings, plan_doc) if annex is None else annex, snap.records,
+                            drop_records=drop_records)
 
 
 RESERVATION_FILE = "ledger_reservation.json"
@@ -130,8 +132,10 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
     One reservation per plan run: a run that crashed and is started again resumes under its own
     reservation (same people, the planned steps were charged in full), kept privately in the run folder.
     A plan whose release already finished training is refused rather than trained (and charged) again.
-    Returns {"release_id", "retired": [ids]} (private), or None when the mechanism has no Rényi curve
-    and no budget applies (filtered ULS without a lifetime budget)."""
+    Secret-protection plans are also charged per secret (KL, composed across releases) in the same
+    transaction; the records holding a secret that has no KL budget left are dropped from the release.
+    Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
+    mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
     from components.ledger import Ledger, reserve_release
     from components.planning.data import train_rows
 
@@ -148,18 +152,34 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
         if plan_doc["mechanism"] == "uls-filtered" and plan_doc.get("lifetime_budget") is None \
                 and led.budget() is None:
             return None
-        res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led)
+        targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
+        res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets)
         if not res.admitted:
             led.record(res.release_id, "refused", reason="the filter retired everyone")
             raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
                             "(the policy's lifetime_budget is the governance team's call)")
-        saved = {"release_id": int(res.release_id), "retired": sorted(res.retired)}
+        # Record ids, not secret ids, are kept in the run folder: a secret id carries the secret's value.
+        saved = {"release_id": int(res.release_id), "retired": sorted(res.retired),
+                 "dropped_records": secret_records(settings, plan_doc, res.secrets_dropped)}
         out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(saved))
         path.chmod(0o600)
         return saved
     finally:
         led.dispose()
+
+
+def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
+    """Every record the snapshot tags with one of these secrets (all of a dropped secret's records go)."""
+    import pyarrow.compute as pc
+
+    from catalog.snapshots import load_snapshot
+
+    if not secret_ids:
+        return []
+    spans = load_snapshot(settings, plan_doc["data"]["snapshot_id"]).secret_spans
+    hit = spans.filter(pc.is_in(spans["secret_id"], pa.array(sorted(set(secret_ids)), spans["secret_id"].type)))
+    return sorted({str(r) for r in hit.column("record_id").to_pylist()})
 
 
 def _ledger_event(settings: Settings, reservation: dict | None, status: str, **detail) -> None:
@@ -187,6 +207,9 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     data = training_data(settings, plan_doc, annex)
     out_dir = settings.runs_dir / plan_doc["sha256"][:16]
     reservation = reserve(settings, plan_doc, annex, out_dir)
+    if reservation and reservation.get("dropped_records"):
+        # The per-secret filter's decision reads only the ledger and that secret: its records go.
+        data = training_data(settings, plan_doc, annex, drop_records=reservation["dropped_records"])
     if reservation and reservation["retired"]:
         # The filter's decision about a person reads only the ledger and that person: their rows go.
         meta = data.schema.metadata

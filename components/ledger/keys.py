@@ -69,5 +69,22 @@ def person_key(key: bytes, person_id: str) -> str:
     return hmac.new(key, b"veil-person:" + canonical_id(person_id).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+def canonical_secret_id(secret_id: str) -> str:
+    """The catalog's `class:normalized value`, NFKC and trimmed (values such as keys are case-sensitive,
+    so no case-folding). Refused without its class prefix: the class is part of the secret's name."""
+    if secret_id is None:
+        raise VeilError("ledger: a secret id is missing (None)")
+    c = unicodedata.normalize("NFKC", str(secret_id)).strip()
+    cls, sep, value = c.partition(":")
+    if not sep or not cls or not value:
+        raise VeilError("ledger: a secret id must read 'class:value'")
+    return c
+
+
+def secret_key(key: bytes, secret_id: str) -> str:
+    """The secret's pseudonym in the ledger: only this, never the value, is stored."""
+    return hmac.new(key, b"veil-secret:" + canonical_secret_id(secret_id).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
 def key_fingerprint(key: bytes) -> str:
     return hmac.new(key, b"veil-ledger-key-fingerprint", hashlib.sha256).hexdigest()

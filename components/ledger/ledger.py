@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,19 @@ class PersonCost:
 
 
 @dataclass(frozen=True)
+class SecretCost:
+    """One secret's KL in one release (components.accounting.secrets: T × per-step KL at the rates of the
+    records holding it) and its class' prior κ and lifetime posterior target γ. `secret_id` is the
+    catalog's `class:value`: it stays in memory; the ledger stores only its HMAC pseudonym."""
+    secret_id: str
+    secret_class: str
+    kl: float
+    kappa: float
+    gamma: float
+    records: int = 0
+
+
+@dataclass(frozen=True)
 class Reservation:
     """The filter's decision for one release. `admitted`/`retired` hold the caller's own person ids:
     they name people, so they stay in memory and in the private area, never in a public artifact."""
@@ -67,6 +80,9 @@ class Reservation:
     retired: tuple[str, ...]
     budget: Budget | None
     orders: tuple[float, ...]
+    # per secret (secret-protection releases): the caller's secret ids; they carry values, so private
+    secrets_charged: tuple[str, ...] = ()
+    secrets_dropped: tuple[str, ...] = ()
 
     def public(self) -> dict:
         """What may go on a plan, certificate or tag: counts, never ids."""
@@ -116,6 +132,9 @@ class Ledger:
     def person_key(self, person_id: str) -> str:
         return _keys.person_key(self._key, person_id)
 
+    def secret_key(self, secret_id: str) -> str:
+        return _keys.secret_key(self._key, secret_id)
+
     def budget(self) -> Budget | None:
         with st.read_only(self.engine) as conn:
             return _budget_of(st.read_meta(conn))
@@ -126,12 +145,17 @@ class Ledger:
     # --- the one write that matters ---------------------------------------------------------------------
 
     def reserve(self, *, kind: str, mechanism: str, plan_sha256: str | None, params: Mapping,
-                costs: Mapping[str, PersonCost], budget: Budget | None) -> Reservation:
+                costs: Mapping[str, PersonCost], budget: Budget | None,
+                secrets: Sequence[SecretCost] | None = None) -> Reservation:
         """Charge every admitted person and record who was retired, atomically, before training.
 
         A person is admitted iff some order α has spend_α + cost_α ≤ B_α (module rdp); the decision reads
         only the ledger and that person's own cost. Without any budget (neither the ledger nor the release
-        has one) everyone is admitted and charged."""
+        has one) everyone is admitted and charged.
+
+        `secrets` (secret-protection releases): in the same transaction, each secret is charged its KL iff
+        its lifetime KL with this release stays within its class' budget d_KL(γ‖κ) (Lemma 3.2); otherwise
+        it is dropped: the caller must train on none of the records holding it (docs/privacy/ledger.md)."""
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
         if len(set(pkeys)) != len(pkeys):
@@ -145,8 +169,12 @@ class Ledger:
                 raise VeilError("ledger: a cost curve is not a non-negative curve on the ledger's orders")
             cost_mat[j] = v
         asked = Budget.parse(budget)
+        sec = _check_secrets(secrets or ())
+        skeys = [self.secret_key(c.secret_id) for c in sec]
+        if len(set(skeys)) != len(skeys):
+            raise VeilError("ledger: a secret is listed twice in this release (after canonicalisation)")
 
-        def work(conn: Connection) -> tuple[int, np.ndarray, Budget | None]:
+        def work(conn: Connection) -> tuple[int, np.ndarray, Budget | None, np.ndarray]:
             m = st.read_meta(conn)
             have = _budget_of(m)
             if have is None and asked is not None:
@@ -170,8 +198,12 @@ class Ledger:
                 admitted=int(ok.sum()), retired=int((~ok).sum()), created_at=at)).inserted_primary_key[0]
             st.insert_ignore(conn, st.people, [{"person_key": k, "first_release_id": rid, "created_at": at}
                                                for k in pkeys])
-            conn.execute(st.events.insert().values(release_id=rid, status="reserved", at=at, detail=json.dumps(
-                {"admitted": int(ok.sum()), "retired": int((~ok).sum())})))
+            sok = _reserve_secrets(conn, rid, sec, skeys)
+            detail = {"admitted": int(ok.sum()), "retired": int((~ok).sum())}
+            if sec:
+                detail.update(secrets_charged=int(sok.sum()), secrets_dropped=int((~sok).sum()))
+            conn.execute(st.events.insert().values(release_id=rid, status="reserved", at=at,
+                                                   detail=json.dumps(detail)))
             rows = [{"person_key": k, "release_id": rid, "rdp": st.dumps_curve(cost_mat[j]),
                      "rows": int(costs[ids[j]].rows), "sampling_rate": float(costs[ids[j]].sampling_rate)}
                     for j, k in enumerate(pkeys) if ok[j]]
@@ -180,11 +212,13 @@ class Ledger:
             out = [{"person_key": k, "release_id": rid} for j, k in enumerate(pkeys) if not ok[j]]
             for i in range(0, len(out), st._CHUNK):
                 conn.execute(st.exclusions.insert(), out[i:i + st._CHUNK])
-            return int(rid), ok, have
+            return int(rid), ok, have, sok
 
-        rid, ok, have = st.transact(self.engine, work)
+        rid, ok, have, sok = st.transact(self.engine, work)
         return Reservation(release_id=rid, admitted=tuple(i for i, a in zip(ids, ok) if a),
-                           retired=tuple(i for i, a in zip(ids, ok) if not a), budget=have, orders=self.orders)
+                           retired=tuple(i for i, a in zip(ids, ok) if not a), budget=have, orders=self.orders,
+                           secrets_charged=tuple(c.secret_id for c, a in zip(sec, sok) if a),
+                           secrets_dropped=tuple(c.secret_id for c, a in zip(sec, sok) if not a))
 
     def record(self, release_id: int, status: str, **detail) -> None:
         """Append a status event; the charge is untouched whatever the status."""
@@ -255,6 +289,56 @@ class Ledger:
         return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
                  "times_retired": int(t)} for k, e, c, t in zip(people, eps, count, retired)]
 
+    def secret_spend(self, secret_ids: list[str]) -> dict[str, float]:
+        """Lifetime KL per secret id (0 for a secret never charged). Private: the ids carry values."""
+        keys = [self.secret_key(i) for i in secret_ids]
+        with st.read_only(self.engine) as conn:
+            s = st.secret_spend_of(conn, keys)
+        return {i: s.get(k, 0.0) for i, k in zip(secret_ids, keys)}
+
+    def secret_rows(self) -> list[dict]:
+        """Per secret: pseudonym, class, lifetime KL and γ(κ, KL), releases charged, times dropped.
+        PRIVATE (a pseudonym's history) — write it only under the private area."""
+        from components.accounting.secrets import gamma_from_kl
+
+        with st.read_only(self.engine) as conn:
+            classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
+            ch = conn.execute(select(st.secret_charges.c.secret_key, st.secret_charges.c.secret_class,
+                                     st.secret_charges.c.kl)).all()
+            dr = conn.execute(select(st.secret_drops.c.secret_key, st.secret_drops.c.secret_class)).all()
+        rows: dict[str, dict] = {}
+        for r in ch:
+            d = rows.setdefault(r.secret_key, {"secret_key": r.secret_key, "secret_class": r.secret_class,
+                                               "lifetime_kl": 0.0, "releases_charged": 0, "times_dropped": 0})
+            d["lifetime_kl"] += float(r.kl)
+            d["releases_charged"] += 1
+        for r in dr:
+            rows.setdefault(r.secret_key, {"secret_key": r.secret_key, "secret_class": r.secret_class,
+                                           "lifetime_kl": 0.0, "releases_charged": 0,
+                                           "times_dropped": 0})["times_dropped"] += 1
+        for d in rows.values():
+            d["lifetime_gamma"] = gamma_from_kl(d["lifetime_kl"], classes[d["secret_class"]][0])
+        return [rows[k] for k in sorted(rows)]
+
+    def secret_summary(self) -> dict:
+        """Per class: κ, γ target, its KL budget, secrets charged, max lifetime KL and γ, secrets dropped
+        at least once. Aggregates only."""
+        from components.accounting.secrets import gamma_from_kl, kl_budget
+
+        with st.read_only(self.engine) as conn:
+            classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
+        rows = self.secret_rows()
+        out = {}
+        for cls in sorted(classes):
+            kappa, gamma = classes[cls]
+            mine = [r for r in rows if r["secret_class"] == cls]
+            charged = [r for r in mine if r["releases_charged"]]
+            max_kl = max((r["lifetime_kl"] for r in charged), default=0.0)
+            out[cls] = {"kappa": kappa, "gamma_target": gamma, "kl_budget": kl_budget(kappa, gamma),
+                        "secrets_charged": len(charged), "secrets_dropped": sum(1 for r in mine if r["times_dropped"]),
+                        "max_lifetime_kl": max_kl, "max_lifetime_gamma": gamma_from_kl(max_kl, kappa)}
+        return out
+
     def summary(self) -> dict:
         """Aggregates only: safe to print."""
         m, people, rel, ch, ex, _ = self._all()
@@ -267,10 +351,13 @@ class Ledger:
                      "min_epsilon": float(eps.min())}
         return {"budget": None if b is None else {"epsilon": b.epsilon, "delta": b.delta},
                 "people": len(people), "retired": len({r.person_key for r in ex}), "releases": len(rel),
-                "spend": spend, "orders": list(self.orders),
+                "spend": spend, "orders": list(self.orders), "secrets": self.secret_summary(),
                 "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + log(|A|/δ)/(α−1): "
                                     "the smallest budget ε whose Rényi filter this spend meets (the guarantee is the "
-                                    "budget itself)"}
+                                    "budget itself)",
+                "secrets_definition": "per secret class: lifetime KL of a secret = sum of its KL over the releases "
+                                      "that trained on its records (chain rule); γ = Lemma 3.2's posterior bound "
+                                      "for the class' prior κ. The guarantee is the class' γ target"}
 
     def burn_down(self) -> list[dict]:
         """After each release: max and median ε(δ) over the people known so far. Aggregates only."""
@@ -300,6 +387,63 @@ class Ledger:
         return out
 
 
+def _check_secrets(secrets: Sequence[SecretCost]) -> list[SecretCost]:
+    from components.accounting.secrets import kl_budget
+
+    out = []
+    for c in secrets:
+        if not isinstance(c, SecretCost):
+            raise VeilError("ledger: secret costs must be SecretCost")
+        cls = _keys.canonical_secret_id(c.secret_id).split(":", 1)[0]
+        if cls != c.secret_class:
+            raise VeilError(f"ledger: a secret of class {c.secret_class!r} is named under class {cls!r}")
+        kl = float(c.kl)
+        if math.isnan(kl) or kl < 0 or math.isinf(kl):
+            raise VeilError(f"ledger: a secret's KL must be a finite number ≥ 0 (class {c.secret_class})")
+        kl_budget(c.kappa, c.gamma)  # validates κ ∈ (0, 1), γ ∈ [κ, 1]
+        out.append(c)
+    return out
+
+
+def _reserve_secrets(conn: Connection, rid: int, sec: list[SecretCost], skeys: list[str]) -> np.ndarray:
+    """The per-secret KL filter, inside the reservation's transaction (docs/privacy/ledger.md).
+
+    A class' (κ, γ) is fixed the first time the ledger charges it; a release stating others is refused
+    (a filter's budget cannot move, and γ is only meaningful for the prior it was computed with). A
+    secret is charged iff lifetime KL + this release's KL ≤ d_KL(γ‖κ); the decision reads only the
+    ledger and that secret's own KL (a function of its public tagging and the release's parameters)."""
+    from components.accounting.secrets import kl_budget
+
+    if not sec:
+        return np.zeros(0, dtype=bool)
+    fixed = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
+    new_classes = {}
+    for c in sec:
+        want = (float(c.kappa), float(c.gamma))
+        have = fixed.get(c.secret_class, new_classes.get(c.secret_class))
+        if have is None:
+            new_classes[c.secret_class] = want
+        elif have != want:
+            raise VeilError(f"ledger: secret class {c.secret_class!r} is kept at κ={have[0]:g}, γ={have[1]:g} "
+                            f"(fixed when first charged); this release asks κ={want[0]:g}, γ={want[1]:g}. A "
+                            "secret's lifetime budget cannot change: make the policy's class match")
+    if new_classes:
+        st.insert_ignore(conn, st.secret_classes, [{"secret_class": k, "kappa": v[0], "gamma": v[1],
+                                                    "first_release_id": rid} for k, v in new_classes.items()])
+    spent = st.secret_spend_of(conn, skeys)
+    ok = np.array([spent.get(k, 0.0) + float(c.kl) <= kl_budget(c.kappa, c.gamma) for c, k in zip(sec, skeys)],
+                  dtype=bool)
+    rows = [{"secret_key": k, "release_id": rid, "secret_class": c.secret_class, "kl": float(c.kl),
+             "records": int(c.records)} for c, k, a in zip(sec, skeys, ok) if a]
+    for i in range(0, len(rows), st._CHUNK):
+        conn.execute(st.secret_charges.insert(), rows[i:i + st._CHUNK])
+    drops = [{"secret_key": k, "release_id": rid, "secret_class": c.secret_class}
+             for c, k, a in zip(sec, skeys, ok) if not a]
+    for i in range(0, len(drops), st._CHUNK):
+        conn.execute(st.secret_drops.insert(), drops[i:i + st._CHUNK])
+    return ok
+
+
 def _budget_of(m: Mapping[str, str]) -> Budget | None:
     if "budget_epsilon" not in m:
         return None
@@ -311,7 +455,7 @@ def total_releases(ledger: Ledger) -> int:
         return int(conn.execute(select(func.count()).select_from(st.releases)).scalar_one())
 
 
-__all__ = ["Ledger", "Budget", "PersonCost", "Reservation", "default_url"]
+__all__ = ["Ledger", "Budget", "PersonCost", "Reservation", "SecretCost", "default_url"]
 
 
 def pld_estimate_max(ledger: Ledger) -> dict | None:

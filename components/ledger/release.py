@@ -1,6 +1,7 @@
 """From a plan and its people to a reservation: what the pipeline calls between plan and train.
 
-    reserve_release(settings, plan_like, persons) -> Reservation(release_id, admitted, retired, ...)
+    reserve_release(settings, plan_like, persons[, secrets=targets]) -> Reservation(release_id, admitted, retired, ...)
+    secret_costs(plan_like, targets) -> [SecretCost]   each secret's KL in this release (secret plans)
 
 `plan_like` is a plan document (or any mapping with mechanism, privacy_unit, sampling_rate,
 noise_multiplier, steps, sha256 and optionally lifetime_budget). `persons` says whose rows the release
@@ -16,7 +17,7 @@ import numpy as np
 
 from components.core.errors import VeilError
 from components.ledger import rdp as _rdp
-from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation
+from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation, SecretCost
 
 USER_MECHANISMS = ("uls",)
 ROW_MECHANISMS = ("record", "els", "group", "secret")
@@ -113,20 +114,42 @@ def _release_costs(plan: Mapping, persons, orders) -> dict[str, PersonCost]:
                     f"{', '.join(USER_MECHANISMS + ROW_MECHANISMS)}")
 
 
-def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | None = None) -> Reservation:
+def secret_costs(plan_like: Mapping, targets: Sequence) -> list[SecretCost]:
+    """Each secret's KL in this release: exactly the certificate's accountant
+    (components.accounting.secrets.report_secrets: T × the max-direction per-step KL of the
+    Poisson-binomial mixture at the rates of the records holding it) at the plan's σ and planned T.
+    `targets`: SecretTarget (secret id `class:value`, rates, κ, γ), e.g. flows.stages.secret_targets."""
+    from components.accounting.secrets import report_secrets
+
+    if str(plan_like.get("mechanism")) != "secret":
+        raise VeilError("ledger: per-secret KL is charged for secret-protection plans only")
+    sigma, steps = _num(plan_like, "noise_multiplier"), int(_num(plan_like, "steps"))
+    targets = list(targets)
+    if not targets or steps <= 0:
+        return []
+    return [SecretCost(secret_id=r.secret_id, secret_class=r.secret_id.split(":", 1)[0], kl=float(r.kl),
+                       kappa=float(r.kappa), gamma=float(r.gamma_target), records=int(r.n_records))
+            for r in report_secrets(targets, sigma, steps)]
+
+
+def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | None = None,
+                    secrets: Sequence | None = None) -> Reservation:
     """Reserve the release's cost for everyone the filter admits, before any training.
 
     The plan's own lifetime_budget (if any) must equal the ledger's; the ledger's budget applies to
-    every release once set. Whatever the release's fate, the charges stay."""
+    every release once set. Whatever the release's fate, the charges stay. `secrets` (secret plans):
+    the plan's SecretTargets, charged per secret in the same transaction (Reservation.secrets_dropped:
+    the caller must drop every record holding one of those)."""
     own = ledger is None
     led = Ledger.open(settings) if own else ledger
     try:
         costs = release_costs(plan_like, persons, led.orders)
+        sec = secret_costs(plan_like, secrets) if secrets is not None else None
         params = {k: plan_like.get(k) for k in ("sampling_rate", "noise_multiplier", "steps", "clip_norm",
                                                  "records_per_user", "neighbouring") if k in plan_like}
         return led.reserve(kind=str(plan_like.get("privacy_unit") or "user"), mechanism=str(plan_like["mechanism"]),
                            plan_sha256=plan_like.get("sha256"), params=params, costs=costs,
-                           budget=Budget.parse(plan_like.get("lifetime_budget")))
+                           budget=Budget.parse(plan_like.get("lifetime_budget")), secrets=sec)
     finally:
         if own:
             led.dispose()

@@ -1,4 +1,5 @@
-"""What `veil ledger` writes: aggregates to print, per-person rows to the private area, a burn-down PNG."""
+"""What `veil ledger` writes: aggregates to print, per-person and per-secret rows to the private area, a
+burn-down PNG."""
 from __future__ import annotations
 
 import csv
@@ -8,6 +9,7 @@ from pathlib import Path
 from components.ledger.ledger import Ledger, pld_estimate_max
 
 PEOPLE_CSV = "ledger-people.csv"
+SECRETS_CSV = "ledger-secrets.csv"
 BURN_DOWN_PNG = "ledger-burndown.png"
 
 
@@ -20,6 +22,21 @@ def write_private_rows(ledger: Ledger, private_dir: Path) -> Path:
         w = csv.DictWriter(f, fieldnames=["person_key", "epsilon", "releases_charged", "times_retired"])
         w.writeheader()
         w.writerows(ledger.person_rows())
+    tmp.replace(path)
+    return path
+
+
+def write_private_secret_rows(ledger: Ledger, private_dir: Path) -> Path:
+    """Per-secret lifetime KL and γ (pseudonym, class, releases charged, times dropped), 0600, private
+    area only. The pseudonym is an HMAC under the ledger key; the value is nowhere in the ledger."""
+    path = Path(private_dir) / SECRETS_CSV
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["secret_key", "secret_class", "lifetime_kl", "lifetime_gamma",
+                                          "releases_charged", "times_dropped"])
+        w.writeheader()
+        w.writerows(ledger.secret_rows())
     tmp.replace(path)
     return path
 
@@ -58,6 +75,7 @@ def ledger_report(settings, *, estimate: bool = True) -> dict:
     try:
         doc = led.summary()
         doc["private_rows"] = str(write_private_rows(led, settings.private_dir))
+        doc["private_secret_rows"] = str(write_private_secret_rows(led, settings.private_dir))
         png = plot_burn_down(led, Path(settings.home) / BURN_DOWN_PNG)
         doc["burn_down_png"] = None if png is None else str(png)
         doc["pld_estimate"] = pld_estimate_max(led) if estimate else None

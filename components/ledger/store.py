@@ -1,7 +1,8 @@
 """The ledger's tables and its one write transaction (SQLAlchemy 2 Core; SQLite or PostgreSQL).
 
 Append-only by construction: this module has no UPDATE and no DELETE. A release's status is the last
-of its events; a person's spend is the sum of their charges, which are only ever inserted.
+of its events; a person's spend is the sum of their charges, and a secret's lifetime KL the sum of its
+KL charges, which are only ever inserted.
 
 Serialization. A reservation reads the people's spend and inserts the release and its charges in one
 transaction that no other reservation can interleave with:
@@ -69,6 +70,28 @@ charges = Table("ledger_charges", metadata,
 exclusions = Table("ledger_retirements", metadata,
                    Column("person_key", String(64), ForeignKey("ledger_people.person_key"), primary_key=True),
                    Column("release_id", Integer, ForeignKey("ledger_releases.id"), primary_key=True))
+
+# --- per secret (secret-protection releases; docs/privacy/ledger.md "Per secret") --------------------
+# A secret is named only by its HMAC pseudonym: the secret's value never enters the database.
+secret_classes = Table("ledger_secret_classes", metadata,
+                       Column("secret_class", String(128), primary_key=True),
+                       Column("kappa", Float, nullable=False),              # the attacker's prior, fixed
+                       Column("gamma", Float, nullable=False),              # the lifetime posterior target
+                       Column("first_release_id", Integer, ForeignKey("ledger_releases.id"), nullable=False))
+
+secret_charges = Table("ledger_secret_charges", metadata,
+                       Column("secret_key", String(64), primary_key=True),   # HMAC of "class:value"
+                       Column("release_id", Integer, ForeignKey("ledger_releases.id"), primary_key=True),
+                       Column("secret_class", String(128), ForeignKey("ledger_secret_classes.secret_class"),
+                              nullable=False, index=True),
+                       Column("kl", Float, nullable=False),                  # this release's KL for the secret
+                       Column("records", Integer, nullable=False))           # its records with a positive rate
+
+secret_drops = Table("ledger_secret_drops", metadata,
+                     Column("secret_key", String(64), primary_key=True),
+                     Column("release_id", Integer, ForeignKey("ledger_releases.id"), primary_key=True),
+                     Column("secret_class", String(128), ForeignKey("ledger_secret_classes.secret_class"),
+                            nullable=False))
 
 RETRY_SQLSTATES = ("40001", "40P01")
 MAX_ATTEMPTS = 200
@@ -192,6 +215,17 @@ def spend_of(conn: Connection, keys: list[str], n_orders: int) -> dict[str, np.n
             if v.shape != (n_orders,):
                 raise VeilError("ledger: a charge is not on the ledger's order grid; the database was edited")
             out[r.person_key] = out.get(r.person_key, 0.0) + v
+    return out
+
+
+def secret_spend_of(conn: Connection, keys: list[str]) -> dict[str, float]:
+    """Each secret's lifetime KL: the sum of every KL charge ever inserted for it (chain rule)."""
+    out: dict[str, float] = {}
+    for i in range(0, len(keys), _CHUNK):
+        chunk = keys[i:i + _CHUNK]
+        for r in conn.execute(select(secret_charges.c.secret_key, secret_charges.c.kl)
+                              .where(secret_charges.c.secret_key.in_(chunk))):
+            out[r.secret_key] = out.get(r.secret_key, 0.0) + float(r.kl)
     return out
 
 

@@ -6,7 +6,7 @@ annex from `load_annex(private_dir, plan)`, which has already been checked again
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Collection, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,14 +62,22 @@ def attacker_rows(annex: Mapping) -> pa.Table:
     return table
 
 
-def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table) -> pa.Table:
+def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, *,
+                     drop_records: Collection[str] = ()) -> pa.Table:
     """(user_id, text[, rate]) of the plan's training rows, sorted by (user_id, record_id).
 
     Rows keep their multiplicity (group privacy lists resampled records more than once). The table's
-    schema metadata carries the sha256 of the bytes actually read (TRAIN_RECORDS_SHA256_KEY)."""
+    schema metadata carries the sha256 of the bytes actually read (TRAIN_RECORDS_SHA256_KEY).
+    `drop_records`: record ids left out (every row of each), e.g. the records holding a secret the
+    per-secret ledger dropped from this release."""
     data = plan["data"]
     chosen = train_rows(annex)
     read_sha = chosen.schema.metadata[b"veil.sha256"]  # what was actually read, not what the annex says
+    if drop_records:
+        import pyarrow.compute as pc
+
+        chosen = chosen.filter(pc.invert(pc.is_in(chosen["record_id"],
+                                                  pa.array(sorted(set(drop_records)), chosen["record_id"].type))))
     chosen = chosen.append_column("_row", pa.array(range(chosen.num_rows), pa.int64()))
     joined = chosen.join(plan_texts(annex, snapshot_records), keys="record_id", join_type="inner")
     if joined.num_rows != chosen.num_rows:

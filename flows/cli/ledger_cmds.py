@@ -12,8 +12,9 @@ def _fmt(x) -> str:
 
 
 def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout")) -> None:
-    """Budget, people, retired, releases and the spread of per-person spend; per-person rows go only to
-    the private area, a burn-down plot to VEIL_HOME."""
+    """Budget, people, retired, releases and the spread of per-person spend; per secret class the secrets
+    charged and their max lifetime KL and γ; per-person and per-secret rows go only to the private area,
+    a burn-down plot to VEIL_HOME."""
     from components.ledger.report import ledger_report
 
     doc = ledger_report(common.settings())
@@ -36,7 +37,13 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
                                     "non-adaptive estimate, not the guarantee")
     if doc.get("burn_down_png"):
         t.add_row("burn-down plot", doc["burn_down_png"])
+    for cls, c in (doc.get("secrets") or {}).items():
+        t.add_row(f"secrets: {cls}", f"{c['secrets_charged']} charged · {c['secrets_dropped']} dropped · max lifetime "
+                                     f"KL {c['max_lifetime_kl']:.4g} of {c['kl_budget']:.4g} · max γ "
+                                     f"{c['max_lifetime_gamma']:.4g} (κ={c['kappa']:g}, target {c['gamma_target']:g})")
     t.add_row("per-person rows", f"{doc['private_rows']} (private)")
+    if doc.get("private_secret_rows"):
+        t.add_row("per-secret rows", f"{doc['private_secret_rows']} (private)")
     common.out.print(t)
 
 
