@@ -35,8 +35,9 @@ app = typer.Typer(
 
 # Registration order is the order of `veil --help`.
 from flows.cli import core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds  # noqa: E402
+from flows.cli import pmixed_cmds, serve_cmds  # noqa: E402
 
-for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds):
+for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, pmixed_cmds, serve_cmds):
     _module.register(app)
 
 
