@@ -157,7 +157,18 @@ def resolve(settings, model_uri: str) -> dict:
     if cert.get("schema") != SCHEMA:
         raise VeilError(f"{model_uri}: not a PMixED ensemble (certificate schema {cert.get('schema')!r})")
     verify_certificate(cert)
-    base = Path(client.download_artifacts(mv.run_id, "model/artifacts/base_model", str(dst)))
+    if mv.tags.get("privacy.certificate_sha256") != cert["sha256"]:
+        raise VeilError(f"{model_uri}: the run's certificate is not the one registered with this version")
+    import mlflow
+
+    pkg = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}",
+                                                   dst_path=str(dst / "model")))
+    import yaml
+
+    mlmodel = yaml.safe_load((pkg / "MLmodel").read_text())
+    base = pkg / mlmodel["flavors"]["python_function"]["artifacts"]["base_model"]["path"]
+    if not (base / "config.json").is_file():
+        raise VeilError(f"{model_uri}: the registered package has no public base model")
     return {"certificate": cert, "manifest": manifest, "base_dir": base}
 
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
 from components.core.errors import VeilError
 
 
 def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_tokens_cap: int,
                certificate: dict | None = None):
-    from fastapi import FastAPI, Request
-    from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
-
     app = FastAPI(title="Veil PMixED endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
     def err(status: int, msg: str) -> JSONResponse:
