@@ -39,7 +39,7 @@ def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str,
         led.dispose()
 
 
-def _runner(kind: str):
+def _runner(kind: str, cluster_kwargs: dict | None = None):
     if kind == "thread":
         from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -49,7 +49,10 @@ def _runner(kind: str):
     except ImportError:
         raise VeilError("task_runner: dask needs prefect-dask (pip install prefect-dask)") from None
     addr = os.environ.get("VEIL_DASK_ADDRESS")
-    return DaskTaskRunner(address=addr) if addr else DaskTaskRunner()
+    if addr:
+        return DaskTaskRunner(address=addr)
+    return DaskTaskRunner(cluster_kwargs=cluster_kwargs or {"n_workers": max(1, min(4, os.cpu_count() or 1)),
+                                                            "threads_per_worker": 1})
 
 
 def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path | None = None,
@@ -129,7 +132,8 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     return {"model_uri": reg["model_uri"], "shards": spec.shards, "certificate": cert}
 
 
-def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread", use_prefect: bool = True):
+def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread", use_prefect: bool = True,
+                 cluster_kwargs: dict | None = None):
     from components.prediction.ensemble import train_shard
 
     if not use_prefect:
@@ -142,7 +146,7 @@ def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread
         # the texts are passed by index, never as task parameters: Prefect would persist them in its run DB
         return train_shard(base_dir, shard_texts[i], cfg, outs[i])
 
-    @flow(name="pmixed-build", task_runner=_runner(runner), log_prints=False)
+    @flow(name="pmixed-build", task_runner=_runner(runner, cluster_kwargs), log_prints=False)
     def shards_flow():
         futures = shard_task.map(list(range(len(outs))))
         return [f.result() for f in futures]

@@ -25,7 +25,10 @@ import numpy as np
 from components.core.errors import VeilError
 from components.prediction import mixing
 
-PUBLIC = "__base__"  # peft's name for "no adapter" in a mixed batch
+PUBLIC = "__base__"
+# transformers' from_pretrained initialises on the meta device through process-global state: two threads
+# loading at once (a threaded Prefect/Dask runner) break each other. Loading is serialized; training is not.
+_LOAD_LOCK = threading.Lock()  # peft's name for "no adapter" in a mixed batch
 
 
 def adapter_name(i: int) -> str:
@@ -64,9 +67,12 @@ def train_shard(base_dir: str | Path, texts: Sequence[str], cfg: ShardTraining, 
 
     from components.modeling import attach_lora, load_base, lora_config
 
-    model, tok = load_base(base_dir, device=device)
-    model = attach_lora(model, lora_config(r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                                           model=model), seed=cfg.seed)
+    if cfg.lora_dropout:
+        raise VeilError("pmixed: LoRA dropout must be 0 (it would draw from the RNG concurrent shards share)")
+    with _LOAD_LOCK:
+        model, tok = load_base(base_dir, device=device)
+        model = attach_lora(model, lora_config(r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                                               model=model), seed=cfg.seed)
     bos = [] if tok.bos_token_id is None else [int(tok.bos_token_id)]
     eos = [] if tok.eos_token_id is None else [int(tok.eos_token_id)]
     seqs = [(bos + list(ids) + eos)[:cfg.seq_len] for ids in

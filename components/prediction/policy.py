@@ -31,7 +31,9 @@ class Target(_Strict):
 class Lora(_Strict):
     r: int = Field(default=8, ge=1)
     alpha: float = Field(default=16.0, gt=0)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
+    # 0 only: dropout draws from torch's process-global RNG, which shards training concurrently (threads)
+    # would share — one shard's masks would then depend on how much data the others have.
+    dropout: float = Field(default=0.0, ge=0, le=0)
 
 
 class Training(_Strict):
