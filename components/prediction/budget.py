@@ -103,6 +103,33 @@ class TokenBudget:
             return True
         return transact(self.engine, work)
 
+    def charge_upto(self, ensemble_id: str, tokens: int) -> int:
+        """Durably count up to `tokens` private tokens (as many as remain); returns how many were granted.
+        Granted tokens are spent whether or not they are then drawn (a request that stops early wastes them)."""
+        def work(conn) -> int:
+            total = self._total(conn, ensemble_id)
+            spent = int(conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))
+                                     .where(spends.c.ensemble_id == ensemble_id)).scalar_one())
+            k = max(0, min(int(tokens), total - spent))
+            if k:
+                conn.execute(spends.insert().values(ensemble_id=ensemble_id, tokens=k, at=_now()))
+            return k
+        return transact(self.engine, work)
+
+    def prepaid(self, ensemble_id: str, block: int):
+        """A `charge()` for `Ensemble.generate` that commits tokens `block` at a time (one fsync per block, not
+        per token): every drawn token was committed before its draw; at most block − 1 are wasted per request."""
+        left = [0]
+
+        def charge() -> bool:
+            if left[0] == 0:
+                left[0] = self.charge_upto(ensemble_id, max(1, int(block)))
+                if left[0] == 0:
+                    return False
+            left[0] -= 1
+            return True
+        return charge
+
     def spent(self, ensemble_id: str) -> int:
         def work(conn) -> int:
             return int(conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))

@@ -4,9 +4,8 @@ and the engine that serves PMixED tokens with one forward per token for every me
 Training a shard reads that shard's texts only: no validation, early stopping or model selection across
 shards (a shared choice would make one shard's adapter depend on another shard's people).
 
-Serving: base + every adapter resident in one PeftModel; each step is ONE batched forward whose rows are
-[public, member 0, …, member N−1] with peft's mixed-batch `adapter_names` and one KV cache (a row per
-member). Running every member at every token (not only the selected ones) keeps each member's cache
+Serving: base + every adapter resident (stacked, `batched_lora`); each step is ONE batched forward whose rows
+are [public, member 0, …, member N−1], row k through adapter k, with one KV cache (a row per member). Running every member at every token (not only the selected ones) keeps each member's cache
 current without catch-up passes and makes the work per token independent of the selection — no timing
 signal about |S_t|. Only the selected members' rows enter the mixture.
 """
@@ -25,7 +24,6 @@ import numpy as np
 from components.core.errors import VeilError
 from components.prediction import mixing
 
-PUBLIC = "__base__"
 # transformers' from_pretrained initialises on the meta device through process-global state: two threads
 # loading at once (a threaded Prefect/Dask runner) break each other. Loading is serialized; training is not.
 _LOAD_LOCK = threading.Lock()  # peft's name for "no adapter" in a mixed batch
@@ -119,9 +117,8 @@ class Ensemble:
 
     def __init__(self, base_dir: str | Path, adapter_dirs: Sequence[str | Path], *, radius: float, q: float,
                  temperature: float = 1.0, device: str = "cpu", expected_sha256: Sequence[str] | None = None):
-        from peft import PeftModel
-
         from components.modeling import load_base
+        from components.prediction.batched_lora import BatchedLoRAModel
 
         if expected_sha256 is not None:
             for d, want in zip(adapter_dirs, expected_sha256):
@@ -131,12 +128,9 @@ class Ensemble:
         self.n = len(adapter_dirs)
         if self.n < 1:
             raise VeilError("pmixed: an ensemble needs at least one adapter")
-        model = PeftModel.from_pretrained(base, str(adapter_dirs[0]), adapter_name=adapter_name(0))
-        for i, d in enumerate(adapter_dirs[1:], start=1):
-            model.load_adapter(str(d), adapter_name=adapter_name(i))
-        self.model = model.eval()
+        self.model = BatchedLoRAModel(base.eval(), adapter_dirs)
         self.radius, self.q, self.temperature, self.device = float(radius), float(q), float(temperature), device
-        self.rows = [PUBLIC] + [adapter_name(i) for i in range(self.n)]
+        self.rows = list(range(self.n + 1))  # batch row k runs stacked adapter k (0: none, the public model)
         self.max_positions = int(getattr(base.config, "n_positions", None)
                                  or getattr(base.config, "max_position_embeddings", 1024))
         self._lock = threading.Lock()  # one generation at a time on this process's model
@@ -145,11 +139,8 @@ class Ensemble:
         bos = [] if self.tokenizer.bos_token_id is None else [int(self.tokenizer.bos_token_id)]
         return bos + list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
-    def _forward(self, ids, cache, rows: Sequence[str]):
-        import torch
-
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, adapter_names=list(rows))
+    def _forward(self, ids, cache, rows: Sequence[int]):
+        out = self.model.forward(ids, cache, rows)
         return out.logits[:, -1, :].double().cpu().numpy(), out.past_key_values
 
     def generate(self, prompt: str, max_tokens: int, *, charge: Callable[[], bool],
@@ -169,7 +160,7 @@ class Ensemble:
         out: list[int] = []
         private = public = 0
         with self._lock:
-            rows = [PUBLIC] if public_only else self.rows
+            rows = [0] if public_only else self.rows
             x = torch.tensor([ids] * len(rows), dtype=torch.long, device=self.device)
             logits, cache = self._forward(x, None, rows)
             for _ in range(max_tokens):
@@ -192,7 +183,7 @@ class Ensemble:
                 if not use_private and not public_only:
                     public_only = True  # budget spent: keep going on the public row alone
                     cache = _keep_first_row(cache)
-                    rows = [PUBLIC]
+                    rows = [0]
                 x = torch.tensor([[tok]] * len(rows), dtype=torch.long, device=self.device)
                 logits, cache = self._forward(x, cache, rows)
         text = self.tokenizer.decode([t for t in out if t != eos], skip_special_tokens=True)

@@ -61,7 +61,8 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
             return err(429, "the private token budget of this ensemble is spent; the policy refuses further requests")
 
         def run():
-            charge = lambda: budget.charge(ensemble_id, 1)  # noqa: E731
+            # committed in blocks of ≤ 8 before any of them is drawn: one fsync per block, ≤ 7 wasted per request
+            charge = budget.prepaid(ensemble_id, min(8, n))
             return ensemble.generate(prompt, n, charge=charge)
 
         try:

@@ -89,3 +89,20 @@ def test_token_epsilon_closed_form():
     assert mech.token_epsilon(q, 0.0) == 0.0
     with pytest.raises(VeilError):
         mech.token_epsilon(0.0, 0.1)
+
+
+def test_prepaid_blocks_never_pass_the_budget(tmp_path):
+    from components.prediction.budget import TokenBudget
+
+    tb = TokenBudget(f"sqlite:///{tmp_path / 'l.db'}")
+    tb.create("e", 10, "refuse")
+    a, b = tb.prepaid("e", 4), tb.prepaid("e", 4)
+    drawn = 0
+    for _ in range(20):
+        drawn += a()
+        drawn += b()
+    assert drawn == 10 and tb.spent("e") == 10 and tb.remaining("e") == 0
+    assert tb.charge_upto("e", 5) == 0
+    with pytest.raises(VeilError):
+        tb.create("e", 11, "refuse")  # a budget never tops up
+    tb.dispose()

@@ -110,7 +110,7 @@ def test_endpoint_paths_concurrency_and_fallback(built):
         assert all(set(r.json()) == {"text", "tokens", "budget_remaining_tokens"} for r in results)
         remaining, spent = _remaining(s, eid)
         assert spent == T and remaining == 0  # 8 requests × up to 4 tokens > T = 6: spent exactly, never more
-        assert sum(r.json()["tokens"] for r in results) >= spent
+        assert all(r.json()["budget_remaining_tokens"] >= 0 for r in results)
         # the budget is spent: public_only answers keep coming, free
         r = httpx.post(u2 + "/v1/completions", json=ok, headers=h, timeout=60)
         assert r.status_code == 200 and r.json()["budget_remaining_tokens"] == 0
