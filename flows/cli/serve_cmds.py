@@ -28,6 +28,7 @@ def serve_cmd(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or
               host: str = typer.Option("127.0.0.1", "--host"),
               port: int = typer.Option(8000, "--port"),
               device: str = typer.Option("cpu", "--device")):
+    """Serve a PMixED ensemble: POST /v1/completions {"prompt", "max_tokens"} with Authorization: Bearer KEY."""
     import uvicorn
 
     from components.prediction.budget import TokenBudget

@@ -197,3 +197,31 @@ def test_budget_under_sigkill_never_gives_tokens_back(built, tmp_path):
     assert TokenBudget.open(s).spent("kill-test") == 400
     assert len(log.read_text().splitlines()) <= 400
     tb.dispose()
+
+
+def test_registered_pyfunc_serves_through_the_same_budget(built, monkeypatch):
+    import mlflow
+
+    home, s, out = built
+    monkeypatch.setenv("VEIL_HOME", str(home))
+    mlflow.set_tracking_uri(s.mlflow_tracking_uri)
+    mlflow.set_registry_uri(s.mlflow_registry_uri)
+    m = mlflow.pyfunc.load_model(out["model_uri"])
+    before = _remaining(s, out["certificate"]["ensemble_id"])
+    texts = m.predict(["alpha bravo"], params={"max_tokens": 2})
+    assert len(texts) == 1 and isinstance(texts[0], str)
+    after = _remaining(s, out["certificate"]["ensemble_id"])
+    if before[0] > 0:
+        assert after[1] > before[1]  # private tokens went through the durable budget
+    else:
+        assert after == before == (0, out["certificate"]["token_budget"])  # spent: public only, free
+
+
+def test_cli_build_bad_policy_is_one_line_exit_2(tmp_path, veil_home):
+    p = tmp_path / "bad.yaml"
+    p.write_text("apiVersion: veil.dev/v1\nkind: PredictionPolicy\nmetadata: {name: x, owner: y}\n"
+                 "spec: {target: {epsilon: 8.0, delta: 1.0e-5}, shards: 2, subsample_rate: 1.5, token_budget: 4}\n")
+    r = subprocess.run(VEIL + ["pmixed", "build", "--policy", str(p), "--json"], cwd=ROOT,
+                       env=_env(veil_home), capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().count("\n") == 0 and "spec.subsample_rate" in r.stderr
