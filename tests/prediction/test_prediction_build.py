@@ -73,6 +73,24 @@ def test_build_registers_a_certified_ensemble_without_adapters(settings, tiny_ba
     assert "sizes_people" not in json.dumps(c)  # shard sizes (counts of people) are private
 
 
+def test_build_charges_every_person_the_whole_budget_in_the_ledger(settings, tiny_base, tiny_people, tmp_path):
+    ledger = pytest.importorskip("components.ledger")
+    import numpy as np
+
+    from components.prediction.mechanism import token_rdp
+
+    out = make_built(settings, tiny_base, tiny_people, tmp_path)
+    c = out["certificate"]
+    assert c["ledger"]["admitted"] == len(set(tiny_people.column("user_id").to_pylist()))
+    led = ledger.Ledger.open(settings)
+    try:
+        spend = led.spend(sorted(set(tiny_people.column("user_id").to_pylist())))
+        want = c["token_budget"] * token_rdp(c["ensemble"]["subsample_rate"], c["ensemble"]["radius"], led.orders)
+        assert all(np.allclose(v, want, rtol=1e-12) for v in spend.values())
+    finally:
+        led.dispose()
+
+
 def test_removing_one_person_changes_only_their_shard(settings):
     from components.prediction import partition as part
 
