@@ -59,6 +59,10 @@ def in_ball(logp_bar: np.ndarray, logp0: np.ndarray, radius: float) -> bool:
     return bool(np.max(np.abs(d)) <= radius)
 
 
+def _log_expm1(x: float) -> float:
+    return x + math.log(-math.expm1(-x))
+
+
 def solve_lambda(logp: np.ndarray, logp0: np.ndarray, radius: float, max_shrinks: int = 200) -> float:
     """The largest λ ∈ [0, 1] with λ p + (1 − λ) p₀ in the pointwise ball of radius r around p₀."""
     r = float(radius)
@@ -71,8 +75,9 @@ def solve_lambda(logp: np.ndarray, logp0: np.ndarray, radius: float, max_shrinks
     log_M, log_m = float(np.max(d)), float(np.min(d))
     lam = 1.0
     if log_M > 0.0:
-        # (e^r − 1)/(M − 1) computed as expm1(r)/expm1(log M) so tiny excesses do not cancel
-        lam = min(lam, math.expm1(r - SLACK) / math.expm1(log_M) if log_M < 700 else 0.0)
+        # (e^r − 1)/(M − 1) in log-space: log expm1(x) = x + log(−expm1(−x)) neither cancels nor overflows
+        lr = _log_expm1(r - SLACK) - _log_expm1(log_M)
+        lam = min(lam, 1.0 if lr >= 0.0 else math.exp(lr))
     if log_m < 0.0:
         lam = min(lam, -math.expm1(-(r - SLACK)) / -math.expm1(log_m))
     lam = max(0.0, lam)

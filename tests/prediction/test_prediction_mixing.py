@@ -106,3 +106,13 @@ def test_prepaid_blocks_never_pass_the_budget(tmp_path):
     with pytest.raises(VeilError):
         tb.create("e", 11, "refuse")  # a budget never tops up
     tb.dispose()
+
+
+def test_lambda_survives_extreme_ratios_and_radii():
+    from components.prediction.mixing import in_ball, mix_log, solve_lambda
+
+    lp0 = np.log(np.array([0.5, 0.5 - 1e-300, 1e-300]))
+    lp = np.log(np.array([0.3, 0.3, 0.4]))          # a token 10^299 × likelier than under p0
+    assert solve_lambda(lp, lp0, 1e6) == 1.0          # an unbounded radius admits the member as is
+    lam = solve_lambda(lp, lp0, 0.5)
+    assert 0 < lam < 1e-298 and in_ball(mix_log(lp, lp0, lam), lp0, 0.5)
