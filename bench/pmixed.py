@@ -96,7 +96,6 @@ def pmixed(base_dir, dirs, prompt, n, device, q, charge):
     from components.prediction.ensemble import Ensemble
 
     ens = Ensemble(base_dir, dirs, radius=0.3, q=q, device=device)
-    ens.tokenizer.eos_token_id  # noqa: B018
     # no EOS stop for timing: count exactly n tokens
     ens.tokenizer.eos_token_id = None
     ens.generate(prompt, 4, charge=lambda: True)  # warm-up

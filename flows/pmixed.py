@@ -25,8 +25,9 @@ def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str,
     curve = params.budget_rdp()
     led = Ledger.open(settings)
     try:
-        if tuple(led.orders) != tuple(float(a) for a in __import__("components.prediction.mechanism",
-                                                                     fromlist=["ORDERS"]).ORDERS):
+        from components.prediction.mechanism import ORDERS
+
+        if tuple(led.orders) != tuple(float(a) for a in ORDERS):
             raise VeilError("pmixed: the ledger's order grid differs from the mechanism's; cannot charge it")
         costs = {p: PersonCost(rows=n, sampling_rate=float(spec.subsample_rate), rdp=curve)
                  for p, n in rows_per_person.items()}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,10 +26,6 @@ from components.prediction import mixing
 # transformers' from_pretrained initialises on the meta device through process-global state: two threads
 # loading at once (a threaded Prefect/Dask runner) break each other. Loading is serialized; training is not.
 _LOAD_LOCK = threading.Lock()  # peft's name for "no adapter" in a mixed batch
-
-
-def adapter_name(i: int) -> str:
-    return f"s{i:04d}"
 
 
 def dir_sha256(path: str | Path) -> str:

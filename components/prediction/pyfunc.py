@@ -27,9 +27,16 @@ class PMixEDEnsemble(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
         params = params or {}
         eid = self.certificate["ensemble_id"]
+        refuse = self.certificate["when_exhausted"] == "refuse"
         prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
         n = int(params.get("max_tokens", 32))
-        public_only = self.certificate["when_exhausted"] == "public_only"
-        return [self.ensemble.generate(p, n, charge=lambda: self.budget.charge(eid, 1),
-                                       public_only=False)["text"] if (public_only or self.budget.remaining(eid) > 0)
-                else "" for p in prompts]
+        out = []
+        for p in prompts:
+            if refuse and self.budget.remaining(eid) <= 0:
+                out.append("")  # the policy refuses once the private budget is spent
+                continue
+            g = self.ensemble.generate(p, n, charge=self.budget.prepaid(eid, min(8, n)))
+            ids = g["ids"][:g["private_tokens"]] if refuse else g["ids"]
+            eos = self.ensemble.tokenizer.eos_token_id
+            out.append(self.ensemble.tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True))
+        return out

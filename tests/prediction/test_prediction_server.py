@@ -180,9 +180,14 @@ def test_budget_under_sigkill_never_gives_tokens_back(built, tmp_path):
     tb = TokenBudget.open(s)
     tb.create("kill-test", 400, "refuse")
     log = tmp_path / "sampled.log"
-    for delay in (0.4, 0.7, 1.0):
+    for delay in (0.0, 0.05, 0.2):
+        start = len(log.read_text().splitlines()) if log.exists() else 0
         procs = [subprocess.Popen([sys.executable, "-c", _KILL_WORKER, str(home), str(log)], cwd=ROOT,
                                   env=_env(home)) for _ in range(2)]
+        for _ in range(600):  # kill while they are charging, not while Python is still importing
+            if log.exists() and len(log.read_text().splitlines()) > start:
+                break
+            time.sleep(0.05)
         time.sleep(delay)
         for p in procs:
             p.send_signal(signal.SIGKILL)
