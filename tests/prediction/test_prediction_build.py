@@ -109,3 +109,15 @@ def test_bad_policy_is_one_line(tmp_path):
     p.write_text(POLICY.replace("WHEN", "public_only").replace("shards: 3", "shards: 0"))
     with pytest.raises(VeilError, match="spec.shards"):
         load_prediction_policy(p)
+
+
+def test_shipped_demo_prediction_policy_is_valid():
+    from components.prediction import mechanism as mech
+    from components.prediction.policy import load_prediction_policy
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    pol, _ = load_prediction_policy(root / "policies" / "demo-pmixed.yaml")
+    s = pol.spec
+    assert s.privacy_unit == "user" and s.when_exhausted in ("public_only", "refuse")
+    r = mech.calibrate_radius(epsilon=s.target.epsilon, delta=s.target.delta, tokens=s.token_budget, q=s.subsample_rate)
+    assert r > 0.05  # the demo's budget leaves a usable radius
