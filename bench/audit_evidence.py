@@ -122,8 +122,11 @@ def main(argv=None) -> dict:
                                   steps=int(args.nonprivate_steps or spec_dp.steps),
                                   learning_rate=float(args.nonprivate_lr or spec_dp.learning_rate),
                                   lora=None if args.nonprivate_full else spec_dp.lora)
-    out = {"setting": {"users": args.users, "trained_users": plan["data"]["n_train_users"],
-                       "held_out_users": len(plan["audit"]["held_out_users"]), "steps": spec_dp.steps,
+    from components.planning import load_annex
+
+    annex = load_annex(settings.private_dir, plan)      # the bench is the operator's view: exact counts
+    out = {"setting": {"users": args.users, "trained_users": annex["counts"]["n_train_users"],
+                       "held_out_users": len(annex["held_out_users"]), "steps": spec_dp.steps,
                        "q": spec_dp.sampling_rate, "q_records_nonprivate": spec_np.sampling_rate,
                        "nonprivate_steps": spec_np.steps, "nonprivate_lr": spec_np.learning_rate,
                        "nonprivate_full_finetune": spec_np.lora is None, "sigma": spec_dp.noise_multiplier, "clip": spec_dp.clip_norm,

@@ -65,6 +65,9 @@ class IngestReport:
     source_sha256: str = ""
     ingest_id: str = ""
     quarantine_reasons: dict = field(default_factory=dict)
+    # names under several account ids in the snapshot (git/mail): likely one person each; the list
+    # names people, so it goes to settings.private_dir/people/likely-duplicates.json, not here
+    likely_duplicate_people: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -147,7 +150,7 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
              WHEN strlen(text) > {int(max_bytes)}
                   THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
              WHEN ts IS NOT NULL AND cts IS NULL
-                  THEN {_q(f"bad timestamp: field {tname!r} is not ISO-8601 or epoch seconds: ")} || left(ts, 60)
+                  THEN {_q(f"bad timestamp: field {tname!r} is not a date we read (ISO-8601, RFC 2822, epoch seconds/ms, …): ")} || left(ts, 60)
         END AS reason FROM b)
     SELECT seq, line, "offset" AS byte_offset, locator, u AS user_id, reason,
            CASE WHEN reason IS NULL THEN sha256(u || chr(31) || text) END AS record_id,
@@ -214,6 +217,12 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         conn = _connector(source, fmt, fields, max_record_bytes)
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
+    if fmt in ("git", "mbox", "maildir") and report.accepted:
+        from catalog.people import likely_same_person, write_likely_duplicates
+
+        found = likely_same_person(settings.snapshots_dir / report.snapshot_id / "records.parquet")
+        report.likely_duplicate_people = len(found)
+        write_likely_duplicates(settings.private_dir, found, str(source))
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -272,6 +281,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     tmp_dir.mkdir(parents=True, exist_ok=True)
     staged_path = tmp_dir / f"{ingest_id}.parquet"
     with store.writer(settings) as con:
+        snap_mod.recover(con, settings)  # a crashed writer's leftovers: we hold the lock, nobody else writes
         con.execute(_STAGE_DDL)
         latest = snap_mod.latest_in_catalog(con)
         if not exact and latest is not None:
@@ -285,8 +295,10 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
         bar = _progress(progress, conn)
         try:
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
+            read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
                 for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql)):
+                    read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
                     if bar is not None:
@@ -296,7 +308,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                     staged.close()
             source_sha = conn.sha256
             source_key = sha256_json({"source_sha256": source_sha, **options})
-            return _merge(con, settings, tagger, builder, staged_path if exact else None, latest,
+            return _merge(con, settings, tagger, builder, staged_path if exact else None, latest, read=read,
                           ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
                           source_key=source_key, options=options, started=started)
         except BaseException:
@@ -322,6 +334,7 @@ class _Normalizer:
         if self.con is None:
             self.con = duckdb.connect()
             self.con.execute("SET TimeZone = 'UTC'")
+        batch = self._fix_timestamps(batch)
         self.con.register("batch", batch)
         try:
             out = self.con.sql(self.sql).to_arrow_table()
@@ -330,6 +343,30 @@ class _Normalizer:
         if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
             raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
         return batch, out
+
+    def _fix_timestamps(self, batch: pa.Table) -> pa.Table:
+        """Values DuckDB's cast cannot read (RFC 2822 and other common forms, catalog/dates.py) are
+        rewritten as ISO-8601 before the stage query; the rest stay as they are (one vectorised test)."""
+        ts = batch.column("ts")
+        if ts.null_count == len(ts):
+            return batch
+        self.con.register("tsb", pa.table({"i": pa.array(np.arange(len(ts), dtype=np.int64)), "ts": ts}))
+        try:
+            bad = self.con.sql("SELECT list(i) FROM tsb "
+                               "WHERE ts IS NOT NULL AND NOT regexp_full_match(trim(ts), '[0-9]{9,11}(\\.[0-9]+)?') "
+                               "AND TRY_CAST(trim(ts) AS TIMESTAMPTZ) IS NULL").fetchall()[0][0]
+        finally:
+            self.con.unregister("tsb")
+        if not bad:
+            return batch
+        from catalog.dates import parse_timestamp
+
+        vals = ts.to_pylist()
+        for i in bad:
+            fixed = parse_timestamp(vals[i])
+            if fixed is not None:
+                vals[i] = fixed
+        return batch.set_column(batch.schema.get_field_index("ts"), "ts", pa.array(vals, pa.string()))
 
     def close(self) -> None:
         if self.con is not None:
@@ -440,9 +477,11 @@ def _one(con, q: str):
 
 
 def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, builder, staged_path: Path | None,
-           latest: tuple[str, str] | None, *, ingest_id: str, source: Path, fmt: str, source_sha: str,
+           latest: tuple[str, str] | None, *, read: int, ingest_id: str, source: Path, fmt: str, source_sha: str,
            source_key: str, options: dict, started: datetime) -> IngestReport:
-    read = _one(con, "SELECT count(*) FROM stage")
+    staged_rows = _one(con, "SELECT count(*) FROM stage")
+    if staged_rows != read:  # a bug, not bad input: never report counts that do not add up
+        raise RuntimeError(f"catalog: the source offered {read} records but {staged_rows} were staged")
     quarantined = _one(con, "SELECT count(*) FROM stage WHERE reason IS NOT NULL")
     if options.get("keep_duplicates"):
         # Every copy is kept; the k-th extra copy of a record gets its own id, sha256(id + "#k").
@@ -454,10 +493,23 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
         con.execute("CREATE OR REPLACE TEMP TABLE firsts AS "
                     "SELECT record_id, min(seq) AS seq FROM stage WHERE reason IS NULL GROUP BY record_id")
     accepted = _one(con, "SELECT count(*) FROM firsts")
-    duplicates = read - quarantined - accepted
+    # Counted, not a remainder: valid rows that are not the kept copy of their record.
+    duplicates = _one(con, "SELECT count(*) FROM stage s WHERE reason IS NULL "
+                           "AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.seq = s.seq)")
+    if read != accepted + quarantined + duplicates:
+        raise RuntimeError(f"catalog: read {read} != accepted {accepted} + quarantined {quarantined} "
+                           f"+ duplicates {duplicates}")
     users = _one(con, "SELECT count(DISTINCT user_id) FROM stage WHERE reason IS NULL")
     reasons = dict(con.sql("SELECT regexp_replace(reason, ':.*', '') AS r, count(*) FROM stage "
                            "WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall())
+    if accepted == 0:
+        # Nothing usable is a wrong source or mapping, not a success: nothing is written.
+        first = con.sql("SELECT coalesce(locator, 'line ' || line::VARCHAR), reason FROM stage "
+                        "WHERE reason IS NOT NULL ORDER BY seq LIMIT 1").fetchall()
+        why = f"; first: {first[0][0]}: {first[0][1][:120]}" if first else ""
+        raise VeilError(f"{source}: nothing accepted ({read} records read, {quarantined} quarantined: "
+                        + ", ".join(f"{k} {v}" for k, v in reasons.items()) + f"){why}; nothing written"
+                        if read else f"{source}: nothing accepted: no records in the source; nothing written")
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq, f.record_id FROM firsts f "
@@ -509,7 +561,7 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
     except BaseException:
         con.execute("ROLLBACK")
         raise
-    snap_mod.set_latest(settings, snap_id)
+    snap_mod.mark_committed(settings, snap_id)
     return IngestReport(snapshot_id=snap_id, sha256=snap_sha, read=read, accepted=accepted, quarantined=quarantined,
                         duplicates=duplicates, users=users, records=n_records, seconds=0.0, new=new,
                         snapshot_users=n_users, new_spans=new_spans, tagged_records=tagged, source=str(source),

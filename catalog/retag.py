@@ -81,6 +81,6 @@ def retag(settings: Settings, rules: Sequence[dict] | str | Path | None, *, prog
             con.execute("ROLLBACK")
             builder.abort()
             raise
-    snap_mod.set_latest(settings, snap["snapshot_id"])
+    snap_mod.mark_committed(settings, snap["snapshot_id"])
     return {**snap, "changed": True, "spans": n_spans, "rules_sha256": tagger.rules_sha256,
             "seconds": round(time.perf_counter() - t0, 3)}

@@ -236,8 +236,8 @@ class SnapshotBuilder:
         else:
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             for f in tmp.iterdir():
-                if f.stat().st_mode & 0o222:
-                    os.chmod(f, 0o444)
+                if f.stat().st_mode & 0o277:
+                    os.chmod(f, 0o400)  # read-only, and the owner's only (snapshots hold people's text)
             shutil.rmtree(final, ignore_errors=True)  # a folder without a manifest is an unfinished write
             os.replace(tmp, final)
         sha = sha256_file(final / "manifest.json")
@@ -278,6 +278,75 @@ def set_latest(settings: Settings, snapshot_id: str) -> None:
     os.replace(tmp, p)
 
 
+_COMMITTED = "COMMITTED"
+
+
+def _committed_path(settings: Settings) -> Path:
+    return settings.snapshots_dir / _COMMITTED
+
+
+def committed_ids(settings: Settings) -> set[str] | None:
+    """Snapshots whose catalog transaction committed (None: a catalog older than this list)."""
+    p = _committed_path(settings)
+    if not p.is_file():
+        return None
+    return {x.strip() for x in p.read_text().splitlines() if x.strip()}
+
+
+def _write_committed(settings: Settings, ids) -> None:
+    p = _committed_path(settings)
+    tmp = p.with_name(f".{_COMMITTED}.{os.getpid()}")
+    tmp.write_text("".join(f"{i}\n" for i in sorted(ids)))
+    os.replace(tmp, p)
+
+
+def mark_committed(settings: Settings, snapshot_id: str) -> None:
+    """After the catalog's COMMIT: the snapshot becomes visible (listed) and the latest. A kill between
+    the folder's rename and the commit leaves a folder that is never listed; `recover` removes it."""
+    ids = committed_ids(settings) or set()
+    if snapshot_id not in ids:
+        _write_committed(settings, ids | {snapshot_id})
+    set_latest(settings, snapshot_id)
+
+
+def recover(con, settings: Settings) -> dict:
+    """Clean a crashed writer's leftovers; call holding the writer lock. The catalog's `snapshots`
+    table is the truth: temporary folders (raw text of an unfinished snapshot) and snapshot folders
+    it does not name (renamed into place, never committed) are removed; the committed list and LATEST
+    are rewritten from it. Returns what was removed."""
+    removed = {"temporary": 0, "uncommitted": 0, "staged": 0}
+    d = settings.snapshots_dir
+    if not d.is_dir():
+        return removed
+    known = {r[0] for r in con.sql("SELECT snapshot_id FROM snapshots").fetchall()}
+    for f in d.iterdir():
+        if f.name.startswith(".tmp-") and f.is_dir():
+            _rmtree(f)
+            removed["temporary"] += 1
+        elif f.is_dir() and f.name.startswith("snap-") and f.name not in known:
+            _rmtree(f)
+            removed["uncommitted"] += 1
+    staged = settings.cache_dir / "ingest-tmp"
+    if staged.is_dir():
+        for f in staged.glob("*.parquet"):
+            f.unlink(missing_ok=True)
+            removed["staged"] += 1
+    present = {k for k in known if (d / k / "manifest.json").is_file()}
+    if committed_ids(settings) != present:
+        _write_committed(settings, present)
+    latest = latest_in_catalog(con)
+    if latest is not None and (d / latest[0]).is_dir():
+        cur = (d / "LATEST").read_text().strip() if (d / "LATEST").is_file() else None
+        if cur != latest[0]:
+            set_latest(settings, latest[0])
+    return removed
+
+
+def _rmtree(p: Path) -> None:
+    # Snapshot files are made read-only; the folder itself is writable, so removal works.
+    shutil.rmtree(p, ignore_errors=True)
+
+
 def latest_snapshot_id(settings: Settings) -> str:
     p = settings.snapshots_dir / "LATEST"
     if not p.is_file():
@@ -309,10 +378,16 @@ def load_snapshot(settings: Settings, snapshot_id: str | None = None, *, verify:
 
 
 def list_snapshots(settings: Settings) -> list[dict]:
-    """Every snapshot on disk (newest first), from the manifests alone."""
+    """Every committed snapshot on disk (newest first), from the manifests alone. A folder whose catalog
+    transaction never committed (a kill at the rename) is not listed."""
     out = []
+    committed = committed_ids(settings)
     if settings.snapshots_dir.is_dir():
-        for m in settings.snapshots_dir.glob("*/manifest.json"):
+        for m in settings.snapshots_dir.glob("snap-*/manifest.json"):
+            if committed is None and not (settings.snapshots_dir / "LATEST").is_file():
+                continue  # nothing committed yet: a folder here is a crashed first ingest's
+            if committed is not None and m.parent.name not in committed:
+                continue
             try:
                 doc = json.loads(m.read_text())
             except json.JSONDecodeError:

@@ -34,7 +34,7 @@ def writer(settings: Settings, *, memory_limit: str = "1GB") -> Iterator[duckdb.
     """Exclusive read-write connection to the catalog (creates it and its tables on first use)."""
     settings.ensure()
     lp = lock_path(settings)
-    fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

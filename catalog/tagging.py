@@ -5,8 +5,9 @@ Two passes, so that tagging a million records costs one vectorised scan:
 1. a prefilter: one RE2 alternation of every rule (`pyarrow.compute.match_substring_regex`) over
    the whole text column. It is built to be *looser* than the exact pass (literals without their
    word boundaries, `\\b` removed), so a row it rejects cannot hold a match;
-2. the exact pass: Python `re` (ASCII mode, RE2's semantics for \\b \\d \\w) on the rows that passed,
-   giving every span. A rule RE2 cannot compile sends every row to the exact pass.
+2. the exact pass: RE2 (google-re2, linear time in the text whatever the pattern: a policy regex
+   such as `(a+)+$` cannot hang an ingest) on the rows that passed, giving every span. A policy
+   pattern RE2 cannot run (backreferences, lookarounds) is refused when the rules are compiled.
 
 Offsets are Python string indices (code points): `text[start:end]` is the matched value.
 secret_id is `"<secret_class>:<normalized value>"`; a class normalizes all its matches the way its
@@ -23,50 +24,24 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import re2
+
+from catalog import detectors as _det
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 
-DETECTOR_VERSION = "1"
 RULE_KINDS = ("literal", "keyword", "regex", "path_glob", "detector")
 # Long or multi-line values (private-key blocks) are named by their hash: ids stay one short line.
 _MAX_ID_VALUE = 128
 
-# Built-in detectors: name -> [(sub-detector, pattern, group holding the secret)].
-_CREDENTIALS = [
-    ("aws_access_key", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b", 0),
-    ("github_token", r"\bgh[pousr]_[A-Za-z0-9]{30,255}\b", 0),
-    ("github_pat", r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b", 0),
-    ("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,250}", 0),
-    ("live_api_key", r"\b[A-Za-z0-9]{2,32}_live_[A-Za-z0-9]{16,128}\b", 0),
-    ("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]{0,16384}?-----END [A-Z0-9 ]*PRIVATE KEY-----", 0),
-    ("password_assignment",
-     r"(?i)(?<![A-Za-z0-9])(?:password|passwd|pwd|passphrase|client[_-]?secret|secret[_-]?key|secret[_-]?access[_-]?key|api[_-]?key|access[_-]?token|auth[_-]?token)"
-     r"\s*[:=]\s*[\"']?([^\s\"',;]{4,200})", 1),
-]
-_EMAIL = [("email", r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b", 0)]
-_PHONE = [
-    # E.164-ish international: +CC then 2–5 groups separated by - . or space (optionally parenthesised).
-    ("phone_international", r"\+\d{1,3}(?:[-. ]\(?\d{1,5}\)?){2,5}\b", 0),
-    # North-American style without country code: (415) 555-0134, 415-555-0134, 415.555.0134.
-    ("phone_nanp", r"(?:\(\d{3}\)\s?|\b\d{3}[-. ])\d{3}[-. ]\d{4}\b", 0),
-]
-BUILTIN_DETECTORS = {"credentials": _CREDENTIALS, "email": _EMAIL, "phone": _PHONE}
-# Looser stand-ins for the prefilter where RE2 cannot take the exact pattern (its repeat limit is 1000).
-# Each is implied by its detector's pattern (every match contains it), and starts with a literal or a
-# narrow class so RE2 skips through text fast.
-_PREFILTER_OVERRIDE = {
-    "aws_access_key": r"(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]",
-    "github_token": r"gh[pousr]_",
-    "github_pat": r"github_pat_",
-    "slack_token": r"xox[abposr]-",
-    "live_api_key": r"_live_[A-Za-z0-9]",
-    "private_key": r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----",
-    "password_assignment": r"(?i)(?:password|passwd|pwd|passphrase|client[_-]?secret|secret[_-]?key|secret[_-]?access[_-]?key|api[_-]?key|access[_-]?token|auth[_-]?token)\s*[:=]",
-    "email": r"@[A-Za-z0-9-]+\.",
-    "phone_international": r"\+\d",
-    "phone_nanp": r"\d\d\d[-. ]\d\d\d\d",
+# Built-in detectors (catalog/detectors.py): name -> patterns.
+BUILTIN_DETECTORS: dict[str, list[_det.Pattern]] = {
+    "credentials": _det.credential_patterns(), "email": _det.EMAIL, "phone": _det.PHONE,
+    "payment_card": _det.CARD, "iban": _det.IBAN, "national_id": _det.NATIONAL_ID,
+    "high_entropy": _det.HIGH_ENTROPY,
 }
+DETECTOR_VERSION = _det.DETECTOR_VERSION
 
 DEFAULT_RULES: list[dict] = [
     {"secret_class": "credential", "kind": "detector", "patterns": ["credentials"], "case_sensitive": True},
@@ -83,20 +58,30 @@ def _norm_email(v: str) -> str:
     return v.lower()
 
 
-def _norm_phone(v: str) -> str:
-    digits = re.sub(r"\D", "", v)
-    return ("+" + digits) if v.lstrip().startswith("+") else digits
-
-
-_NORMALIZERS: dict[str, Callable[[str], str]] = {"email": _norm_email, "phone": _norm_phone,
+_NORMALIZERS: dict[str, Callable[[str], str]] = {"email": _norm_email, "phone": _det.norm_phone,
                                                   "credentials": _norm_identity}
 
+_RE2_OPTS = re2.Options()
+_RE2_OPTS.log_errors = False
 
-_DIGIT = re.compile(r"\d")
+
+def compile_re2(pattern: str, *, case_sensitive: bool = True, as_bytes: bool = False):
+    """A pattern on RE2: linear time in the text, whatever the pattern (no backtracking, so no
+    `(a+)+$` hang). Raises `re2.error` for what RE2 cannot run (backreferences, lookarounds,
+    repeats over 1000). `as_bytes`: matched against UTF-8 bytes (RE2's own encoding: half the cost
+    of the str wrapper, which re-encodes the text on every call)."""
+    p = pattern if case_sensitive else "(?i)" + pattern
+    return re2.compile(p.encode() if as_bytes else p, _RE2_OPTS)
 
 
-def _phone_ok(v: str) -> bool:
-    return 7 <= len(_DIGIT.findall(v)) <= 15
+def re2_problem(pattern: str) -> str | None:
+    """Why RE2 cannot run `pattern` (None: it can)."""
+    try:
+        compile_re2(pattern)
+        return None
+    except re2.error as e:
+        msg = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        return msg
 
 
 class Span(NamedTuple):
@@ -114,11 +99,11 @@ class _Matcher:
     secret_class: str
     detector: str
     version: str
-    regex: re.Pattern
-    group: int
+    regex: object                        # a compiled RE2 pattern
+    group: int | None                    # None: the first group that matched, else the whole match
     normalize: Callable[[str], str]
     literal_map: dict | None = None      # literal rules: matched text (folded) -> canonical literal
-    check: Callable[[str], bool] | None = None
+    check: Callable[[str, str, int, int], bool] | None = None   # (value, text, start, end) -> keep
     family: str | None = None            # detector sub-patterns of one family: overlaps keep the longest
     prefilter: str | None = None         # RE2 pattern implied by every match; None: scan every row
 
@@ -152,7 +137,7 @@ _QUANT = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 def loosen(pattern: str) -> str:
     """A pattern matching wherever `pattern` matches, in a form RE2 runs as a small DFA: assertions
-    (\\b, \\B, lookarounds) dropped, counted repeats {m,n} widened to + (m ≥ 1) or * (m = 0)."""
+    (\\b, \\B, lookarounds) dropped, counted repeats {m,n} widened to {min(m, 8),}."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -185,7 +170,10 @@ def loosen(pattern: str) -> str:
         if c == "{":
             m = _QUANT.match(pattern, i)
             if m:
-                out.append("*" if int(m.group(1)) == 0 else "+")
+                # keep a small lower bound (a token's length is what tells it from a word: `AC[a-z0-9]{32}`
+                # loosened to `AC[a-z0-9]+` would pass "ACme"), drop the upper one (DFA size)
+                lo = min(int(m.group(1)), 8)
+                out.append("*" if lo == 0 else "+" if lo == 1 else "{%d,}" % lo)
                 i = m.end()
                 continue
         out.append(c)
@@ -235,6 +223,10 @@ def _re2_ok(pattern: str) -> bool:
         return False
 
 
+def _rule_case(r: dict) -> bool:
+    return bool(r.get("case_sensitive", r.get("kind") not in ("literal", "keyword")))
+
+
 def load_rules(rules: Sequence[dict] | str | Path | None) -> list[dict]:
     """Rules as a list of dicts: given directly, read from a policy file, or the built-in default."""
     if rules is None:
@@ -279,40 +271,58 @@ class Tagger:
             ci = "" if case else "(?i)"
             if kind in ("literal", "keyword"):
                 alts = "|".join(re.escape(p) for p in sorted(patterns, key=len, reverse=True))
-                # Word boundaries only count where the literal's edge is a word character.
-                rx = re.compile(r"(?<![A-Za-z0-9_])(?:" + alts + r")(?![A-Za-z0-9_])",
-                                re.ASCII | (0 if case else re.IGNORECASE))
+                # Word boundaries only count where the literal's edge is a word character (RE2 has no
+                # lookarounds; \b at a word-character edge means exactly that).
+                parts = [(r"\b" if re.match(r"\w", p, re.ASCII) else "") + re.escape(p)
+                         + (r"\b" if re.search(r"\w$", p, re.ASCII) else "")
+                         for p in sorted(patterns, key=len, reverse=True)]
+                rx = compile_re2("(?:" + "|".join(parts) + ")", case_sensitive=case, as_bytes=True)
                 lmap = {(p if case else p.lower()): p for p in patterns}
                 self._add(_Matcher(cls, "literal", version, rx, 0, norm, literal_map=lmap), ci + "(?:" + alts + ")")
             elif kind == "regex":
                 for p in patterns:
-                    try:
-                        rx = re.compile(p, re.ASCII | (0 if case else re.IGNORECASE))
-                    except re.error as e:
-                        raise VeilError(f"{where}: patterns: regex {p!r} does not compile: {e}") from None
-                    group = rx.groupindex.get("secret", 0)
+                    why = re2_problem(p)
+                    if why is not None:
+                        raise VeilError(f"{where}: patterns: regex {p!r} cannot run on RE2 (the linear-time "
+                                        f"engine tagging uses): {why}")
+                    rx = compile_re2(p, case_sensitive=case, as_bytes=True)
+                    group = rx.groupindex.get(b"secret", 0)
                     self._add(_Matcher(cls, "regex", version, rx, group,
                                        norm if case else (lambda v, n=norm: n(v).lower())), ci + "(?:" + loosen(p) + ")")
             elif kind == "path_glob":
                 for g in patterns:
-                    self._globs.append((cls, g, version, re.compile(_glob_to_regex(g), 0 if case else re.IGNORECASE)))
+                    self._globs.append((cls, g, version, compile_re2(_glob_to_regex(g), case_sensitive=case)))
             else:  # detector
                 for name in patterns:
                     if name not in BUILTIN_DETECTORS:
                         raise VeilError(f"{where}: patterns: unknown detector {name!r}; built-in: "
                                         f"{', '.join(BUILTIN_DETECTORS)}")
-                    for sub, p, group in BUILTIN_DETECTORS[name]:
-                        m = _Matcher(cls, f"{name}.{sub}", DETECTOR_VERSION, re.compile(p, re.ASCII), group,
-                                     _NORMALIZERS[name],
-                                     check=_phone_ok if name == "phone" else None, family=f"{cls}/{name}")
-                        self._add(m, _PREFILTER_OVERRIDE.get(sub) or loosen(p))
+                    for d in BUILTIN_DETECTORS[name]:
+                        m = _Matcher(cls, f"{name}.{d.sub}", DETECTOR_VERSION, compile_re2(d.regex, as_bytes=True), d.group,
+                                     d.normalize or _NORMALIZERS.get(name, _norm_identity),
+                                     check=d.check, family=f"{cls}/{name}")
+                        self._add(m, d.prefilter or loosen(d.regex))
         filtered = [m.prefilter for m in self._matchers if m.prefilter is not None]
         self._prefilter = "|".join("(?:" + p + ")" for p in filtered) if filtered else None
         if self._prefilter is not None and not _re2_ok(self._prefilter):  # pragma: no cover - parts each compile
             self._prefilter = None
         self._unfiltered = [m for m in self._matchers if m.prefilter is None]
+        # Matchers of one detector family share a first scan (one alternation): the per-pattern scans
+        # then run over the rows that family may match, not over every candidate row.
+        fams: dict[str, list[_Matcher]] = {}
+        self._groups: list[tuple[str | None, list[_Matcher]]] = []
+        for m in self._matchers:
+            if m.prefilter is None:
+                continue
+            if m.family is None:
+                self._groups.append((None, [m]))
+            else:
+                fams.setdefault(m.family, []).append(m)
+        for ms in fams.values():
+            alt = "|".join("(?:" + m.prefilter + ")" for m in ms)
+            self._groups.append((alt if len(ms) > 1 and _re2_ok(alt) else None, ms))
         self._glob_prefilter = "|".join("(?:" + g[3].pattern + ")" for g in self._globs) or None
-        if self._glob_prefilter and any(g[3].flags & re.IGNORECASE for g in self._globs):
+        if self._glob_prefilter and any(not _rule_case(r) for r in self.rules if r.get("kind") == "path_glob"):
             self._glob_prefilter = "(?i)" + self._glob_prefilter  # looser: fine for a prefilter
         if self._glob_prefilter and not _re2_ok(self._glob_prefilter):
             self._glob_prefilter = ".*"
@@ -344,13 +354,22 @@ class Tagger:
             return []
         out: list[Span] = []
         fam: dict[str, list[Span]] = {}
+        raw = text.encode("utf-8", "surrogatepass")
+        ascii_only = len(raw) == len(text)
         for m in (self._matchers if matchers is None else matchers):
-            for hit in m.regex.finditer(text):
-                start, end = hit.span(m.group)
+            for hit in m.regex.finditer(raw):
+                if m.group is None:  # the first group that matched (detect-secrets' convention)
+                    start, end = next((sp for sp in (hit.span(g) for g in range(1, m.regex.groups + 1))
+                                       if sp[0] >= 0 and sp[1] > sp[0]), hit.span(0))
+                else:
+                    start, end = hit.span(m.group)
                 if start < 0 or end <= start:
                     continue
+                if not ascii_only:  # byte offsets -> code points (text[start:end] is the value)
+                    start, end = len(raw[:start].decode("utf-8", "surrogatepass")), \
+                        len(raw[:end].decode("utf-8", "surrogatepass"))
                 value = text[start:end]
-                if m.check is not None and not m.check(value):
+                if m.check is not None and not m.check(value, text, start, end):
                     continue
                 if m.literal_map is not None:
                     key = value if value in m.literal_map else value.lower()
@@ -394,7 +413,7 @@ class Tagger:
     def tag(self, texts: pa.Array | pa.ChunkedArray, paths=None, mask=None) -> list[Span]:
         """Spans of a batch (`row` indexes `texts`): one RE2 scan picks candidate rows (or `mask`, the
         same test computed elsewhere), a per-rule RE2 scan of those picks the rules to run exactly,
-        Python `re` gives the spans."""
+        RE2 gives the spans."""
         n = len(texts)
         if n == 0:
             return []
@@ -415,12 +434,17 @@ class Tagger:
             cand = texts.take(idx)
             rows = idx.to_pylist()
             per_row: list[list[_Matcher]] = [[] for _ in rows]
-            for m in self._matchers:
-                if m.prefilter is None:
-                    continue
-                hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, m.prefilter), False))
-                for j in hit.to_pylist():
-                    per_row[j].append(m)
+            for group_filter, ms in self._groups:
+                sub, back = cand, None
+                if group_filter is not None:
+                    g = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, group_filter), False))
+                    if len(g) == 0:
+                        continue
+                    sub, back = cand.take(g), g.to_pylist()
+                for m in ms:
+                    hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(sub, m.prefilter), False))
+                    for j in hit.to_pylist():
+                        per_row[j if back is None else back[j]].append(m)
             ctexts = cand.to_pylist()
             cpaths = paths.take(idx).to_pylist() if paths is not None else [None] * len(rows)
             for j, row in enumerate(rows):

@@ -13,8 +13,12 @@ from prefect.cache_policies import NO_CACHE
 
 from components.certificate import describe as describe_guarantee
 from components.core.errors import VeilError
-from components.core.settings import load_settings
+from components.core.settings import load_settings, private_umask
 from flows import stages
+
+# The flows' processes write the catalog, snapshots, plans, runs and MLflow's files: owner-only
+# (0600/0700) whatever the umask they were started under (a served deployment's worker included).
+private_umask()
 
 
 class _UserErrorsWithoutTraceback(logging.Filter):
@@ -76,6 +80,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
                   model_name: str = "veil", mapping: dict | None = None, audit: bool = True,
                   truth: str | None = None) -> dict:
     """ingest → base model → plan → DP fine-tune → certificate → MLflow registration → audit."""
+    private_umask()
     settings = load_settings(home).ensure()
     home = str(settings.home)
     log = get_run_logger()

@@ -94,14 +94,23 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     pol = load_policy(policy)
     snap = load_snapshot(settings, snapshot_id)
     scorer, compute = planning_aids(pol, base_dir)
-    p = make_plan(pol, snap, out_dir=settings.plans_dir, scorer=scorer, compute=compute,
+    # the public part goes to plans/, the annex (membership, exact counts) to the private area
+    p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
                   cache_dir=settings.cache_dir, progress=progress)
     path = save_plan(p, settings.plans_dir)
     return {"plan_path": str(path), "plan": p.to_dict()}
 
 
-def training_data(settings: Settings, plan_doc: dict) -> pa.Table:
-    """The plan's training records (user_id, text[, rate]) from the plan's own snapshot."""
+def _annex(settings: Settings, plan_doc: dict) -> dict:
+    from components.planning.annex import load_annex
+
+    return load_annex(settings.private_dir, plan_doc)
+
+
+def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None, *,
+                  drop_records=()) -> pa.Table:
+    """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
+    private annex (checked against the plan's commitment), less the records in `drop_records`."""
     from catalog.snapshots import load_snapshot
     from components.planning.data import training_records
 
@@ -109,24 +118,127 @@ def training_data(settings: Settings, plan_doc: dict) -> pa.Table:
     snap = load_snapshot(settings, data["snapshot_id"])
     if snap.sha256 != data["snapshot_sha256"]:
         raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
-    return training_records(plan_doc, snap.records)
+    return training_records(plan_doc, _annex(settings, plan_doc) if annex is None else annex, snap.records,
+                            drop_records=drop_records)
+
+
+RESERVATION_FILE = "ledger_reservation.json"
+
+
+def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> dict | None:
+    """The release's cost, reserved in the per-person ledger before any training (a trained model on
+    disk is a release: crashes, refusals and deletions keep their charge).
+
+    One reservation per plan run: a run that crashed and is started again resumes under its own
+    reservation (same people, the planned steps were charged in full), kept privately in the run folder.
+    A plan whose release already finished training is refused rather than trained (and charged) again.
+    Secret-protection plans are also charged per secret (KL, composed across releases) in the same
+    transaction; the records holding a secret that has no KL budget left are dropped from the release.
+    Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
+    mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
+    from components.ledger import Ledger, reserve_release
+    from components.planning.data import train_rows
+
+    path = out_dir / RESERVATION_FILE
+    led = Ledger.open(settings)
+    try:
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            status = led.status(int(saved["release_id"]))
+            if status in ("reserved", "crashed"):
+                return saved
+            raise VeilError(f"plan {plan_doc['sha256'][:12]}: its release {saved['release_id']} is already "
+                            f"{status}; training it again would be a second release — make a new plan")
+        if plan_doc["mechanism"] == "uls-filtered" and plan_doc.get("lifetime_budget") is None \
+                and led.budget() is None:
+            return None
+        targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
+        res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets)
+        if not res.admitted:
+            led.record(res.release_id, "refused", reason="the filter retired everyone")
+            raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
+                            "(the policy's lifetime_budget is the governance team's call)")
+        # Record ids, not secret ids, are kept in the run folder: a secret id carries the secret's value.
+        saved = {"release_id": int(res.release_id), "retired": sorted(res.retired),
+                 "dropped_records": secret_records(settings, plan_doc, res.secrets_dropped)}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(saved))
+        path.chmod(0o600)
+        return saved
+    finally:
+        led.dispose()
+
+
+def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
+    """Every record the snapshot tags with one of these secrets (all of a dropped secret's records go)."""
+    import pyarrow.compute as pc
+
+    from catalog.snapshots import load_snapshot
+
+    if not secret_ids:
+        return []
+    spans = load_snapshot(settings, plan_doc["data"]["snapshot_id"]).secret_spans
+    hit = spans.filter(pc.is_in(spans["secret_id"], pa.array(sorted(set(secret_ids)), spans["secret_id"].type)))
+    return sorted({str(r) for r in hit.column("record_id").to_pylist()})
+
+
+def _ledger_event(settings: Settings, reservation: dict | None, status: str, **detail) -> None:
+    if reservation is None:
+        return
+    from components.ledger import Ledger
+
+    led = Ledger.open(settings)
+    try:
+        led.record(int(reservation["release_id"]), status, **detail)
+    finally:
+        led.dispose()
 
 
 def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:
+    import pyarrow.compute as pc
+
     from components.modeling import load_base
     from components.planning import load_plan
+    from components.planning.annex import commitment
     from components.training import TrainSpec, train as run_training
 
     plan_doc = load_plan(plan_path).to_dict()
-    data = training_data(settings, plan_doc)
+    annex = _annex(settings, plan_doc)
+    data = training_data(settings, plan_doc, annex)
+    out_dir = settings.runs_dir / plan_doc["sha256"][:16]
+    reservation = reserve(settings, plan_doc, annex, out_dir)
+    if reservation and reservation.get("dropped_records"):
+        # The per-secret filter's decision reads only the ledger and that secret: its records go.
+        data = training_data(settings, plan_doc, annex, drop_records=reservation["dropped_records"])
+    if reservation and reservation["retired"]:
+        # The filter's decision about a person reads only the ledger and that person: their rows go.
+        meta = data.schema.metadata
+        data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(reservation["retired"], pa.string()))))
+        data = data.replace_schema_metadata(meta)
     model, tokenizer = load_base(base_dir)
     spec = TrainSpec.from_plan(plan_doc)
-    out_dir = settings.runs_dir / plan_doc["sha256"][:16]
-    result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress)
+    try:
+        result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress,
+                              base_dir=base_dir)
+    except BaseException as e:
+        _ledger_event(settings, reservation, "crashed", reason=type(e).__name__)
+        raise
     res = result.to_dict()
+    # The run binds to the plan through the salted commitment to the sha256 of the bytes it read
+    # (the raw sha256 stays in the run folder: with the roster it would test membership guesses).
+    if res.get("train_records_sha256"):
+        res["train_records_commitment"] = commitment(annex["salt"], res["train_records_sha256"])
+    if reservation is not None:
+        res["ledger_release_id"] = int(reservation["release_id"])
     (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
-    # Per-step losses are statistics of the sampled private batches: they stay in the run folder.
-    return {k: v for k, v in res.items() if k != "losses"}
+    _ledger_event(settings, reservation, "trained")
+    # Per-step losses, realised batch sizes, exact counts and the count of units dropped for a
+    # non-finite gradient are statistics of the sampled private batches: they stay in the run folder.
+    pub = result.public_dict()
+    for key in ("train_records_commitment", "ledger_release_id"):
+        if key in res:
+            pub[key] = res[key]
+    return pub
 
 
 def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> dict:
@@ -134,18 +246,32 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
     from components.planning import load_plan
 
     plan_doc = load_plan(plan_path).to_dict()
-    targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
-    return build_certificate(plan_doc, train_result, secret_targets=targets).to_dict()
+    if plan_doc["mechanism"] != "secret":
+        return build_certificate(plan_doc, train_result).to_dict()
+    return build_certificate(plan_doc, train_result, secret_targets=secret_targets(settings, plan_doc),
+                             untagged_rate=untagged_rate(settings, plan_doc)).to_dict()
+
+
+def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
+    """The largest rate of a training record holding no protected secret (None: none is trained on)."""
+    from catalog.snapshots import load_snapshot
+    from components.planning.data import train_rows
+    from components.planning.secret_plan import untagged_max_rate
+
+    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    return untagged_max_rate(train_rows(_annex(settings, plan_doc)), snap.secret_spans, plan_doc["target"]["secrets"])
 
 
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
     from catalog.snapshots import load_snapshot
     from components.accounting.secrets import secret_targets as targets_for
+    from components.planning.annex import load_annex
     from components.planning.data import train_rows
 
     snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
-    return targets_for(train_rows(plan_doc), snap.secret_spans, plan_doc["target"]["secrets"])
+    return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
+                       plan_doc["target"]["secrets"])
 
 
 def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,
@@ -154,11 +280,26 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     from components.registry import register_model
 
     plan_doc = load_plan(plan_path).to_dict()
+    _check_certified_weights(certificate, adapter_dir)
     target_eps = plan_doc["target"].get("epsilon")
     reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
                          adapter_dir=adapter_dir,
                          policy_max_epsilon=float(target_eps) if target_eps is not None else None)
+    # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME may be 0644)
+    settings.make_private(settings.mlflow_artifacts_dir)
     return reg.to_dict()
+
+
+def _check_certified_weights(certificate: dict, weights_dir: str | Path | None) -> None:
+    """The weights being registered are the ones the certificate names (nothing swapped since)."""
+    from components.core.fingerprints import weights_fingerprint
+
+    want = ((certificate.get("run") or {}).get("weights") or {}).get("sha256")
+    if want is None:
+        raise VeilError("certificate names no trained weights (made by an older Veil): certify the run again")
+    if weights_dir is None or weights_fingerprint(weights_dir)["sha256"] != want:
+        raise VeilError(f"{weights_dir}: these weights are not the ones the certificate names "
+                        f"(sha256 {want[:12]}…): not registered")
 
 
 @dataclass

@@ -22,8 +22,11 @@ from catalog.connectors.base import RAW_KEEP, RawRows
 from components.core.errors import VeilError
 
 _BATCH = 5_000
-_SEP = b"\x1e"
-_FMT = "%x1e%H%x1f%aN%x1f%aE%x1f%aI%x1f%s"
+# A commit header is one line starting with two NULs, its fields NUL-separated. git refuses NUL in
+# names, addresses and subjects, and a patch line never starts with NUL, so no author name can shift
+# the fields (with \x1f separators, a name "Mallory\x1fvictim@x" credited the victim's address).
+_SEP = b"\x00\x00"
+_FMT = "%x00%x00%H%x00%aN%x00%aE%x00%aI%x00%s"
 _QUOTED = re.compile(rb'^"(.*)"$')
 
 
@@ -77,10 +80,15 @@ class GitSource:
             self.head = _git(self.path, "rev-parse", "--verify", f"{rev}^{{commit}}")
         except VeilError:
             raise VeilError(f"{self.path}: {rev} names no commit (empty repository?)") from None
-        self._total = int(_git(self.path, "rev-list", "--count", "--no-merges", self.head) or 0)
-        mailmap = self.path / ".mailmap"
+        # A subdirectory of a repository is that path only: `git -C <dir> log -- .` reads the commits
+        # touching it and only its files (paths in the diff stay relative to the repository root).
+        self.prefix = _git(self.path, "rev-parse", "--show-prefix")
+        top = Path(_git(self.path, "rev-parse", "--show-toplevel"))
+        self._total = int(_git(self.path, "rev-list", "--count", "--no-merges", self.head, "--", ".") or 0)
+        mailmap = top / ".mailmap"
         mm = mailmap.read_bytes() if mailmap.is_file() else b""
-        self._sha = hashlib.sha256(b"git\n" + self.head.encode() + b"\n" + mm).hexdigest()
+        self._sha = hashlib.sha256(b"git\n" + self.head.encode() + b"\n" + self.prefix.encode() + b"\n"
+                                   + mm).hexdigest()
         self._done = 0
 
     @property
@@ -98,7 +106,7 @@ class GitSource:
     def _log(self) -> Iterator[bytes]:
         cmd = ["git", "-C", str(self.path), "-c", "core.quotepath=off", "log", "--no-merges", "--reverse",
                "--use-mailmap", f"--format={_FMT}", "--patch", "--unified=0", "--no-color", "--no-ext-diff",
-               "-M", "--no-textconv", self.head, "--"]
+               "-M", "--no-textconv", self.head, "--", "."]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert proc.stdout is not None
@@ -129,10 +137,12 @@ class GitSource:
                 if done:
                     yield done
                 cur, in_hunk = None, False
-                parts = line[1:].split(b"\x1f")
+                parts = line[len(_SEP):].split(b"\x00")
+                if len(parts) != 5:  # git never writes this; refuse rather than guess who the author is
+                    raise VeilError(f"{self.path}: git log header with {len(parts)} fields, expected 5")
                 commit = {"commit": parts[0].decode(), "author": parts[1].decode("utf-8", "replace"),
                           "email": parts[2].decode("utf-8", "replace"), "date": parts[3].decode(),
-                          "subject": b"\x1f".join(parts[4:]).decode("utf-8", "replace")}
+                          "subject": parts[4].decode("utf-8", "replace")}
                 self._done += 1
                 continue
             if commit is None:

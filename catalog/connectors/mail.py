@@ -23,6 +23,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from catalog.connectors.base import RAW_KEEP, HashedStream, RawRows
+from components.core.errors import VeilError
 
 _BATCH = 5_000
 
@@ -41,6 +42,11 @@ _HEADER_NEXT = re.compile(r"^\s*\*?(?:Sent|Date|To|Subject|Cc):\*?\s", re.I)
 _NOTES_DATE = re.compile(r"\b\d{1,2}/\d{1,2}/\d{2,4}\s+\d{1,2}:\d{2}(?::\d{2})?\s*(?:AM|PM)?\b", re.I)
 _NOTES_TO = re.compile(r"^\s*To:\s", re.I)
 _TAG = re.compile(r"<[^>]*>")
+# An mbox separator line with its asctime date: "From sender@x Mon Jan  2 03:04:05 2006".
+_FROM_LINE = re.compile(rb"^From \S+\s+(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+                        rb"[ \d]?\d \d\d:\d\d(?::\d\d)?\s.*\d{4}\s*$")
+# An RFC 5322 header field: printable ASCII name, colon.
+_HEADER_LINE = re.compile(rb"^[!-9;-~]+:")
 
 
 def _find_cut(lines: list[str]) -> tuple[int, str | None]:
@@ -148,7 +154,13 @@ def parse_message(raw: bytes) -> dict:
             ts = dt.isoformat() if dt is not None and dt.tzinfo is not None else (dt.isoformat() + "+00:00" if dt else None)
         except (TypeError, ValueError, IndexError):
             ts = None
+    try:  # the sender's display name: how ingest spots one person behind several addresses
+        from_name = next((n.strip() for n, a in email.utils.getaddresses([str(v) for v in msg.get_all("From", [])])
+                          if a and a.strip().lower() == senders[0] and n.strip()), None)
+    except Exception:  # noqa: BLE001 - malformed headers: no name, the address still counts
+        from_name = None
     meta = {
+        "from_name": from_name,
         "message_id": str(msg.get("Message-ID", "")).strip() or None,
         "subject": str(msg.get("Subject", "")) or None,
         "to": _addresses(msg, "To"),
@@ -167,6 +179,15 @@ def parse_message(raw: bytes) -> dict:
     return {"user": senders[0], "text": own, "ts": ts, "source_id": meta["message_id"],
             "metadata": json.dumps({k: v for k, v in meta.items() if v not in (None, [], {})}, sort_keys=True,
                                    ensure_ascii=False)}
+
+
+def _inside(real: str, root_real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def _rel(p: Path, root: Path) -> str:
+    """A relative path as readable text: bytes that are not UTF-8 become \\x escapes (file names are bytes)."""
+    return os.fsencode(p.relative_to(root).as_posix()).decode("utf-8", "backslashreplace")
 
 
 class MailSource:
@@ -203,48 +224,99 @@ class MailSource:
         return self._mbox() if self.format == "mbox" else self._maildir()
 
     def _mbox(self):
+        """Split an mbox into messages. A `From ` line after a blank line starts a message (mboxo/rd);
+        a `From ` line with an asctime date starts one even without the blank line (the previous
+        message was truncated: its end must not swallow the next sender's message). Text before the
+        first separator is a message of its own if it starts with a header, never dropped; a file
+        that neither starts with a separator nor a header is not an mbox (one-line error)."""
         n, line_no, offset = 0, 0, 0
         cur: list[bytes] = []
         start: dict | None = None
         prev_blank = True
         carry = b""
+        seen_content = False
         for chunk in self._stream.chunks():
             data = carry + chunk
             lines = data.split(b"\n")
             carry = lines.pop()
             for ln in lines:
                 line_no += 1
-                if ln.startswith(b"From ") and prev_blank:
+                if ln.startswith(b"From ") and (prev_blank or _FROM_LINE.match(ln)):
                     if start is not None:
                         yield start, b"\n".join(cur)
                     n += 1
                     start = {"seq": n, "line": line_no, "offset": offset, "locator": f"message {n} (line {line_no})"}
                     cur = []
+                    seen_content = True
                 elif start is not None:
                     # mboxrd: one level of ">From " quoting is undone
                     cur.append(ln[1:] if re.match(rb"^>+From ", ln) else ln)
+                elif not seen_content and ln.strip(b" \t\r"):
+                    seen_content = True
+                    if not _HEADER_LINE.match(ln):
+                        raise VeilError(f"{self.path}: not an mbox file: line {line_no} is neither a 'From ' "
+                                        "separator line nor a mail header")
+                    # A leading message without its separator (a truncated file, a lone .eml): its own record.
+                    n += 1
+                    start = {"seq": n, "line": line_no, "offset": offset,
+                             "locator": f"message {n} (line {line_no}, no 'From ' separator)"}
+                    cur = [ln]
                 prev_blank = not ln.strip()
                 offset += len(ln) + 1
         if carry:
             line_no += 1
             if start is not None:
                 cur.append(carry)
-        if start is not None:
-            yield start, b"\n".join(cur)
+            elif carry.strip(b" \t\r"):
+                if not _HEADER_LINE.match(carry):
+                    raise VeilError(f"{self.path}: not an mbox file: line {line_no} is neither a 'From ' "
+                                    "separator line nor a mail header")
+                n += 1
+                start = {"seq": n, "line": line_no, "offset": offset,
+                         "locator": f"message {n} (line {line_no}, no 'From ' separator)"}
+                cur = [carry]
+        if start is None:
+            raise VeilError(f"{self.path}: not an mbox file: no message in it (empty)")
+        yield start, b"\n".join(cur)
 
     def _maildir(self):
+        """Every message file under the folder. Symbolic links are not followed out of the tree: a link
+        to a file outside it is quarantined (counted, named), never read. Names that are not UTF-8 are
+        shown with backslash escapes."""
         n = 0
+        root_real = os.path.realpath(self.path)
         for root, dirs, files in os.walk(self.path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "tmp")
+            keep = []
+            for d in sorted(dirs):
+                if d.startswith(".") or d == "tmp":
+                    continue
+                dp = Path(root) / d
+                if dp.is_symlink():
+                    # os.walk does not descend into links; one pointing outside is reported
+                    if not _inside(os.path.realpath(dp), root_real):
+                        n += 1
+                        yield ({"seq": n, "line": n, "offset": None, "locator": _rel(dp, self.path),
+                                "error": "outside the source: folder is a symbolic link to a path outside "
+                                         f"{self.path}"}, b"")
+                    continue
+                keep.append(d)
+            dirs[:] = keep
             for f in sorted(files):
                 if f.startswith("."):
                     continue
                 p = Path(root) / f
+                rel = _rel(p, self.path)
+                if p.is_symlink() and not _inside(os.path.realpath(p), root_real):
+                    n += 1
+                    self._done = n
+                    self._sha.update(os.fsencode(rel) + b"\0link")
+                    yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                            "error": f"outside the source: symbolic link to a path outside {self.path}"}, b"")
+                    continue
                 if not p.is_file():
                     continue
-                rel = p.relative_to(self.path).as_posix()
                 raw = p.read_bytes()
-                self._sha.update(rel.encode() + b"\0" + hashlib.sha256(raw).digest())
+                self._sha.update(os.fsencode(rel) + b"\0" + hashlib.sha256(raw).digest())
                 n += 1
                 self._done = n
                 yield {"seq": n, "line": n, "offset": None, "locator": rel, "folder": str(Path(rel).parent)}, raw
@@ -253,7 +325,8 @@ class MailSource:
         rows = RawRows(())
         for pos, raw in self.messages():
             folder = pos.pop("folder", None)
-            rec = parse_message(raw)
+            err = pos.pop("error", None)
+            rec = {"error": err} if err else parse_message(raw)
             if rec.get("error"):
                 rows.add(**pos, error=rec["error"], user=rec.get("user"), raw=raw[:RAW_KEEP])
             else:

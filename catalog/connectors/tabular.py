@@ -191,7 +191,15 @@ class ParquetSource:
     def batches(self) -> Iterator[pa.Table]:
         base = 0
         colmap = self.fields.columns()
-        for batch in self.file.iter_batches(batch_size=self.batch_rows, columns=self.columns):
+        it = self.file.iter_batches(batch_size=self.batch_rows, columns=self.columns)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except (OSError, pa.ArrowException) as e:  # a damaged page: the file is bad, not one row
+                raise VeilError(f"{self.path}: corrupt Parquet data after row {base} "
+                                f"({str(e).splitlines()[0][:200]})") from None
             t = pa.Table.from_batches([batch])
             n = t.num_rows
             rowno = pa.array(range(base + 1, base + n + 1), pa.int64())

@@ -1,13 +1,14 @@
 """Every read the audit makes of membership data goes through `audit_reservations`.
 
 Held-out users, canary users and the attacker / canary record files say who was trained on: they
-are what the certificate protects. Today they sit in the plan's `audit` section; the plan's private
-annex (`settings.private_dir`) takes them over, with the same keys under `annex["audit"]`. Keeping
-one reader means moving them changes one function, and nothing else in the audit names them.
+are what the certificate protects. They live in the plan's private annex (`settings.private_dir`,
+`components.planning.annex`); plans from before the annex kept them in the plan's `audit` section.
+Keeping one reader means nothing else in the audit names them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 KEYS = ("held_out_users", "canary_users", "attacker_records_file", "attacker_records_sha256",
@@ -35,13 +36,25 @@ class AuditReservations:
 def audit_reservations(plan: Mapping[str, Any], annex: Mapping[str, Any] | None = None) -> AuditReservations:
     """The plan's audit reservations: from `annex["audit"]` when an annex is given, else from the
     plan's own `audit` section (plans written before the annex existed)."""
-    src = (annex or {}).get("audit") if annex is not None else (plan or {}).get("audit")
-    src = src or {}
+    if annex is not None:
+        # The annex (components.planning.annex) keeps these keys at its top level, file names relative
+        # to its own folder (`_dir`); an `audit` sub-mapping is accepted too.
+        src = annex["audit"] if isinstance(annex.get("audit"), Mapping) else annex
+        base = annex.get("_dir")
+    else:
+        src, base = (plan or {}).get("audit") or {}, None
+
+    def path(key: str) -> str | None:
+        rel = src.get(key) or None
+        if rel is None or base is None or Path(rel).is_absolute():
+            return rel
+        return str(Path(base) / rel)
+
     return AuditReservations(
         held_out_users=tuple(src.get("held_out_users") or ()),
         canary_users=tuple(src.get("canary_users") or ()),
-        attacker_records_file=src.get("attacker_records_file") or None,
+        attacker_records_file=path("attacker_records_file"),
         attacker_records_sha256=src.get("attacker_records_sha256") or None,
-        canary_records_file=src.get("canary_records_file") or None,
+        canary_records_file=path("canary_records_file"),
         canary_records_sha256=src.get("canary_records_sha256") or None,
         source="annex" if annex is not None else "plan")

@@ -164,6 +164,12 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
 
     t0 = time.perf_counter()
     plan, cert = dict(loaded.plan), dict(loaded.certificate or {})
+    if annex is None and plan.get("annex"):
+        # A public plan: its membership reservations are in the private annex, checked against the
+        # plan's commitment.
+        from components.planning.annex import load_annex
+
+        annex = load_annex(settings.private_dir, plan)
     res = audit_reservations(plan, annex)
     seq_len = int(plan["training"]["seq_len"])
     seed = int(plan["training"].get("seed", 0)) if seed is None else int(seed)
@@ -246,9 +252,14 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         probes = probes_from_truth(truth)
     elif secret_spans is not None and secret_spans.num_rows:
         train_ids = None
-        tf = plan.get("data", {}).get("train_records_file")
-        if tf and _resolve_file(tf, settings).is_file():
-            train_ids = pq.read_table(_resolve_file(tf, settings), columns=["record_id"])["record_id"].to_pylist()
+        if annex is not None and annex.get("train_records_file"):
+            from components.planning.data import train_rows
+
+            train_ids = train_rows(annex)["record_id"].to_pylist()
+        else:
+            tf = plan.get("data", {}).get("train_records_file")
+            if tf and _resolve_file(tf, settings).is_file():
+                train_ids = pq.read_table(_resolve_file(tf, settings), columns=["record_id"])["record_id"].to_pylist()
         probes = probes_from_spans(snapshot_records, secret_spans, record_ids=train_ids)
     probes = _cap_per_class(probes, max_secrets_per_class, key)
     secret_rows = []

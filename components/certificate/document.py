@@ -83,6 +83,57 @@ def _accounting_mechanism(mechanism: str) -> tuple[str, str, str]:
             f"{', '.join([*_ACCOUNTING, 'secret'])}") from None
 
 
+def plan_data_fingerprint(plan: Mapping[str, Any]) -> str | None:
+    """The plan's fingerprint of the training data the run must have read: the salted commitment to
+    the train-records file's sha256 (the raw sha256 is in the private annex; the trainer, which holds
+    the annex, commits the sha256 of the bytes it actually read under the same salt)."""
+    return (plan.get("data") or {}).get("train_records_commitment")
+
+
+def _bind_run(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> None:
+    """Refuse a run that is not the plan's run: k and selection, the data it read, steps, weights."""
+    from components.core.fingerprints import weights_fingerprint
+
+    def refuse(what: str) -> None:
+        raise VeilError(f"training result does not match plan {str(plan.get('sha256', '?'))[:12]}…: {what}: "
+                        "not certifiable")
+
+    k_plan, k_run = plan.get("records_per_user"), train_result.get("records_per_user")
+    if (None if k_plan is None else int(k_plan)) != (None if k_run is None else int(k_run)):
+        refuse(f"records per user k={k_run} but the plan says k={k_plan}")
+    sel_run = (train_result.get("extra") or {}).get("selection", plan.get("selection"))
+    if sel_run != plan.get("selection"):
+        refuse(f"selection {sel_run!r} but the plan says {plan.get('selection')!r}")
+    want = plan_data_fingerprint(plan)
+    got = train_result.get("train_records_commitment")
+    if got is None:
+        refuse("it does not record which train-records file it read (older Veil, or data not from the plan)")
+    if got != want:
+        refuse(f"the train records it read commit to {got[:12]}… but the plan's commitment is {str(want)[:12]}…")
+    attempted = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
+    if attempted > int(plan["steps"]):
+        refuse(f"{attempted} steps were started but the plan has {int(plan['steps'])}")
+    weights = train_result.get("weights") or {}
+    wdir = train_result.get("adapter_dir") or train_result.get("model_dir")
+    if not weights.get("sha256") or not wdir:
+        refuse("it names no trained weights")
+    if weights_fingerprint(wdir)["sha256"] != weights["sha256"]:
+        refuse(f"the weights in {wdir} are not the ones training wrote (changed since)")
+
+
+def _run_section(train_result: Mapping[str, Any]) -> dict:
+    """What ran, as the certificate records it: weights, base model and tokenizer hashes, device."""
+    w = train_result.get("weights") or {}
+    return {"weights": {"kind": "lora-adapter" if train_result.get("adapter_dir") else "full-model",
+                        "sha256": w.get("sha256"), "files": dict(w.get("files") or {})},
+            "base_model": dict(train_result.get("base_model") or {}) or None,
+            "tokenizer": dict(train_result.get("tokenizer") or {}) or None,
+            "train_records_commitment": train_result.get("train_records_commitment"),
+            "steps_attempted": max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0)),
+            "device": train_result.get("device"), "precision": train_result.get("precision"),
+            "world_size": train_result.get("world_size")}
+
+
 def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> tuple[int, list[str]]:
     """Refuse a run that used other numbers than its plan; return the steps to charge and caveats."""
     mechanism = plan["mechanism"]
@@ -91,6 +142,7 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
             raise VeilError(f"training used {key}={train_result[key]} but the plan says {plan[key]}: not certifiable")
     if train_result.get("mechanism", mechanism) != mechanism:
         raise VeilError(f"training ran {train_result['mechanism']!r} but the plan says {mechanism!r}")
+    _bind_run(plan, train_result)
     # Steps started before a crash released gradients too: they count.
     steps = max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0))
     if steps < 0:
@@ -102,10 +154,35 @@ def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> 
     return steps, caveats
 
 
+def _population(plan: Mapping[str, Any]) -> dict:
+    """The plan's public population section (how N entered: a Laplace estimate, or public by the
+    neighbouring relation). A plan without one treated N as public: say so, never silently."""
+    pop = (plan.get("data") or {}).get("population")
+    if pop is None:
+        return {"mechanism": "none", "epsilon": 0.0, "delta": 0.0,
+                "why": "the plan gives no population estimate: the number of training units is treated as public"}
+    return dict(pop)
+
+
+def population_epsilon(doc: Mapping[str, Any]) -> float:
+    """ε spent on the DP population estimate N̂ (0 when N is public under the neighbouring relation)."""
+    return float(((doc.get("dataset") or {}).get("population") or {}).get("epsilon") or 0.0)
+
+
 def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at: str | None,
-            version: str | None) -> dict:
+            version: str | None, train_result: Mapping[str, Any]) -> dict:
     data = plan["data"]
+    pop = _population(plan)
+    if pop.get("mechanism") == "laplace":
+        caveats = caveats + [
+            f"population: the number of training {pop['unit']} N is private; it entered only through "
+            f"N̂ = N + Laplace({pop['sensitivity']}/ε_N) = {pop['estimate']:.2f} with ε_N = {pop['epsilon']:.4g} "
+            "(q = B/N̂, the step divisor is B), composed with DP-SGD by basic composition: ε = ε_N + ε_DP-SGD, "
+            "δ unchanged"]
+    elif data.get("population") is None:
+        caveats = caveats + [pop["why"]]
     return {
+        "run": _run_section(train_result),
         "noise_multiplier": float(plan["noise_multiplier"]),
         "sampling_rate": float(plan["sampling_rate"]),
         "steps": steps,
@@ -114,9 +191,11 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
         "clip_norm": float(plan["clip_norm"]),
         "sampling": "poisson",
         "releases": "all intermediate models (the accountant composes every step)",
+        # No exact private count and no bare membership hash: a salted commitment and the population
+        # section (a DP estimate, or a count public under the neighbouring relation).
         "dataset": {"snapshot_id": data["snapshot_id"], "snapshot_sha256": data["snapshot_sha256"],
-                    "train_records_sha256": data.get("train_records_sha256"),
-                    "n_train_users": data.get("n_train_users"), "n_train_records": data.get("n_train_records")},
+                    "train_records_commitment": data.get("train_records_commitment"),
+                    "population": pop},
         "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},
         "plan_sha256": plan["sha256"],
         "caveats": caveats,
@@ -127,17 +206,19 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
 
 
 def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,
-                      secret_targets: Sequence[Any] | None = None,
+                      secret_targets: Sequence[Any] | None = None, untagged_rate: float | None = None,
                       created_at: str | None = None, version: str | None = None) -> Certificate:
     """Certify a finished training run against its plan.
 
     ε (or, for secret protection, every secret's posterior bound γ) is recomputed for the steps the
     run actually took, with the σ and q training actually used; a run whose σ, q or C differs from
     the plan's is refused rather than certified on the plan's word. Secret-protection runs need
-    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates).
+    `secret_targets` (one `accounting.secrets.SecretTarget` per secret, from the plan's rates) and
+    `untagged_rate`, the largest rate of a trained record that holds no protected secret (None when
+    no such record was trained on), for the record-level guarantee untagged records get.
     """
     if plan["mechanism"] == "secret":
-        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version)
+        return _build_secret_certificate(plan, train_result, secret_targets, created_at, version, untagged_rate)
     if plan["mechanism"] == "uls-filtered":
         return _build_filtered_certificate(plan, train_result, created_at, version)
     from components.accounting import epsilon as account
@@ -148,15 +229,18 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
     k = 1 if acc_mech in ("uls", "record") else int(plan["records_per_user"])
     delta = float(plan["target"]["delta"])
     if steps == 0:
-        eps_value, event, meta = 0.0, {"name": "NoOpDpEvent"}, {}
+        eps_sgd, event, meta = 0.0, {"name": "NoOpDpEvent"}, {}
     else:
         res = account(acc_mech, sampling_rate=float(plan["sampling_rate"]),
                       noise_multiplier=float(plan["noise_multiplier"]), steps=steps, delta=delta, k=k)
-        eps_value, event = float(res.epsilon), res.dp_event
-        if not math.isfinite(eps_value):
+        eps_sgd, event = float(res.epsilon), res.dp_event
+        if not math.isfinite(eps_sgd):
             raise VeilError(f"no finite ε reaches δ={delta:g} for this run: not certifiable")
         meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
                 "discretization": res.discretization, "notes": list(res.notes)}
+    # The population estimate N̂ was released with the plan (q depends on it), steps or not.
+    eps_n = float(_population(plan).get("epsilon") or 0.0)
+    eps_value = eps_n + eps_sgd
     doc = {
         "schema": SCHEMA,
         "privacy_unit": unit,
@@ -164,6 +248,8 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
         "mechanism": mechanism,
         "epsilon": eps_value,
         "delta": delta,
+        "epsilon_parts": {"population_estimate": eps_n, "dp_sgd": eps_sgd,
+                          "composition": "basic (ε adds, δ is DP-SGD's)"},
         "target": dict(plan["target"]),
         "within_target": eps_value <= float(plan["target"]["epsilon"]) + 1e-12,
         "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": acc_mech,
@@ -175,7 +261,7 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
             # ULS bounds a user's influence by clipping their averaged gradient, whatever their count.
             "kind": "per-user clipped mean gradient" if mechanism == "uls" else "records per user",
         },
-        **_common(plan, steps, caveats, created_at, version),
+        **_common(plan, steps, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
@@ -200,7 +286,10 @@ def _build_filtered_certificate(plan, train_result, created_at, version) -> Cert
         raise VeilError(f"training used filter {train_result.get('extra', {}).get('filter')} but the plan says {f}")
     started, caveats = _checked_steps(plan, train_result)
     steps = _filtered_gaussian_steps(train_result, started)
-    n_users = int(plan["data"]["n_train_users"])
+    pop = _population(plan)
+    if pop.get("exact") is None:
+        raise VeilError("uls-filtered plan: its population section does not give the (public, replace-one) user count")
+    n_users = int(pop["exact"])
     noise = filtered_noise(epsilon=float(f["epsilon"]), delta=float(f["delta"]), steps=int(plan["steps"]),
                            n_users=n_users, tau=float(f["tau"]), noise_multiplier=float(plan["noise_multiplier"]))
     acc = filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
@@ -225,19 +314,53 @@ def _build_filtered_certificate(plan, train_result, created_at, version) -> Cert
                    "gaussian_steps": steps, **{k: v for k, v in noise.to_dict().items() if k != "variant"}},
         "contribution_bound": {"records_per_user": plan.get("records_per_user"), "selection": plan.get("selection"),
                                "kind": "filtered mean of unclipped per-user mean gradients (sensitivity 60τ/W_min)"},
-        **_common(plan, started, caveats, created_at, version),
+        **_common(plan, started, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
 
-def _build_secret_certificate(plan, train_result, targets, created_at, version) -> Certificate:
+# δ at which an untagged record's record-level ε is certified (the secret plan has no δ of its own).
+UNTAGGED_DELTA = 1e-5
+TAGGED_ONLY = ("the guarantee covers tagged occurrences only: a secret the tagger missed (no detector "
+               "matched it) is trained on as an untagged record and gets nothing from the per-secret bounds "
+               "below, only the untagged records' record-level guarantee (if any)")
+
+
+def _untagged_section(plan, untagged_rate: float | None, steps: int) -> dict:
+    """What a record holding no protected secret gets: it is sampled at its LP rate (≤ untagged_rate)
+    and clipped to C like every record, so the Poisson-subsampled Gaussian gives it a record-level
+    (ε, δ) under add/remove of that record, with every other record's rate held fixed."""
+    from components.accounting import epsilon as account
+
+    policy = (plan.get("secret_lp") or {}).get("untagged_records")
+    if untagged_rate is None or untagged_rate <= 0:
+        return {"policy": policy, "trained_on": False, "max_rate": None, "epsilon": None, "delta": None,
+                "guarantee": "no record without a protected secret was trained on: nothing to cover"}
+    sigma = float(plan["noise_multiplier"])
+    out = {"policy": policy, "trained_on": True, "max_rate": float(untagged_rate), "delta": UNTAGGED_DELTA,
+           "neighbouring": "add_remove_record (other records' rates held fixed)"}
+    if steps == 0:
+        return {**out, "epsilon": 0.0, "guarantee": "record-level: no step was run"}
+    res = account("record", sampling_rate=float(untagged_rate), noise_multiplier=sigma, steps=steps,
+                  delta=UNTAGGED_DELTA)
+    eps = float(res.epsilon)
+    if not math.isfinite(eps):
+        return {**out, "epsilon": None, "guarantee": f"none: no finite record-level ε at δ={UNTAGGED_DELTA:g}"}
+    return {**out, "epsilon": eps, "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": "record",
+                                                 "pessimistic": res.pessimistic, "discretization": res.discretization},
+            "guarantee": (f"record-level ε={eps:.4g} at δ={UNTAGGED_DELTA:g} (Poisson rate ≤ {untagged_rate:.4g}, "
+                          f"σ={sigma:g}, {steps} steps): about whether a record is in training, not about a "
+                          "secret it may hold")}
+
+
+def _build_secret_certificate(plan, train_result, targets, created_at, version, untagged_rate=None) -> Certificate:
     """Per-secret posterior bounds (seed 004, Lemma 3.2, KL case), aggregated per class.
 
     Secret ids carry the secrets' values, so the certificate — a registered, shareable document —
     holds per-class aggregates only.
     """
     from components.accounting import LIBRARY_VERSION
-    from components.accounting.secrets import DEFAULT_SENSITIVITY, SENSITIVITY_REASON, report_secrets
+    from components.accounting.secrets import DEFAULT_SENSITIVITY, DOMINANCE_NOTE, SENSITIVITY_REASON, report_secrets
 
     if not targets:
         raise VeilError("secret-protection run: no secret targets to certify (the plan's records hold no secret "
@@ -249,11 +372,14 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
     for t in targets:
         cls = t.secret_id.split(":", 1)[0]
         classes.setdefault(cls, {"kappa": t.kappa, "gamma_target": t.gamma, "n_secrets": 0, "max_gamma": t.kappa,
-                                 "max_kl": 0.0, "all_within_target": True})["n_secrets"] += 1
+                                 "max_kl": 0.0, "max_kl_per_step": 0.0, "all_within_target": True})["n_secrets"] += 1
     for r in reports:
         c = classes[r.secret_id.split(":", 1)[0]]
         c["max_gamma"] = max(c["max_gamma"], float(r.gamma))
         c["max_kl"] = max(c["max_kl"], float(r.kl))
+        # KL composes linearly over steps (accounting.secrets.secret_kl): kept so that a verifier can
+        # recompute γ from this certificate's own steps (components.certificate.verify).
+        c["max_kl_per_step"] = max(c["max_kl_per_step"], float(r.kl) / steps)
         c["all_within_target"] = c["all_within_target"] and bool(r.meets_target)
     doc = {
         "schema": SCHEMA,
@@ -264,6 +390,19 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
         "epsilon": None,
         "delta": None,
         "secrets": classes,
+        "coverage": TAGGED_ONLY,
+        # classes the catalog tagged in the training data but the policy does not protect: their
+        # secrets are trained on as untagged records
+        "ignored_classes": sorted((plan.get("secret_lp") or {}).get("ignored_classes") or []),
+        "assumptions": [
+            DOMINANCE_NOTE,
+            SENSITIVITY_REASON,
+            "which records hold a secret (the tagging) is public; only the secret's value is protected "
+            "(Definition 3.1)",
+            "each secret's records are sampled at their planned Poisson rates; the rates (an LP over every "
+            "record's tags) are treated as given",
+        ],
+        "untagged_records": _untagged_section(plan, untagged_rate, steps),
         "target": dict(plan["target"]),
         "within_target": all(c["all_within_target"] for c in classes.values()),
         "accountant": {"name": "per-secret KL of the Poisson-binomial mixture (seed 004, Lemma 3.2)",
@@ -272,7 +411,7 @@ def _build_secret_certificate(plan, train_result, targets, created_at, version) 
         "dp_event": None,
         "contribution_bound": {"kind": "per-record Poisson rates from the secret LP",
                                "selection": plan.get("selection"), "records_per_user": None},
-        **_common(plan, steps, caveats, created_at, version),
+        **_common(plan, steps, caveats, created_at, version, train_result),
     }
     return Certificate(_seal(doc))
 
@@ -308,13 +447,14 @@ def recompute_epsilon(doc: Mapping[str, Any]) -> float:
         return float(filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
                                       noise_multiplier=float(doc["noise_multiplier"]),
                                       steps_run=int(f["gaussian_steps"]))["epsilon"])
+    eps_n = population_epsilon(doc)
     if int(doc["steps"]) == 0:
-        return 0.0
+        return eps_n
     acc_mech = doc["accountant"]["mechanism"]
     k = 1 if acc_mech in ("uls", "record") else int(doc["contribution_bound"]["records_per_user"])
-    return float(account(acc_mech, sampling_rate=float(doc["sampling_rate"]),
-                         noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
-                         delta=float(doc["delta"]), k=k).epsilon)
+    return eps_n + float(account(acc_mech, sampling_rate=float(doc["sampling_rate"]),
+                                 noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
+                                 delta=float(doc["delta"]), k=k).epsilon)
 
 
 def attach_audit(doc: Mapping[str, Any], audit: Mapping[str, Any]) -> Certificate:
@@ -335,5 +475,7 @@ def describe(doc: Mapping[str, Any]) -> str:
         parts = [f"{cls} γ≤{c['max_gamma']:.3g} (κ={c['kappa']:g}, target {c['gamma_target']:g})"
                  for cls, c in sorted(doc["secrets"].items())]
         return "secret-level: " + "; ".join(parts)
+    eps_n = population_epsilon(doc)
     return (f"{doc['privacy_unit']}-level ε={doc['epsilon']:.4f}, δ={doc['delta']:g} "
-            f"({doc['accountant']['mechanism']}, {'pessimistic ' if doc['accountant'].get('pessimistic') else ''}PLD)")
+            f"({doc['accountant']['mechanism']}, {'pessimistic ' if doc['accountant'].get('pessimistic') else ''}PLD"
+            + (f"; includes ε_N={eps_n:.3g} for the population estimate" if eps_n else "") + ")")

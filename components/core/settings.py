@@ -19,6 +19,7 @@ _KEYS = {
     "mlflow_registry_uri": "VEIL_MLFLOW_REGISTRY_URI",
     "prefect_api_url": "PREFECT_API_URL",
     "device": "VEIL_DEVICE",
+    "ledger_url": "VEIL_LEDGER_URL",  # per-person privacy ledger; default sqlite under private_dir
 }
 
 
@@ -29,6 +30,7 @@ class Settings:
     mlflow_registry_uri: str
     prefect_api_url: str | None = None  # None: Prefect's ephemeral API, PREFECT_HOME inside home
     device: str = "auto"
+    ledger_url: str | None = None  # None: sqlite:///<private_dir>/ledger.db (components.ledger)
     sources: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -70,10 +72,34 @@ class Settings:
         return self.home / "private"
 
     def ensure(self) -> "Settings":
+        """Create the home's folders 0700 whatever the umask, set this process's umask to 0o077 (so
+        files written by DuckDB, SQLite/MLflow, Parquet and ours are 0600), and repair a home an
+        older Veil or a loose umask left readable by others (group/other bits removed below it)."""
+        private_umask()
+        loose = self.home.is_dir() and bool(self.home.stat().st_mode & 0o077)
         for d in (self.home, self.snapshots_dir, self.plans_dir, self.runs_dir, self.models_dir,
                   self.cache_dir, self.prefect_home, self.mlflow_artifacts_dir, self.private_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if d.stat().st_mode & 0o077:
+                os.chmod(d, 0o700)
+        if loose:
+            self.make_private(self.home)
         return self
+
+    def make_private(self, *paths: Path) -> None:
+        """Remove group/other permission bits from `paths` and everything below them (symlinks are
+        left alone). For files a library copies with their source's mode (MLflow artifacts)."""
+        for root in paths:
+            root = Path(root)
+            if not root.exists() or root.is_symlink():
+                continue
+            _strip(root)
+            if root.is_dir():
+                for dirpath, dirnames, filenames in os.walk(root):
+                    for n in dirnames + filenames:
+                        p = Path(dirpath) / n
+                        if not p.is_symlink():
+                            _strip(p)
 
     def apply_environment(self) -> None:
         """Point Prefect (ephemeral unless a server URL is set) and telemetry at our settings."""
@@ -86,6 +112,22 @@ class Settings:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if self.prefect_api_url:
             os.environ["PREFECT_API_URL"] = self.prefect_api_url
+
+
+PRIVATE_UMASK = 0o077
+
+
+def private_umask() -> None:
+    """Files and folders this process creates are its owner's only (0600 / 0700). Everything
+    under VEIL_HOME is private (catalog with secret values, snapshots, plans, runs, MLflow's
+    database); the CLI and the Prefect flows call this at start, `Settings.ensure()` too."""
+    os.umask(PRIVATE_UMASK)
+
+
+def _strip(p: Path) -> None:
+    mode = p.stat().st_mode
+    if mode & 0o077:
+        os.chmod(p, mode & 0o7700)
 
 
 def _read_toml(path: Path) -> dict:
@@ -131,5 +173,6 @@ def load_settings(home: str | Path | None = None, env: dict | None = None) -> Se
         mlflow_registry_uri=values.get("mlflow_registry_uri", tracking),
         prefect_api_url=values.get("prefect_api_url"),
         device=values.get("device", "auto"),
+        ledger_url=values.get("ledger_url"),
         sources=sources,
     )

@@ -1,9 +1,11 @@
 """Policy + snapshot → plan (see docs/ARCHITECTURE.md, "plan").
 
-    plan = make_plan(load_policy("policies/demo.yaml"), snapshot, out_dir=settings.plans_dir)
-    path = save_plan(plan, settings.plans_dir)
-    load_plan(path).to_dict()["noise_multiplier"]
+    plan = make_plan(load_policy("policies/demo.yaml"), snapshot, private_dir=settings.private_dir)
+    path = save_plan(plan, settings.plans_dir)          # the public part
+    annex = load_annex(settings.private_dir, plan)      # the private part, checked against the plan
+    training_records(plan.to_dict(), annex, snapshot.records)
 """
+from components.planning.annex import load_annex, save_annex, verify_annex
 from components.planning.audit_split import AuditSplit, split_for_audit
 from components.planning.data import plan_texts, training_records
 from components.planning.make import Compute, make_plan
@@ -12,6 +14,9 @@ from components.planning.secret_lp import LPResult, sampling_rates, solve_secret
 from components.planning.selection import STRATEGIES, select_records
 
 __all__ = [
+    "load_annex",
+    "save_annex",
+    "verify_annex",
     "SCHEMA",
     "AuditSplit",
     "Compute",

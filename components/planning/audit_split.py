@@ -1,19 +1,38 @@
-"""Reserve audit data before training: held-out users and per-user attacker samples (seed 003 §8.1).
+"""Reserve audit data before training: held-out users and attacker samples (seed 003 §8.1).
 
-Users are assigned in/out by a seeded keyed-hash order, independent of what they wrote; the only
-data-dependent rule is eligibility (a user needs m+1 distinct texts so that m can go to the attacker
-and at least one to training), applied identically to both groups so the in/out comparison stays fair.
+Every decision about one unit depends on that unit alone — the property the neighbour analysis
+needs (docs/privacy/threat-model.md, "neighbour stability"):
+
+* **user units** (uls, els, group; and secret units, see below): a user is *eligible* for the audit
+  when they have at least m+1 distinct texts (their own data); an eligible user is held out when an
+  independent keyed draw PRF(key, "holdout", seed, user) falls below the policy's probability p. Their
+  m attacker samples are drawn from their own distinct texts by an RNG keyed on (key, seed, user).
+  Adding or removing one user changes nobody else's fate. (The old rule held out round(p·n_eligible)
+  users in a keyed order, so one more user could push another in or out: two people differed.)
+  A count of users cannot be turned into a probability without N, which is private: the policy
+  refuses counts.
+* **record units**: a user's holdout draw depends on the user id only (not on how many records they
+  have), and each distinct text is reserved for the attacker by its own keyed draw at the public rate
+  `attacker_record_rate`. Adding or removing one record therefore adds or removes that record alone
+  (an m-per-user choice, or an m+1 eligibility threshold, would move other records of the same user).
+* **secret units** (secret-substitution neighbours): the user rules, with every text's tagged secret
+  spans masked before it is compared, sorted or hashed, so substituting a secret's value changes no
+  decision.
+
 Attacker samples are deduplicated by text within each user: a training record identical to an
-attacker sample would turn user inference into plain membership inference.
+attacker sample would turn user inference into plain membership inference. Draws are keyed with the
+planner's secret key (components.planning.annex): with a public seed anyone holding the roster could
+recompute who was held out.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
-from components.planning.selection import keyed_order, user_rng
 
 
 @dataclass(frozen=True)
@@ -26,57 +45,149 @@ class AuditSplit:
 
 
 ATTACKER_SCHEMA = pa.schema([("record_id", pa.string()), ("user_id", pa.string()), ("member", pa.bool_())])
+UNITS = ("user", "record", "secret")
+
+# Stands in for the planner's secret key when a caller (a unit test, a bench) gives none. Planning
+# always passes the real key: with this one the draws are public.
+PUBLIC_TEST_KEY = b"veil-public-test-key-not-secret!"
 
 
-def holdout_count(holdout: float, n_eligible: int) -> int:
-    if holdout <= 0 or n_eligible == 0:
-        return 0
-    n = round(holdout * n_eligible) if holdout < 1 else int(holdout)
-    return min(n, n_eligible)
+def _key(key: bytes | None) -> bytes:
+    return PUBLIC_TEST_KEY if key is None else key
 
 
-def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int) -> AuditSplit:
-    """Split `records` (record_id, user_id, text) into training rows and audit reservations."""
+def held_out(key: bytes | None, seed: int, user: str, p: float) -> bool:
+    """The user's own holdout draw: independent of every other user."""
+    from components.planning.annex import prf_uniform
+
+    return p > 0 and prf_uniform(_key(key), "holdout", int(seed), user) < p
+
+
+def masked_texts(records: pa.Table, secret_spans: pa.Table | None) -> list[str]:
+    """Each record's text with its tagged secret spans replaced by the class name (secret units)."""
+    texts = records.column("text").to_pylist()
+    if secret_spans is None or secret_spans.num_rows == 0:
+        return texts
+    spans: dict[str, list[tuple[int, int, str]]] = {}
+    for r, s, e, c in zip(secret_spans["record_id"].to_pylist(), secret_spans["start"].to_pylist(),
+                          secret_spans["end"].to_pylist(), secret_spans["secret_class"].to_pylist()):
+        spans.setdefault(r, []).append((int(s), int(e), str(c)))
+    out = []
+    for rid, t in zip(records.column("record_id").to_pylist(), texts):
+        sp = sorted(spans.get(rid, ()), reverse=True)
+        for s, e, c in sp:             # right to left: earlier offsets stay valid
+            t = t[:s] + f"\x00{c}\x00" + t[e:]
+        out.append(t)
+    return out
+
+
+def _attacker_table(rid, user, member) -> pa.Table:
+    return pa.table([pa.array(rid, pa.string()), pa.array(user, pa.string()), pa.array(member, pa.bool_())],
+                    schema=ATTACKER_SCHEMA)
+
+
+def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key: bytes | None = None,
+                    unit: str = "user", attacker_record_rate: float = 0.0,
+                    content: Sequence[str] | None = None) -> AuditSplit:
+    """Split `records` (record_id, user_id, text) into training rows and audit reservations.
+
+    `holdout` is a probability in [0, 1); `content` (one string per row, default the text) is what
+    decisions key on and deduplicate by — pass `masked_texts(...)` for secret units.
+    """
+    from components.planning.annex import prf_seed, prf_uniform
+
+    if unit not in UNITS:
+        raise VeilError(f"audit split: unknown unit {unit!r}")
+    if not 0 <= holdout < 1:
+        raise VeilError(f"audit.holdout_users: {holdout:g} is not a probability below 1 (each person is held out by "
+                        "an independent draw; a count would need the private number of users)")
+    k = _key(key)
     users = records.column("user_id").to_pylist()
     rids = records.column("record_id").to_pylist()
-    texts = records.column("text").to_pylist()
+    cont = list(content) if content is not None else records.column("text").to_pylist()
+    if len(cont) != len(rids):
+        raise VeilError("audit split: content must have one entry per record")
 
-    # user -> text -> smallest record_id holding it (deterministic representative)
+    # user -> content -> smallest record_id holding it (deterministic representative)
+    by_user: dict[str, dict[str, str]] = {}
+    for u, r, t in zip(users, rids, cont):
+        d = by_user.setdefault(u, {})
+        if t not in d or r < d[t]:
+            d[t] = r
+
+    att_rid, att_user, att_member = [], [], []
+    excluded: dict[str, set[str]] = {}
+    out_set: set[str] = set()
+    eligible = 0
+    for u in sorted(by_user):
+        d = by_user[u]
+        if unit == "record":
+            # every decision keyed on the user id or on one text alone
+            if held_out(k, seed, u, holdout):
+                out_set.add(u)
+            chosen = sorted((t for t in d if attacker_record_rate > 0 and
+                             prf_uniform(k, "attacker-record", int(seed), u, t) < attacker_record_rate),
+                            key=lambda t: d[t])
+            if chosen:
+                eligible += 1
+        else:
+            if len(d) < m + 1:
+                continue                               # too few texts: always trained, never audited
+            eligible += 1
+            if held_out(k, seed, u, holdout):
+                out_set.add(u)
+            distinct = sorted(d)                       # this user's texts, sorted for a stable draw
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), *prf_seed(k, "attacker", u)]))
+            pick = rng.choice(len(distinct), size=m, replace=False)
+            chosen = sorted((distinct[i] for i in pick), key=lambda t: d[t])
+        excluded[u] = set(chosen)
+        for t in chosen:
+            att_rid.append(d[t])
+            att_user.append(u)
+            att_member.append(u not in out_set)
+    if out_set and len(out_set) == len(by_user):
+        raise VeilError(f"audit.holdout_users: every one of the {len(by_user)} users was drawn into the held-out "
+                        "group, leaving none to train on; lower the probability")
+
+    keep = [i for i, (u, t) in enumerate(zip(users, cont)) if u not in out_set and t not in excluded.get(u, ())]
+    train = records.take(pa.array(keep, type=pa.int64()))
+    trained = sorted(set(train.column("user_id").to_pylist()))
+    return AuditSplit(held_out_users=sorted(out_set), trained_users=trained,
+                      attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=eligible)
+
+
+def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:
+    """Synthetic canary users: exactly half held out (keyed order over canary ids only, so it depends
+    on no real person), m attacker samples each."""
+    from components.planning.annex import prf
+
+    k = _key(key)
+    ids = sorted(set(records.column("user_id").to_pylist()))
+    order = sorted(ids, key=lambda u: prf(k, "canary-holdout", int(seed), u))
+    out = set(order[:len(ids) // 2])
+    users, rids, texts = (records.column(c).to_pylist() for c in ("user_id", "record_id", "text"))
     by_user: dict[str, dict[str, str]] = {}
     for u, r, t in zip(users, rids, texts):
         d = by_user.setdefault(u, {})
         if t not in d or r < d[t]:
             d[t] = r
-    eligible = sorted(u for u, d in by_user.items() if len(d) >= m + 1)
-    n_out = holdout_count(holdout, len(eligible))
-    if n_out and n_out >= len(by_user):
-        raise VeilError(f"audit.holdout_users: holding out {n_out} users leaves none to train on "
-                        f"({len(by_user)} users in the snapshot)")
-    if holdout >= 1 and int(holdout) >= len(eligible) > 0:
-        raise VeilError(f"audit.holdout_users: {int(holdout)} held-out users would be every one of the "
-                        f"{len(eligible)} users with at least {m + 1} distinct records, leaving no trained user "
-                        "to audit; hold out fewer (or a fraction)")
-    held_out = sorted(keyed_order(seed, "holdout", eligible)[:n_out])
-    out_set = set(held_out)
+    att_rid, att_user, att_member, excluded = [], [], [], {}
+    from components.planning.annex import prf_seed
 
-    att_rid, att_user, att_member = [], [], []
-    excluded_texts: dict[str, set[str]] = {}
-    for u in eligible:
+    for u in ids:
         d = by_user[u]
-        distinct = sorted(d)                           # texts, sorted for a stable draw
-        pick = user_rng(seed, "attacker", u).choice(len(distinct), size=m, replace=False)
-        chosen = sorted((distinct[i] for i in pick), key=lambda t: d[t])
-        excluded_texts[u] = set(chosen)
+        if len(d) < m + 1:
+            raise VeilError(f"audit.canaries.records_per_user: a canary needs at least {m + 1} distinct records "
+                            f"(m = {m} for the attacker and one to train on)")
+        distinct = sorted(d)
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), *prf_seed(k, "canary-attacker", u)]))
+        chosen = sorted((distinct[i] for i in rng.choice(len(distinct), size=m, replace=False)), key=lambda t: d[t])
+        excluded[u] = set(chosen)
         for t in chosen:
             att_rid.append(d[t])
             att_user.append(u)
-            att_member.append(u not in out_set)
-    attacker = pa.table([pa.array(att_rid, pa.string()), pa.array(att_user, pa.string()),
-                         pa.array(att_member, pa.bool_())], schema=ATTACKER_SCHEMA)
-
-    keep = [i for i, (u, t) in enumerate(zip(users, texts))
-            if u not in out_set and t not in excluded_texts.get(u, ())]
+            att_member.append(u not in out)
+    keep = [i for i, (u, t) in enumerate(zip(users, texts)) if u not in out and t not in excluded[u]]
     train = records.take(pa.array(keep, type=pa.int64()))
-    trained = sorted(set(train.column("user_id").to_pylist()))
-    return AuditSplit(held_out_users=held_out, trained_users=trained, attacker=attacker, train=train,
-                      n_eligible=len(eligible))
+    return AuditSplit(held_out_users=sorted(out), trained_users=sorted(set(ids) - out),
+                      attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=len(ids))

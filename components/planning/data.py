@@ -1,50 +1,88 @@
-"""Read a plan's data back: the exact rows training may touch, texts joined, hashes checked."""
+"""Read a plan's data back: the exact rows training may touch, texts joined, hashes checked.
+
+The rows live in the plan's private annex (components.planning.annex): every function here takes the
+annex from `load_annex(private_dir, plan)`, which has already been checked against the plan.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Collection, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
-from components.core.hashing import sha256_file
+from components.core.hashing import sha256_bytes
+from components.planning.annex import annex_file
+
+# Schema metadata key carrying the sha256 of the train-records file the table was read from: the
+# trainer records it and the certificate checks it against the plan (engine.TRAIN_RECORDS_SHA256_KEY).
+TRAIN_RECORDS_SHA256_KEY = b"veil.train_records_sha256"
 
 
-def _checked(path: str, sha256: str, what: str) -> pa.Table:
+def _checked(annex: Mapping, key: str) -> pa.Table | None:
+    """The annex file's table, parsed from the very bytes whose sha256 was checked (no second read,
+    so what training uses is what was hashed); None when the annex has no such file."""
+    path = annex_file(annex, key, check=False)
+    if path is None:
+        return None
     if not Path(path).is_file():
-        raise VeilError(f"plan: {what} file {path} is missing")
-    if sha256_file(path) != sha256:
-        raise VeilError(f"plan: {what} file {path} does not match its sha256 in the plan: refusing to use it")
-    return pq.read_table(path)
+        raise VeilError(f"plan annex: {key.replace('_', ' ')} file {path} is missing")
+    data = Path(path).read_bytes()
+    sha256 = annex.get(f"{key}_sha256")
+    if sha256_bytes(data) != sha256:
+        raise VeilError(f"plan annex: {key.replace('_', ' ')} file {path} does not match its sha256 in the annex: "
+                        "refusing to use it")
+    table = pq.read_table(pa.BufferReader(data))
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), b"veil.sha256": sha256.encode()})
 
 
-def plan_texts(plan: dict, snapshot_records: pa.Table) -> pa.Table:
+def plan_texts(annex: Mapping, snapshot_records: pa.Table) -> pa.Table:
     """(record_id, text) for every record a plan can name: the snapshot's plus its canary records."""
     texts = snapshot_records.select(["record_id", "text"])
-    aud = plan.get("audit") or {}
-    if aud.get("canary_records_file"):
-        canary = _checked(aud["canary_records_file"], aud["canary_records_sha256"], "canary records")
+    canary = _checked(annex, "canary_records")
+    if canary is not None:
         texts = pa.concat_tables([texts, canary.select(["record_id", "text"]).cast(texts.schema)])
     return texts
 
 
-def train_rows(plan: dict) -> pa.Table:
+def train_rows(annex: Mapping) -> pa.Table:
     """The plan's train records file (record_id, user_id[, rate]), its sha256 checked."""
-    data = plan["data"]
-    return _checked(data["train_records_file"], data["train_records_sha256"], "train records")
+    table = _checked(annex, "train_records")
+    if table is None:
+        raise VeilError("plan annex: no train records file")
+    return table
 
 
-def training_records(plan: dict, snapshot_records: pa.Table) -> pa.Table:
+def attacker_rows(annex: Mapping) -> pa.Table:
+    """The plan's attacker records file (record_id, user_id, member), its sha256 checked."""
+    table = _checked(annex, "attacker_records")
+    if table is None:
+        raise VeilError("plan annex: no attacker records file; re-plan with audit.holdout_users > 0")
+    return table
+
+
+def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, *,
+                     drop_records: Collection[str] = ()) -> pa.Table:
     """(user_id, text[, rate]) of the plan's training rows, sorted by (user_id, record_id).
 
-    Rows keep their multiplicity (group privacy lists resampled records more than once)."""
+    Rows keep their multiplicity (group privacy lists resampled records more than once). The table's
+    schema metadata carries the sha256 of the bytes actually read (TRAIN_RECORDS_SHA256_KEY).
+    `drop_records`: record ids left out (every row of each), e.g. the records holding a secret the
+    per-secret ledger dropped from this release."""
     data = plan["data"]
-    chosen = train_rows(plan)
+    chosen = train_rows(annex)
+    read_sha = chosen.schema.metadata[b"veil.sha256"]  # what was actually read, not what the annex says
+    if drop_records:
+        import pyarrow.compute as pc
+
+        chosen = chosen.filter(pc.invert(pc.is_in(chosen["record_id"],
+                                                  pa.array(sorted(set(drop_records)), chosen["record_id"].type))))
     chosen = chosen.append_column("_row", pa.array(range(chosen.num_rows), pa.int64()))
-    joined = chosen.join(plan_texts(plan, snapshot_records), keys="record_id", join_type="inner")
+    joined = chosen.join(plan_texts(annex, snapshot_records), keys="record_id", join_type="inner")
     if joined.num_rows != chosen.num_rows:
         raise VeilError(f"plan: {chosen.num_rows - joined.num_rows} planned record(s) are missing from snapshot "
                         f"{data['snapshot_id']}")
     joined = joined.sort_by([("user_id", "ascending"), ("record_id", "ascending"), ("_row", "ascending")])
     cols = ["user_id", "text"] + (["rate"] if "rate" in joined.column_names else [])
-    return joined.select(cols)
+    return joined.select(cols).replace_schema_metadata({TRAIN_RECORDS_SHA256_KEY: read_sha})

@@ -1,7 +1,9 @@
 """The plan document: one hashed JSON file holding everything training, certificate and audit need.
 
-A plan is public. Nothing in it depends on secret contents beyond the public structure (which
-records hold which secret ids, never their values in a way that a neighbour could change).
+A plan is public: policy values, DP estimates and salted commitments only. Who is held out, which
+records train, the files that say so and every exact private count live in its private annex
+(components.planning.annex), which the plan commits to (`annex.commitment`). `assert_public` refuses
+a document that carries annex fields, so a registry cannot log one by mistake.
 """
 from __future__ import annotations
 
@@ -13,12 +15,34 @@ from typing import Any
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 
-SCHEMA = "veil.plan/v1"
+SCHEMA = "veil.plan/v2"   # v2: public part + private annex (v1 plans listed who was held out)
 REQUIRED_KEYS = (
     "schema", "created_at", "sha256", "mechanism", "privacy_unit", "neighbouring", "target", "sampling_rate",
     "noise_multiplier", "steps", "expected_batch_size", "clip_norm", "records_per_user", "selection",
-    "training", "accounting", "data", "audit", "policy",
+    "training", "accounting", "data", "audit", "policy", "annex",
 )
+# Keys that name people or records, or give exact private counts: annex only, never in a public plan.
+PRIVATE_KEYS = frozenset({
+    "held_out_users", "canary_users", "train_records_file", "train_records_sha256", "attacker_records_file",
+    "attacker_records_sha256", "canary_records_file", "canary_records_sha256", "n_train_users", "n_train_records",
+    "n_attacker_records", "n_audit_eligible_users", "candidates", "user_grad_ratio", "salt",
+})
+
+
+def assert_public(doc: dict, where: str = "plan") -> None:
+    """Refuse a plan document that holds any annex field (at any depth)."""
+    def walk(x, path):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k in PRIVATE_KEYS:
+                    # the filtered mechanism's N is public under replace-one neighbouring
+                    raise VeilError(f"{where}: '{path + k}' is private (it belongs in the plan's annex); "
+                                    "refusing to publish it")
+                walk(v, f"{path}{k}.")
+        elif isinstance(x, list):
+            for v in x:
+                walk(v, path)
+    walk(doc, "")
 
 
 def seal(body: dict) -> dict:
@@ -37,11 +61,14 @@ class Plan:
         if missing:
             raise VeilError(f"plan: missing key(s) {', '.join(missing)}")
         if self.doc["schema"] != SCHEMA:
-            raise VeilError(f"plan: schema {self.doc['schema']!r} is not {SCHEMA!r}")
+            raise VeilError(f"plan: schema {self.doc['schema']!r} is not {SCHEMA!r}"
+                            + ("; v1 plans published membership: re-plan" if self.doc["schema"] == "veil.plan/v1"
+                               else ""))
         actual = sha256_json({k: v for k, v in self.doc.items() if k != "sha256"})
         if actual != self.doc["sha256"]:
             raise VeilError(f"plan: sha256 mismatch (document says {str(self.doc['sha256'])[:12]}…, "
                             f"content hashes to {actual[:12]}…)")
+        assert_public(self.doc)
 
     @property
     def sha256(self) -> str:
@@ -83,10 +110,17 @@ class Plan:
                 rows.append(("σ set by", f"class {acc['binding_class']} (sensitivity {acc.get('sensitivity')} per record)"))
         if acc.get("epsilon") is not None:
             rows.append(("ε at this σ", f"{acc['epsilon']:.4g} (δ={acc['delta']:g}, {acc.get('accountant', '')})"))
+        pop = data.get("population") or {}
+        if pop.get("estimate") is not None:
+            rows.append(("training " + pop["unit"], f"≈{pop['estimate']:.1f} (DP estimate, ε_N={pop['epsilon']:.3g}; "
+                                                   "the exact count is private)"))
+        elif pop.get("exact") is not None:
+            rows.append(("training " + pop["unit"], f"{pop['exact']} (public under {d['neighbouring']})"))
         rows += [
-            ("training data", f"{data['n_train_records']} records of {data['n_train_users']} users"),
-            ("held-out users", str(len(audit["held_out_users"]))),
-            ("attacker records", str(audit.get("n_attacker_records", "?"))),
+            ("held out", f"each user with probability {audit.get('holdout_probability', 0):g} "
+                         "(who: private annex)"),
+            ("attacker records", f"{audit.get('attacker_samples_per_user')} per audited user"
+             if "attacker_record_rate" not in audit else f"each record with probability {audit['attacker_record_rate']:g}"),
         ]
         if "secret_lp" in d:
             lp = d["secret_lp"]

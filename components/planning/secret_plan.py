@@ -50,6 +50,18 @@ def secret_structure(policy, train: pa.Table, secret_spans: pa.Table) -> SecretS
                            n_rows=train.num_rows, ignored_classes=ignored)
 
 
+def untagged_max_rate(train_rows: pa.Table, secret_spans: pa.Table, protected) -> float | None:
+    """The largest Poisson rate among training rows holding no secret of a protected class (rows
+    tagged only with an ignored class included): what an untagged record's record-level guarantee
+    is computed at. None when training holds no such row (untagged records dropped)."""
+    prot = sorted(protected)
+    spans = secret_spans.filter(pc.is_in(secret_spans["secret_class"], value_set=pa.array(prot, pa.string())))
+    tagged = pc.is_in(train_rows["record_id"], value_set=spans["record_id"].unique())
+    rates = pc.filter(train_rows["rate"], pc.invert(tagged))
+    rates = pc.filter(rates, pc.greater(rates, 0.0))
+    return float(pc.max(rates).as_py()) if len(rates) else None
+
+
 def solve_for_policy(policy, st: SecretStructure, *, c: float | None = None) -> LPResult:
     s = policy.spec.secrets
     return solve_secret_lp(st.rec, st.sec, st.rho, st.n_rows, c=s.lp.c if c is None else c,

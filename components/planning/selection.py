@@ -1,9 +1,12 @@
 """Contribution bounding: which of a user's records training may touch (seed 000 §2.5).
 
-Every choice for a user depends only on that user's records, the plan's seed and (for perplexity
-strategies) the public base model, so adding or removing one user never changes anyone else's
-selection — the property the user-level neighbour analysis needs. Randomness comes from a per-user
-RNG keyed by (seed, purpose, user id), so a user's draw does not depend on who else is in the data.
+Every choice for a user depends only on that user's records, the plan's seed and key and (for
+perplexity strategies) the public base model, so adding or removing one user never changes anyone
+else's selection — the property the user-level neighbour analysis needs. Randomness comes from a
+per-user RNG keyed by (key, seed, purpose, user id), so a user's draw does not depend on who else is
+in the data; the planner passes its secret key, so nobody can recompute which records were chosen.
+Perplexities are computed one user at a time: a batched scorer's padding and kernel choice then
+depend on that user's texts alone, never on who else shares the batch.
 """
 from __future__ import annotations
 
@@ -24,10 +27,15 @@ STRATEGIES = ("random", "longest", "shortest", "ppl-high", "ppl-low", "random-ch
 REDRAWN_PER_VISIT = ("random-chunk",)
 
 
-def user_rng(seed: int, purpose: str, user_id: str) -> np.random.Generator:
-    """An RNG for one user and one purpose; independent of every other user."""
-    key = hashlib.sha256(f"{purpose}\x00{user_id}".encode()).digest()
-    words = [int.from_bytes(key[i:i + 4], "little") for i in range(0, 16, 4)]
+def user_rng(seed: int, purpose: str, user_id: str, key: bytes | None = None) -> np.random.Generator:
+    """An RNG for one user and one purpose; independent of every other user (keyed when `key` is given)."""
+    if key is None:
+        digest = hashlib.sha256(f"{purpose}\x00{user_id}".encode()).digest()
+        words = [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
+    else:
+        from components.planning.annex import prf_seed
+
+        words = prf_seed(key, purpose, user_id)
     return np.random.default_rng(np.random.SeedSequence([int(seed), *words]))
 
 
@@ -46,7 +54,8 @@ def _group_rows(user_ids: Sequence[str]) -> dict[str, list[int]]:
 
 
 def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exactly_k: bool = False,
-                   scorer: Scorer | None = None, length: Callable[[str], int] | None = None) -> pa.Table:
+                   scorer: Scorer | None = None, length: Callable[[str], int] | None = None,
+                   key: bytes | None = None) -> pa.Table:
     """Rows of `records` (record_id, user_id, text) that training may use, at most k per user.
 
     `exactly_k` (seed 000's group privacy): users with fewer than k records are resampled with
@@ -65,6 +74,9 @@ def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exact
     users = records.column("user_id").to_pylist()
     rids = records.column("record_id").to_pylist()
     texts = records.column("text").to_pylist() if strategy != "random" else None
+    groups = _group_rows(users)
+    for rows in groups.values():
+        rows.sort(key=lambda r: rids[r])  # input order must not matter
 
     score: np.ndarray | None = None
     if strategy in ("longest", "shortest"):
@@ -74,16 +86,20 @@ def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exact
         if scorer is None:
             raise VeilError(f"selection '{strategy}' needs the public base model's perplexities: "
                             "pass a scorer built from the base model (or choose another strategy)")
-        score = np.asarray(list(scorer(texts)), dtype=float)
-        if score.shape != (len(texts),) or not np.all(np.isfinite(score)):
+        score = np.empty(len(texts), dtype=float)
+        for rows in groups.values():       # one user per call: the batch holds this user's texts only
+            s = np.asarray(list(scorer([texts[r] for r in rows])), dtype=float)
+            if s.shape != (len(rows),):
+                raise VeilError(f"selection '{strategy}': the scorer must return one finite perplexity per record")
+            score[rows] = s
+        if not np.all(np.isfinite(score)):
             raise VeilError(f"selection '{strategy}': the scorer must return one finite perplexity per record")
     descending = strategy in ("longest", "ppl-high")
 
     keep: list[int] = []
-    for user, rows in _group_rows(users).items():
-        rows.sort(key=lambda r: rids[r])  # input order must not matter
+    for user, rows in groups.items():
         if strategy == "random":
-            rng = user_rng(seed, "select", user)
+            rng = user_rng(seed, "select", user, key)
             if len(rows) > k:
                 chosen = [rows[i] for i in sorted(rng.choice(len(rows), size=k, replace=False))]
             else:
@@ -92,7 +108,7 @@ def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exact
             sign = -1.0 if descending else 1.0
             chosen = sorted(rows, key=lambda r: (sign * score[r], rids[r]))[:k]
         if exactly_k and len(chosen) < k:
-            rng = user_rng(seed, "resample", user)
+            rng = user_rng(seed, "resample", user, key)
             extra = rng.choice(len(chosen), size=k - len(chosen), replace=True)
             chosen = chosen + [chosen[i] for i in extra]
         keep.extend(chosen)

@@ -62,6 +62,52 @@ def _line(node: yaml.Node) -> int:
     return node.start_mark.line + 1
 
 
+# A policy is a few hundred nodes. Aliases let a few KB describe billions (each level doubling the
+# last: the "billion laughs"); every walk over the document (validation, error locations) would pin
+# a core. Expanded size is computed once per distinct node, so the check itself is linear.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _alias_expansion_problem(root: yaml.Node) -> tuple[int, str] | None:
+    """(line, message) if aliases make the document recursive or expand it past MAX_EXPANDED_NODES."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def walk(node: yaml.Node) -> int:
+        k = id(node)
+        if k in size:
+            return size[k]
+        if k in on_path:
+            raise _Recursive(node)
+        on_path.add(k)
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            for a, b in node.value:
+                n += walk(a) + walk(b)
+        elif isinstance(node, yaml.SequenceNode):
+            for v in node.value:
+                n += walk(v)
+        on_path.discard(k)
+        size[k] = n = min(n, MAX_EXPANDED_NODES + 1)
+        return n
+
+    try:
+        total = walk(root)
+    except _Recursive as e:
+        return _line(e.node), "not a policy: a YAML alias refers to a node containing itself (recursive)"
+    except RecursionError:
+        return _line(root), "not a policy: YAML nested too deeply"
+    if total > MAX_EXPANDED_NODES:
+        return _line(root), (f"not a policy: YAML aliases expand it to more than {MAX_EXPANDED_NODES:,} nodes "
+                             "(an alias bomb?); write the values out")
+    return None
+
+
+class _Recursive(Exception):
+    def __init__(self, node):
+        self.node = node
+
+
 def _duplicate_keys(node: yaml.Node, path: str, out: list[tuple[int, str, str]]) -> None:
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
@@ -210,6 +256,9 @@ def _problems_from_text(raw: bytes, path: str) -> tuple[list[PolicyProblem], Pol
         if root is None:
             return [PolicyProblem(path, 1, "", "the file is empty; a policy starts with "
                                                "'apiVersion: veil.dev/v1'")], None
+        why = _alias_expansion_problem(root)
+        if why:
+            return [PolicyProblem(path, why[0], "", why[1])], None
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark

@@ -22,7 +22,8 @@ Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "ran
 RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 
 # Detectors the catalog implements (SHARED_CONTRACTS: built-in detectors).
-BUILTIN_DETECTORS = ("credentials", "email", "phone")
+# Must match catalog.tagging.BUILTIN_DETECTORS (a test checks; components never imports catalog).
+BUILTIN_DETECTORS = ("credentials", "email", "phone", "payment_card", "iban", "national_id", "high_entropy")
 
 # Which mechanisms can deliver a guarantee for which unit.
 MECHANISMS_FOR_UNIT = {
@@ -90,6 +91,19 @@ class Protection(_Strict):
         return first + second
 
 
+def _re2_problem(pattern: str) -> str | None:
+    import re2
+
+    opts = re2.Options()
+    opts.log_errors = False
+    try:
+        re2.compile(pattern, opts)
+        return None
+    except re2.error as e:
+        a = e.args[0] if e.args else e
+        return a.decode(errors="replace") if isinstance(a, bytes) else str(a)
+
+
 class TaggingRule(_Strict):
     kind: RuleKind = Field(description="literal | regex | path_glob | detector.")
     patterns: list[str] = Field(min_length=1, description="Literals, regular expressions, globs or detector names.")
@@ -105,6 +119,13 @@ class TaggingRule(_Strict):
                     re.compile(p)
                 except re.error as e:
                     raise ValueError(f"@patterns@ regex {p!r} does not compile: {e}") from None
+                why = _re2_problem(p)
+                if why:
+                    # Tagging runs on RE2 (linear time: a pattern like (a+)+$ cannot hang an ingest);
+                    # backreferences and lookarounds need backtracking, which is what hangs.
+                    raise ValueError(f"@patterns@ regex {p!r} cannot run on RE2, the linear-time engine tagging "
+                                     f"uses ({why}); drop backreferences and lookarounds (use \\b or a named "
+                                     "group 'secret' to narrow the span)")
             if self.kind == "detector" and p not in BUILTIN_DETECTORS:
                 raise ValueError(f"@patterns@ unknown detector {p!r}; built-in detectors: {', '.join(BUILTIN_DETECTORS)}")
         return self
@@ -187,30 +208,92 @@ class Filter(_Strict):
 class Canaries(_Strict):
     users: int = Field(default=0, ge=0, description="Synthetic canary users (seed 003 App. D.2); 0: none.")
     substring_words: int = Field(default=10, ge=1, le=200)
+    records_per_user: int = Field(
+        default=8, ge=2, le=10_000,
+        description="Records each canary user writes. A public value: sizing canaries from the real users' "
+                    "counts would make every user's data move the canaries.")
 
 
 class Audit(_Strict):
     holdout_users: float = Field(
-        default=0.25, ge=0,
-        description="Users never trained on: a fraction in (0, 1) or a whole count ≥ 1.")
+        default=0.25, ge=0, lt=1,
+        description="Probability in [0, 1) that a user is never trained on; each user is drawn independently "
+                    "(a count is refused: it would need the number of users, which is private).")
     attacker_samples_per_user: int = Field(default=4, ge=1, description="m: records per user kept out of "
                                                                          "training for the attacker.")
+    attacker_record_rate: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="Record-level units: each distinct record is kept out for the attacker independently with "
+                    "this probability (m per user would let one record move another).")
     max_user_inference_auroc: float = Field(default=0.65, ge=0.5, le=1)
     max_secret_exposure: float = Field(default=4.0, ge=0, description="Largest allowed exposure (bits).")
     canaries: Canaries = Field(default_factory=Canaries)
 
-    @field_validator("holdout_users")
+    @field_validator("holdout_users", mode="before")
     @classmethod
-    def _holdout(cls, v: float) -> float:
-        if v >= 1 and v != int(v):
-            raise ValueError(f"{v:g} is neither a fraction below 1 nor a whole number of users")
+    def _holdout(cls, v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1:
+            raise ValueError(f"{v:g} is a count of users; give a probability in [0, 1) instead: each person is held "
+                             "out by an independent draw, and turning a count into a probability would need the "
+                             "number of users, which is private")
         return v
+
+    @model_validator(mode="after")
+    def _canaries_fit(self) -> "Audit":
+        if self.canaries.users and self.canaries.records_per_user < self.attacker_samples_per_user + 2:
+            raise ValueError(f"@canaries.records_per_user@ canaries.records_per_user ({self.canaries.records_per_user}) "
+                             f"must be at least attacker_samples_per_user + 2 ({self.attacker_samples_per_user + 2})")
+        return self
+
+
+class Population(_Strict):
+    """The number of training units is private (add/remove neighbours change it). Veil publishes only
+    a Laplace estimate of it, paid for from the target ε."""
+    epsilon_fraction: float = Field(
+        default=0.02, gt=0, le=0.5,
+        description="Share of the target ε spent on the DP estimate N̂ of the number of training units "
+                    "(q = B/N̂); DP-SGD gets the rest.")
 
 
 class Release(_Strict):
     required_certificate_fields: list[str] = Field(
         default_factory=lambda: ["epsilon", "delta", "privacy_unit", "mechanism", "policy_sha256"])
     promoters: list[str] = Field(default_factory=list, description="Who may promote a model to production.")
+
+
+class People(_Strict):
+    """Who is a person: accounts that are not people, identities that are one person, and who owns a
+    record. Applied by the catalog (catalog.people) when a snapshot is read for training/planning."""
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Accounts that are not people (bots, service users): globs on account ids and on author "
+                    "names, case-insensitive; only '*' and '?' are special ('[bot]' is literal), e.g. "
+                    "'*[bot]@*', 'dependabot*', 'pre-commit-ci*'.")
+    aliases: list[list[str]] = Field(
+        default_factory=list,
+        description="Each list is one person's identities across sources (addresses, account ids); the first "
+                    "is the id the person gets.")
+    ownership: Literal["author", "all-participants"] = Field(
+        default="author",
+        description="'author': a record belongs to its writer (mail: the sender). 'all-participants': also "
+                    "to every recipient (mail To/Cc), each of whom it can reveal something about.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "People":
+        seen: dict[str, int] = {}
+        for i, group in enumerate(self.aliases):
+            ids = [a.strip().lower() for a in group]
+            if len(set(ids)) < 2 or any(not a for a in ids):
+                raise ValueError(f"@aliases.{i}@ an alias list names at least two different, non-empty identities")
+            for a in ids:
+                if a in seen and seen[a] != i:
+                    raise ValueError(f"@aliases.{i}@ identity '{a}' is also in alias list {seen[a] + 1}: "
+                                     "one identity, one person")
+                seen[a] = i
+        for i, pat in enumerate(self.exclude):
+            if not pat.strip() or pat.strip("*?") == "":
+                raise ValueError(f"@exclude.{i}@ pattern {pat!r} would exclude every account")
+        return self
 
 
 class Spec(_Strict):
@@ -225,7 +308,10 @@ class Spec(_Strict):
     training: Training = Field(default_factory=Training)
     filter: Filter | None = Field(default=None, description="Required by (and only for) mechanism 'uls-filtered'.")
     audit: Audit = Field(default_factory=Audit)
+    population: Population = Field(default_factory=Population)
     release: Release = Field(default_factory=Release)
+    people: People = Field(default_factory=People, description="Who is a person: excluded accounts, aliases, "
+                                                                 "record ownership.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Spec":
@@ -285,6 +371,10 @@ class Policy(_Strict):
                 out.append({"secret_class": c.name, "kind": r.kind, "patterns": list(r.patterns),
                             "case_sensitive": bool(r.case_sensitive)})
         return out
+
+    def people(self) -> dict:
+        """The `people` section as plain data (catalog.people applies it)."""
+        return self.spec.people.model_dump()
 
     def secret_protection(self) -> dict[str, Protection]:
         """Secret class → its (κ, γ) after applying tiers."""

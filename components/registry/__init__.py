@@ -2,7 +2,9 @@
 
 `register_model` logs a pyfunc model (base + adapter + certificate), the certificate as a run
 artifact, `privacy.*` tags and the metric `privacy_epsilon`, and registers a version.
-`load_model` is the consumer path: it refuses a model whose certificate does not verify.
+The certificate is sealed (Ed25519 over its hash and the hashes of the weights, base, tokenizer,
+plan, policy and ledger entry). `load_model`, the pyfunc's own `load_context`, `verify_model`
+(`veil verify`) and `list_models` run the same named checks and refuse a release that fails one.
 """
 from components.registry.mlflow_registry import (
     LoadedModel,
@@ -11,6 +13,9 @@ from components.registry.mlflow_registry import (
     load_model,
     record_audit,
     register_model,
+    verify_model,
 )
+from components.certificate.verify import ReleaseInvalid, Verification
 
-__all__ = ["LoadedModel", "Registration", "list_models", "load_model", "record_audit", "register_model"]
+__all__ = ["LoadedModel", "Registration", "ReleaseInvalid", "Verification", "list_models", "load_model",
+           "record_audit", "register_model", "verify_model"]

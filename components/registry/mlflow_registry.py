@@ -9,10 +9,15 @@ from typing import Any, Mapping
 
 from components.certificate import describe, verify_certificate
 from components.core.errors import VeilError
+from components.core.hashing import sha256_json
 from components.core.settings import Settings
+from components.registry.verification import CERT_ARTIFACT, PLAN_ARTIFACT, SEAL_ARTIFACT
 
-CERT_ARTIFACT = "certificate.json"
-PLAN_ARTIFACT = "plan.json"
+# What the pyfunc needs at load time, pinned to the versions that registered it (`veil` itself is
+# not on an index: its `components` package travels inside the model as `code_paths`).
+RUNTIME_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors", "accelerate", "numpy",
+                        "scipy", "pandas", "pyyaml", "dp-accounting", "cryptography")
+INPUT_EXAMPLE_PROMPT = "The weekly report"
 
 
 def _client(settings: Settings):
@@ -59,9 +64,11 @@ def privacy_tags(cert: Mapping[str, Any]) -> dict[str, str]:
         tags[f"privacy.secret.{cls}.max_gamma"] = repr(float(c["max_gamma"]))
         tags[f"privacy.secret.{cls}.kappa"] = repr(float(c["kappa"]))
     audit = cert.get("audit") or {}
-    for key in ("auroc", "auroc_ceiling", "passed"):
+    for key in ("auroc", "auroc_ceiling", "passed", "verdict"):
         if key in audit:
             tags[f"audit.{key}"] = str(audit[key])
+    if "covered_by_certificate" in audit:   # the audit's public section says it is not covered
+        tags["audit.covered_by_certificate"] = str(bool(audit["covered_by_certificate"])).lower()
     return tags
 
 
@@ -72,41 +79,104 @@ class Registration:
     run_id: str
     model_uri: str
     certificate_sha256: str
-    lifetime: dict | None = None    # the users' lifetime spend with this release, when the plan has a budget
+    lifetime: dict | None = None    # the ledger's aggregates for this release (components.ledger)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
+def runtime_requirements() -> list[str]:
+    """`name==version` for each runtime dependency installed here (local build tags like +cpu dropped)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in RUNTIME_REQUIREMENTS:
+        try:
+            out.append(f"{name}=={version(name).split('+', 1)[0]}")
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def model_signature():
+    """A `prompt` string column in, one string out, `max_new_tokens` as a parameter."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec("string", "prompt")]), outputs=Schema([ColSpec("string")]),
+                          params=ParamSchema([ParamSpec("max_new_tokens", "long", 32)]))
+
+
+def _components_dir() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
 def register_model(settings: Settings, *, name: str, certificate: Mapping[str, Any], plan: Mapping[str, Any],
                    base_model_dir: str | Path, adapter_dir: str | Path | None,
                    policy_max_epsilon: float | None = None, experiment: str = "veil",
-                   alias: str | None = "latest-certified") -> Registration:
-    """Log the model with its certificate and register a new version.
+                   alias: str | None = "latest-certified", ledger_release_id: int | None = None,
+                   ledger_entry: str | None = None, signing_key=None) -> Registration:
+    """Seal the certificate, log the model with it and register a new version.
 
-    Refuses a certificate that does not verify, or whose ε exceeds the policy's target.
+    The seal (components.certificate.seal) signs the certificate's hash with the hashes of the
+    weights, base model, tokenizer and plan being logged, the policy and the ledger entry. Refuses a
+    certificate that does not verify, whose ε is not what its parameters give, or whose ε exceeds the
+    policy's target.
     """
     import mlflow
+    import pandas as pd
 
+    from components.certificate.seal import load_signing_key, make_seal
+    from components.certificate.verify import artifact_bindings, certified_artifacts_mismatch, recheck_guarantee
     from components.registry.pyfunc_model import VeilCausalLM
 
     cert = verify_certificate(certificate).to_dict()
+    recheck_guarantee(cert)   # never sign a certificate whose numbers its own parameters contradict
     if cert["epsilon"] is not None and policy_max_epsilon is not None and cert["epsilon"] > policy_max_epsilon + 1e-12:
         raise VeilError(f"certificate ε={cert['epsilon']:.4f} exceeds the policy's ε={policy_max_epsilon}: not registered")
     if not cert.get("within_target", True):
         raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
-    lifetime = lifetime_check(settings, cert, plan.get("lifetime_budget"))
+    from components.planning.plan import assert_public
+
+    # Only the public part of a plan is ever logged or embedded; its annex names people.
+    assert_public(dict(plan), "plan to register")
+    if sha256_json({k: v for k, v in plan.items() if k != "sha256"}) != plan.get("sha256"):
+        raise VeilError("plan: its content does not hash to its sha256 (edited after planning)")
+    if (plan.get("policy") or {}).get("sha256") != cert["policy"]["sha256"]:
+        raise VeilError("certificate and plan name different policies (policy sha256 differs)")
+    weights_key = None
+    if adapter_dir:
+        if not Path(adapter_dir).is_dir():
+            raise VeilError(f"{adapter_dir}: no such adapter/model directory")
+        # peft's layout (adapter_config.json + adapter_model.safetensors) or a full HF model directory.
+        weights_key = "adapter" if (Path(adapter_dir) / "adapter_config.json").is_file() else "model"
+    lifetime = lifetime_check(settings, cert, plan, ledger_release_id)
+    key = signing_key if signing_key is not None else load_signing_key(settings)
+    if ledger_entry is None and (lifetime or {}).get("ledger_release_id") is not None:
+        ledger_entry = str(lifetime["ledger_release_id"])   # the per-person ledger's release (components.ledger)
+    bindings = artifact_bindings(weights_dir=adapter_dir, base_model_dir=base_model_dir, plan=plan,
+                                 ledger_entry=ledger_entry, code_dir=_components_dir())
+    wrong = certified_artifacts_mismatch(cert, bindings)
+    if wrong:
+        raise VeilError(f"{wrong[0][1]}: not registered")
+    seal = make_seal(cert, bindings, key)
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
     with tempfile.TemporaryDirectory() as tmp:
         cert_path, plan_path = Path(tmp) / CERT_ARTIFACT, Path(tmp) / PLAN_ARTIFACT
+        seal_path, pub_path = Path(tmp) / SEAL_ARTIFACT, Path(tmp) / "signing_key.pub.pem"
         cert_path.write_text(json.dumps(cert, indent=2, sort_keys=True))
         plan_path.write_text(json.dumps(dict(plan), indent=2, sort_keys=True))
-        artifacts = {"certificate": str(cert_path), "plan": str(plan_path), "base_model": str(base_model_dir)}
-        if adapter_dir:
-            artifacts["adapter"] = str(adapter_dir)
+        seal_path.write_text(json.dumps(seal, indent=2, sort_keys=True))
+        from components.certificate.seal import public_key_pem
+
+        pub_path.write_text(public_key_pem(key.public_key()))
+        artifacts = {"certificate": str(cert_path), "seal": str(seal_path), "plan": str(plan_path),
+                     "base_model": str(base_model_dir)}
+        if weights_key:
+            artifacts[weights_key] = str(adapter_dir)
         with mlflow.start_run(experiment_id=exp_id, run_name=f"{name}-{cert['sha256'][:8]}") as run:
             mlflow.log_params({"mechanism": cert["mechanism"], "noise_multiplier": cert["noise_multiplier"],
                                "sampling_rate": cert["sampling_rate"], "steps": cert["steps"],
@@ -116,17 +186,26 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
                 mlflow.log_metric("privacy_epsilon", float(cert["epsilon"]))
             for cls, c in (cert.get("secrets") or {}).items():
                 mlflow.log_metric(f"privacy_secret_max_gamma_{cls}", float(c["max_gamma"]))
-            mlflow.set_tags(privacy_tags(cert))
+            mlflow.set_tags({**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]})
             if lifetime is not None:
-                mlflow.set_tags({"privacy.lifetime_epsilon": repr(lifetime["epsilon"]),
-                                 "privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
-                mlflow.log_metric("privacy_lifetime_epsilon", float(lifetime["epsilon"]))
-            mlflow.log_artifact(str(cert_path))
-            mlflow.log_artifact(str(plan_path))
-            info = mlflow.pyfunc.log_model(name="model", python_model=VeilCausalLM(), artifacts=artifacts,
-                                           pip_requirements=["veil"])
+                # The release id and the budget only. How many people were admitted or retired is an
+                # exact private count (it is N), and the ledger's spend distribution depends on who was
+                # in which release: both stay in the private ledger (`veil ledger` for administrators).
+                mlflow.set_tags({"privacy.ledger_release_id": str(lifetime["ledger_release_id"])})
+                if lifetime["budget_epsilon"] is not None:
+                    mlflow.set_tags({"privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
+            # The run's certificate and seal are logged before the model: logging validates the
+            # input example by loading the model, whose load_context checks the run side too.
+            for p in (cert_path, seal_path, plan_path, pub_path):
+                mlflow.log_artifact(str(p))
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=VeilCausalLM(), artifacts=artifacts,
+                code_paths=[_components_dir()], pip_requirements=runtime_requirements(),
+                signature=model_signature(), input_example=pd.DataFrame({"prompt": [INPUT_EXAMPLE_PROMPT]}))
             run_id = run.info.run_id
-    mv = mlflow.register_model(info.model_uri, name, tags=privacy_tags(cert))
+    _verify_logged(client, info.model_uri, run_id, settings)
+    tags = {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]}
+    mv = mlflow.register_model(info.model_uri, name, tags=tags)
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
     return Registration(name=name, version=str(mv.version), run_id=run_id,
@@ -134,34 +213,83 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
                         lifetime=lifetime)
 
 
-def lifetime_check(settings: Settings, cert: Mapping[str, Any], budget: Mapping[str, Any] | None) -> dict | None:
-    """Refuse a release that would take the users past the policy's lifetime budget.
+def _verify_logged(client, model_uri: str, run_id: str, settings: Settings) -> None:
+    """Verify what was just logged, as a consumer will, before it becomes a registered version
+    (a package that does not verify — e.g. the signing key is not in this installation's trust
+    store — is never registered)."""
+    from components.certificate.seal import trusted_keys
+    from components.certificate.verify import verify_package
+    from components.registry.verification import check_registry_side, package_artifacts
 
-    Every user-level release already in this registry counts against every user — any model name,
-    any policy — since all of them are trained on the same organisation's people (Veil cannot tell
-    which users a past snapshot held, so it assumes all). Releases are composed with the PLD where
-    their certificates allow (components.accounting.lifetime). A registered certificate that does not
-    verify makes the spend unknown: refused."""
-    if budget is None or cert.get("privacy_unit") != "user":
-        return None
-    from components.accounting.lifetime import lifetime_epsilon, release_from_certificate
+    trusted = trusted_keys(settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        import mlflow
 
-    rows = list_models(settings)
-    bad = [f"{r['name']}/{r['version']}" for r in rows if r["certificate"] is None]
-    if bad:
-        raise VeilError(f"lifetime budget: registered version(s) {', '.join(bad)} have certificates that do not "
-                        "verify, so what the users have spent is unknown: not registered")
-    prior = [r["certificate"] for r in rows]
-    releases = [x for x in (release_from_certificate(c) for c in prior + [dict(cert)]) if x is not None]
-    uncounted = sum(1 for c in prior if release_from_certificate(c) is None)
-    spend = lifetime_epsilon(releases, float(budget["delta"]))
-    out = {**spend.to_dict(), "budget_epsilon": float(budget["epsilon"]), "uncounted_releases": uncounted}
-    if spend.epsilon > float(budget["epsilon"]) * (1 + 1e-12):
-        raise VeilError(f"lifetime budget: with this release the users' total would be ε={spend.epsilon:.4g} at "
-                        f"δ={budget['delta']:g} over {spend.releases} user-level releases, above the policy's "
-                        f"lifetime ε={budget['epsilon']:g}: not registered (the budget is the policy owners' call: "
-                        "raise lifetime_budget, or release no more models trained on these people)")
-    return out
+        pkg = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        v, embedded, embedded_seal = verify_package(package_artifacts(pkg), trusted)
+    check_registry_side(client, run_id, [], embedded, embedded_seal, trusted, v)
+    if not v.valid:
+        raise VeilError(f"the logged model does not verify ({v.reason}): not registered")
+
+
+def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[str, Any],
+                   ledger_release_id: int | None = None) -> dict | None:
+    """The per-person ledger's word on this release (issue 13; components.ledger, docs/privacy/ledger.md).
+
+    Replaces the old global sum over the registry. The release must hold a reservation made before
+    training (`components.ledger.reserve_release`, called between plan and train); found by id, by the
+    plan's `ledger.release_id`, or by the plan's sha256. Without one, the release is reserved now from the
+    plan's training rows (a model on disk is a release) and refused if the filter retires anyone, since
+    they are in the model already. Registration appends a `registered` event; the charge never moves,
+    whatever happens to the version afterwards. Returns aggregates only (counts, ε of the budget)."""
+    from components.ledger import Ledger, reserve_release
+
+    led = Ledger.open(settings)
+    try:
+        rid = ledger_release_id or ((plan.get("ledger") or {}).get("release_id"))
+        if rid is None:
+            found = led.releases_for_plan(str(plan.get("sha256")))
+            rid = found[-1] if found else None
+        late = False
+        if rid is None:
+            try:
+                from components.planning.annex import load_annex
+                from components.planning.data import train_rows
+                rows = train_rows(load_annex(settings.private_dir, dict(plan)))
+            except (VeilError, KeyError, TypeError):
+                if plan.get("lifetime_budget") is None and led.budget() is None:
+                    return None   # no budget anywhere and no rows to charge: nothing the ledger can check
+                raise VeilError(f"ledger: plan {str(plan.get('sha256'))[:12]} has no reservation and its training "
+                                "rows cannot be read to charge it now: not registered (reserve before training)") from None
+            if plan.get("mechanism") == "uls-filtered" and plan.get("lifetime_budget") is None \
+                    and led.budget() is None:
+                return None   # no Rényi curve to charge (docs/privacy/ledger.md) and no budget to enforce
+            res = reserve_release(settings, plan, rows, ledger=led)
+            rid, late = res.release_id, True
+            if res.retired:
+                led.record(rid, "refused", reason="trained before reserving; the filter retires some of its people")
+                raise VeilError(f"ledger: this model was trained without a reservation and {len(res.retired)} of its "
+                                "people have no budget left for it: not registered (their charge for the others stays)")
+        from sqlalchemy import select
+
+        from components.ledger import store as st
+        with st.read_only(led.engine) as conn:
+            row = conn.execute(select(st.releases).where(st.releases.c.id == int(rid))).first()
+        if row is None:
+            raise VeilError(f"ledger: no release {rid}: not registered")
+        if row.plan_sha256 is not None and row.plan_sha256 != plan.get("sha256"):
+            raise VeilError(f"ledger: release {rid} was reserved for another plan: not registered")
+        if row.admitted == 0:
+            led.record(int(rid), "refused", reason="the filter retired everyone")
+            raise VeilError("ledger: the per-person filter retired every person of this release (no budget left): "
+                            "not registered")
+        led.record(int(rid), "registered", certificate_sha256=cert.get("sha256"))
+        b = led.budget()
+        return {"ledger_release_id": int(rid), "admitted": int(row.admitted), "retired": int(row.retired),
+                "reserved_late": late, "budget_epsilon": None if b is None else b.epsilon,
+                "delta": None if b is None else b.delta, "spend": led.summary()["spend"]}
+    finally:
+        led.dispose()
 
 
 def _resolve_version(client, model_uri: str):
@@ -181,10 +309,25 @@ def _resolve_version(client, model_uri: str):
         raise VeilError(f"model URI {model_uri!r}: no such registered model version") from None
 
 
-def _run_certificate(client, run_id: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, CERT_ARTIFACT, tmp)
-        return json.loads(Path(path).read_text())
+def _download_package(mv, dst: str) -> str:
+    import mlflow
+
+    try:
+        return mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=dst)
+    except Exception as e:  # noqa: BLE001
+        raise VeilError(f"model {mv.name}/{mv.version}: package {mv.source} cannot be downloaded "
+                        f"({type(e).__name__})") from None
+
+
+def verify_model(model_uri: str, settings: Settings):
+    """Every check for a registered version (`veil verify`): a Verification, never an exception for
+    an invalid release (a bad URI is still a VeilError)."""
+    from components.certificate.seal import trusted_keys
+    from components.registry.verification import verify_version
+
+    client = _client(settings)
+    mv = _resolve_version(client, model_uri)
+    return verify_version(client, mv, trusted_keys(settings))
 
 
 @dataclass
@@ -200,22 +343,26 @@ class LoadedModel:
 
 
 def load_model(model_uri: str, settings: Settings) -> LoadedModel:
-    """The consumer path: resolve, verify the certificate against the registry's hash, load."""
+    """The consumer path: resolve, verify every check (registry + package), then load the package.
+
+    The package's own `load_context` verifies again what it is about to serve (so does plain
+    `mlflow.pyfunc.load_model`); a failed check is a `ReleaseInvalid` (a VeilError) in one line.
+    """
     import mlflow
+
+    from components.certificate.seal import trusted_keys
+    from components.registry.verification import verify_version
 
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
-    cert = verify_certificate(_run_certificate(client, mv.run_id),
-                              expected_sha256=mv.tags.get("privacy.certificate_sha256"))
-    pyfunc = mlflow.pyfunc.load_model(f"models:/{mv.name}/{mv.version}")
-    inner = pyfunc.unwrap_python_model()
-    # The model's embedded certificate is the pre-audit one; privacy fields must agree.
-    embedded = inner.certificate
-    for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "plan_sha256"):
-        if embedded[key] != cert.doc[key]:
-            raise VeilError(f"model {model_uri}: embedded certificate disagrees with the registered one on {key}")
+    with tempfile.TemporaryDirectory() as tmp:
+        package = _download_package(mv, tmp)
+        v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
+        v.raise_if_invalid(f"model {model_uri}")
+        inner = mlflow.pyfunc.load_model(package).unwrap_python_model()
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
-                       tokenizer=inner.tokenizer, certificate=cert.to_dict(), plan=inner.plan)
+                       tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan,
+                       extra={"verification": v.to_dict()})
 
 
 def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *,
@@ -225,9 +372,14 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
     `audit` must be the public section (`AuditResult.summary()`): verdicts and quantized aggregates,
     marked `covered_by_certificate: false`. Metrics and tags carry only its public values (bucket
     edges, ceilings, the verdict) — never an exact AUROC, exposure or per-person figure.
+
+    Amends the release: a new certificate (`supersedes` = the model's embedded, pre-audit one;
+    nothing else differs), sealed with the same bindings, in the run and the version's tags. A
+    re-audit replaces the audit section; the chain is always one link long.
     """
     from components.audit.public import SECTION_SCHEMA, public_metrics, public_tags
     from components.certificate import attach_audit
+    from components.certificate.seal import load_signing_key, make_seal
 
     if audit.get("schema") != SECTION_SCHEMA or audit.get("covered_by_certificate") is not False:
         raise VeilError(f"audit: record_audit takes the public audit section ({SECTION_SCHEMA}, "
@@ -235,40 +387,57 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
 
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
-    old = verify_certificate(_run_certificate(client, mv.run_id),
-                             expected_sha256=mv.tags.get("privacy.certificate_sha256"))
-    new = attach_audit(old.to_dict(), audit).to_dict()
+    embedded, embedded_seal = _verified_embedded(client, mv, settings, model_uri)
+    new = attach_audit(embedded, audit).to_dict()
+    seal = make_seal(new, embedded_seal["bindings"], load_signing_key(settings))
     with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / CERT_ARTIFACT
-        p.write_text(json.dumps(new, indent=2, sort_keys=True))
-        client.log_artifact(mv.run_id, str(p))
+        for name, doc in ((CERT_ARTIFACT, new), (SEAL_ARTIFACT, seal)):
+            p = Path(tmp) / name
+            p.write_text(json.dumps(doc, indent=2, sort_keys=True))
+            client.log_artifact(mv.run_id, str(p))
     if plot_path:
         client.log_artifact(mv.run_id, str(plot_path), artifact_path="audit")
     for key, value in public_metrics(audit).items():
         client.log_metric(mv.run_id, key, value)
-    for key, value in {**privacy_tags(new), **public_tags(audit)}.items():
-        client.set_model_version_tag(mv.name, mv.version, key, value)
+    for key, value in {**privacy_tags(new), **public_tags(audit), "privacy.signing_key": seal["public_key"]["fingerprint"]}.items():
+        for other in client.search_model_versions(f"run_id='{mv.run_id}'"):
+            client.set_model_version_tag(other.name, other.version, key, value)
         client.set_tag(mv.run_id, key, value)
     return new
 
 
+def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[dict, dict]:
+    """The model package's embedded (pre-audit) certificate and seal, after the whole release verified."""
+    from components.certificate.seal import trusted_keys
+    from components.registry.verification import package_artifacts, verify_version
+
+    with tempfile.TemporaryDirectory() as tmp:
+        package = _download_package(mv, tmp)
+        v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
+        v.raise_if_invalid(f"audit of {model_uri}")
+        arts = package_artifacts(package)
+        return json.loads(Path(arts["certificate"]).read_text()), json.loads(Path(arts["seal"]).read_text())
+
+
 def list_models(settings: Settings) -> list[dict]:
-    """Every registered version with its (verified) certificate, newest first."""
+    """Every registered version with its certificate, newest first; `verified` only when every
+    check passes (components.registry.verification), else `INVALID: <check>: <why>`."""
+    from components.certificate.seal import trusted_keys
+    from components.registry.verification import verify_version
+
     client = _client(settings)
+    trusted = trusted_keys(settings)
     out = []
     for rm in client.search_registered_models():
         aliases: dict[str, list[str]] = {}
         for alias, version in (rm.aliases or {}).items():
             aliases.setdefault(str(version), []).append(alias)
         for mv in client.search_model_versions(f"name='{rm.name}'"):
-            try:
-                cert = verify_certificate(_run_certificate(client, mv.run_id),
-                                          expected_sha256=mv.tags.get("privacy.certificate_sha256")).to_dict()
-                status = "verified"
-            except VeilError as e:
-                cert, status = None, f"INVALID: {e}"
+            v = verify_version(client, mv, trusted)
+            cert = v.certificate if v.valid else None
             out.append({"name": mv.name, "version": str(mv.version), "aliases": aliases.get(str(mv.version), []),
                         "run_id": mv.run_id, "created_at_ms": mv.creation_timestamp,
-                        "certificate_status": status, "certificate": cert})
+                        "certificate_status": "verified" if v.valid else f"INVALID: {v.reason}",
+                        "checks": v.checks, "certificate": cert})
     out.sort(key=lambda r: (r["name"], -int(r["version"])))
     return out

@@ -1,6 +1,8 @@
 """The pyfunc wrapper MLflow stores: a causal LM (base + optional LoRA adapter) that generates text.
 
-MLflow's transformers flavor reaches for the hub, so Veil ships its own small pyfunc.
+MLflow's transformers flavor reaches for the hub, so Veil ships its own small pyfunc. It verifies
+the release before it loads a single weight (components.registry.verification): a plain
+`mlflow.pyfunc.load_model("models:/…")` refuses a tampered model with one line.
 """
 from __future__ import annotations
 
@@ -11,33 +13,61 @@ import mlflow.pyfunc
 
 
 class VeilCausalLM(mlflow.pyfunc.PythonModel):
-    """Input: a DataFrame with a `prompt` column (or a list of strings); output: continuations."""
+    """Input: a DataFrame with a `prompt` column (or a list of strings); output: continuations.
+
+    Artifacts: `certificate` + `seal` (the pre-audit certificate and its signature), `plan` (public),
+    `base_model` (HF directory, tokenizer included) and either `adapter` (peft layout:
+    `adapter_config.json` + `adapter_model.safetensors`) or `model` (a fully fine-tuned HF directory).
+    """
 
     def load_context(self, context):
-        from components.certificate import verify_certificate
         from components.modeling import load_base
+        from components.registry.verification import verify_loaded_package
 
         arts = context.artifacts
-        self.certificate = verify_certificate(json.loads(Path(arts["certificate"]).read_text())).to_dict()
-        self.plan = json.loads(Path(arts["plan"]).read_text())
-        model, self.tokenizer = load_base(arts["base_model"])
-        adapter = arts.get("adapter")
-        if adapter:
-            from peft import PeftModel
+        verification, embedded, registered = verify_loaded_package(arts)
+        verification.raise_if_invalid("model")
+        # Registered = the audited amendment when the registry was consulted; it differs from the
+        # embedded one only by its audit section (checked: embedded_matches_registered).
+        self.certificate = registered or embedded
+        self.embedded_certificate = embedded
+        self.verification = verification.to_dict()
+        # The public plan only (register_model refuses one with annex fields); the annex never ships.
 
-            model = PeftModel.from_pretrained(model, adapter)
+        self.plan = json.loads(Path(arts["plan"]).read_text())
+        if arts.get("model"):
+            model, self.tokenizer = load_base(arts["model"])
+        else:
+            model, self.tokenizer = load_base(arts["base_model"])
+            if arts.get("adapter"):
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, arts["adapter"])
         self.model = model.eval()
 
     def predict(self, context, model_input, params=None):
         import torch
 
         params = params or {}
-        prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
+        if hasattr(model_input, "columns"):
+            prompts = list(model_input["prompt"])
+        elif isinstance(model_input, dict):
+            prompts = list(model_input["prompt"]) if not isinstance(model_input["prompt"], str) else [model_input["prompt"]]
+        else:
+            prompts = list(model_input)
+        cfg = self.model.config
+        context_len = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
         out = []
         for prompt in prompts:
             enc = self.tokenizer(prompt, return_tensors="pt")
+            new = int(params.get("max_new_tokens", 32))
+            if context_len:
+                # Stay inside the model's positions: keep the prompt's end and shorten the continuation.
+                new = max(1, min(new, context_len // 2))
+                keep = context_len - new
+                enc = {k: v[:, -keep:] for k, v in enc.items()}
             with torch.no_grad():
-                ids = self.model.generate(**enc, max_new_tokens=int(params.get("max_new_tokens", 32)),
+                ids = self.model.generate(**enc, max_new_tokens=new,
                                           do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
             out.append(self.tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
         return out

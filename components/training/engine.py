@@ -78,15 +78,34 @@ def _progress(enabled: bool, total: int):
                     TextColumn("{task.fields[info]}"), console=Console(file=sys.stderr), transient=False)
 
 
+# Schema metadata key under which `planning.data.training_records` passes on the sha256 of the
+# train-records file it read (the run records it; the certificate compares it with the plan's).
+TRAIN_RECORDS_SHA256_KEY = b"veil.train_records_sha256"
+
+
+def _device_and_precision(device: torch.device, params: list[torch.Tensor]) -> tuple[str, str]:
+    name = device.type
+    if device.type == "cuda":
+        name = f"cuda ({torch.cuda.get_device_name(device)})"
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in params})
+    prec = "/".join(dtypes)
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        prec += " (tf32 matmul)"
+    return name, prec
+
+
 def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, out_dir, *,
           resume: bool = True, progress: bool = True,
-          on_step: Callable[[int], None] | None = None) -> TrainResult:
+          on_step: Callable[[int], None] | None = None, base_dir: str | Path | None = None) -> TrainResult:
     """Run `spec` on `data` (user_id, text[, rate]); returns what was actually run.
 
     out_dir receives checkpoint.pt, progress.json, private_seed (secret: keep it with the run, never
     publish it), adapter/ (LoRA) or model/ (full fine-tuning) and train_result.json.
     A second call with the same out_dir resumes from the last checkpoint (resume=True).
     `on_step(steps_done)` is called after every step (tests use it to pace a run).
+    `base_dir`: the directory `model` and `tokenizer` were loaded from; its and its tokenizer's
+    hashes go into the result (and so into the certificate). The sha256 of the train-records file
+    comes from `data`'s schema metadata when `planning.data.training_records` built it.
     """
     t0 = time.time()
     out_dir = Path(out_dir)
@@ -122,6 +141,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                     f"{spec.mechanism} is bounded to k={spec.records_per_user}; pass only the plan's selected records")
         rates = np.full(tok.n_records, float(spec.sampling_rate))
     expected = float(rates.sum())
+    if spec.mechanism in ("uls", "els", "group", "record") and spec.expected_batch_size is not None:
+        # q·N would put the private N into every update's scale; the plan's B = q·N̂ is public.
+        expected = float(spec.expected_batch_size)
     if not expected > 0:
         raise VeilError("training data: expected batch size is 0 (all sampling rates are 0)")
     if spec.mechanism == "secret":
@@ -159,14 +181,18 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                             "use a fresh folder or resume=False")
         if state["private_seed_sha"] != hashlib.sha256(str(private_seed).encode()).hexdigest():
             raise VeilError(f"{out_dir}: private seed does not match the checkpoint's")
-        with torch.no_grad():
-            for n, p in named:
-                p.copy_(state["trainable"][n].to(p.device, p.dtype))
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        if device.type == "cuda" and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
+        try:
+            with torch.no_grad():
+                for n, p in named:
+                    p.copy_(state["trainable"][n].to(p.device, p.dtype))
+            opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
+            if device.type == "cuda" and state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state_all(state["cuda_rng"])
+            start, losses, batch_sizes = int(state["step"]), list(state["losses"]), list(state["batch_sizes"])
+        except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+            raise VeilError(f"{out_dir / ckpt.CHECKPOINT}: does not fit this model and optimizer "
+                            f"({type(e).__name__}); use a fresh folder or resume=False") from None
         halted_at = state.get("halted_at")
         resumed_from = start
     prior_attempted = ckpt.read_ledger(out_dir) if (resume and dctx.is_main) else 0
@@ -219,7 +245,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
                     save(done)
                 if bar is not None:
-                    bar.update(task, completed=done, info=f"loss {losses[-1]:.3f} batch {len(chosen)}")
+                    # steps only: a step's loss or batch size is a statistic of a private batch
+                    bar.update(task, completed=done)
                 if on_step is not None:
                     on_step(done)
 
@@ -240,6 +267,13 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             model.save_pretrained(model_dir)
             if hasattr(tokenizer, "save_pretrained"):
                 tokenizer.save_pretrained(model_dir)
+    from components.core.fingerprints import base_fingerprints, weights_fingerprint
+
+    weights = weights_fingerprint(adapter_dir or model_dir) if dctx.is_main else None
+    base_fp, tok_fp = base_fingerprints(base_dir) if (base_dir is not None and dctx.is_main) else (None, None)
+    meta = data.schema.metadata or {}
+    data_sha = meta[TRAIN_RECORDS_SHA256_KEY].decode() if TRAIN_RECORDS_SHA256_KEY in meta else None
+    device_name, precision = _device_and_precision(device, params)
     bs = np.array(batch_sizes, dtype=np.int64)
     result = TrainResult(
         steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=float(spec.noise_multiplier) if filtered else step_fn.sigma,  # 0 for nonprivate
@@ -262,6 +296,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                    "normalisation": "mean of the users kept by the filter + N(0, std²) on the mean (Alg. 3)",
                    "kept_users_mean": float(np.mean(filter_kept)) if filter_kept else None}
                   if filtered else {})},
+        train_records_sha256=data_sha, weights=weights, base_model=base_fp, tokenizer=tok_fp,
+        device=device_name, precision=precision, nonfinite_units=int(step_fn.nonfinite_units),
     )
     if dctx.is_main:
         d = result.to_dict()

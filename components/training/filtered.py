@@ -112,6 +112,7 @@ class FilteredStep:
         self.tau, self.noise_std, self.svt = float(tau), float(noise_std), svt
         self.private_seed = int(private_seed)
         self.variant = variant
+        self.nonfinite_units = 0
         self.per_unit = PerUnitGradients(model, [n for n, _ in self.named], int(micro_batch_size), per_record)
 
     def __call__(self, step: int, units, ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int, bool, float]:
@@ -120,6 +121,8 @@ class FilteredStep:
 
         device = self.named[0][1].device
         grads, loss_sum, n_rec = self.per_unit.unit_gradients(units, ids, lengths, device)
+        # non-finite users are never kept (filtered_mean); counted for the private result only
+        self.nonfinite_units += int((~torch.isfinite(grads).all(1)).sum())
         dist = pairwise_distances(grads)
         if not self.svt.passes(concentration_score(dist, self.tau), step):
             return loss_sum, n_rec, False, 0
@@ -128,6 +131,11 @@ class FilteredStep:
         gen.manual_seed(noise_seed(self.private_seed, step))
         mean = mean + torch.normal(0.0, self.noise_std, size=mean.shape, generator=gen, device=device,
                                    dtype=torch.float32)
+        if not bool(torch.isfinite(mean).all()):  # post-processing of the noisy mean (see step.DPStep)
+            from components.core.errors import VeilError
+
+            raise VeilError(f"training step {step + 1}: the noisy update is not finite although no non-finite "
+                            "user was kept: the model's numbers diverged; the run stops, its steps are still charged")
         offset = 0
         for _, p in self.named:
             p.grad = mean[offset:offset + p.numel()].view_as(p).to(p.dtype)

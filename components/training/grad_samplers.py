@@ -222,6 +222,15 @@ class _Use:
             left = _unit_tokens(self.left, slots)
         return left, _unit_tokens(self.right, slots)
 
+    def drop_records(self, keep: torch.Tensor) -> None:
+        """Zero the factors of the records not in `keep` [B] (a one-hot left side is ids: the
+        zeroed right side is enough)."""
+        zero = torch.zeros((), dtype=self.right.dtype, device=self.right.device)
+        self.right = torch.where(keep.view(-1, 1, 1), self.right, zero)
+        if not self.onehot:
+            self.left = torch.where(keep.view(-1, 1, 1), self.left, torch.zeros((), dtype=self.left.dtype,
+                                                                                device=self.left.device))
+
     def weighted_sum(self, f: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """Σ_r f_r Σ_t left_rt right_rtᵀ (f [B], one factor per record)."""
         rf = self.right * f.to(self.right.dtype).view(-1, 1, 1)
@@ -254,6 +263,11 @@ def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
             c = c if l == j else 2 * c
             total = c if total is None else total + c
     return total
+
+
+def _rows_finite(x: torch.Tensor) -> torch.Tensor:
+    """[B, ...] -> [B] bool: every entry of row b is finite."""
+    return torch.isfinite(x).reshape(x.shape[0], -1).all(1)
 
 
 def row_sq_norms(u: torch.Tensor) -> torch.Tensor:
@@ -446,14 +460,32 @@ class HookPerRecord:
                 u.index_add_(0, owner, t)
             per_unit[name] = u
             sq += row_sq_norms(u)
-        factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
+        # A unit whose gradient is not finite (NaN/inf anywhere: its norm is then NaN/inf, and a
+        # ghosted factor is checked directly) contributes exactly zero — a zero vector has norm
+        # ≤ C, so the sensitivity is unchanged — instead of turning the whole sum into NaN, which
+        # would make the release distinguishable by that one unit. The decision reads that unit's
+        # own numbers only; its rows are zeroed too, since 0 · NaN is NaN.
+        ok = torch.isfinite(sq)
+        rec_ok = torch.ones(B, dtype=torch.bool, device=ids.device)
+        for us in ghost_uses.values():
+            for u in us:
+                rec_ok &= _rows_finite(u.right)
+                if not u.onehot:
+                    rec_ok &= _rows_finite(u.left)
+        ok &= torch.zeros(n_units, dtype=torch.int64, device=ids.device).index_add_(
+            0, owner, (~rec_ok).long()) == 0
+        self.last_nonfinite = (~ok).sum()
+        factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
         params = dict(self.model.named_parameters())
         sums = {n: torch.zeros_like(params[n]) for n in self.names}
         for name, u in per_unit.items():
+            u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
             sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)
         f_rec = factor[owner]
+        keep_rec = ok[owner]
         for name, us in ghost_uses.items():
             for u in us:
+                u.drop_records(keep_rec)
                 sums[name] += u.weighted_sum(f_rec, sums[name].shape).to(sums[name].dtype)
         return sums, losses.detach()
 

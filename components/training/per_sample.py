@@ -84,6 +84,7 @@ class PerUnitGradients:
 
         self._per_record = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")
         self._checked = self._hooks is None  # layer samplers are checked once, on real records
+        self.nonfinite_units = 0  # units whose gradient was not finite and so contributed zero (private)
 
     def self_check(self, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         """Per-record gradients from the layer samplers must equal autograd's, record by record,
@@ -98,12 +99,18 @@ class PerUnitGradients:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(0)
             per, _ = self._hooks(ids, lengths, sequence_losses)
+        compared = 0
         for b in range(ids.shape[0]):
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(0)
                 out = self._hooks._forward(ids)
                 grads = torch.autograd.grad(sequence_losses(out.logits, ids, lengths)[b],
                                             [params[n] for n in self.names], allow_unused=True)
+            # A record whose gradient is not finite cannot be compared (and would stop the run on
+            # its data alone); it contributes zero anyway. The check moves on to later records.
+            if not all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+                continue
+            compared += 1
             for n, want in zip(self.names, grads):
                 want = torch.zeros_like(params[n]) if want is None else want
                 got = per[n][b]
@@ -114,7 +121,7 @@ class PerUnitGradients:
                     layer = n.rsplit(".", 1)[0]
                     raise VeilError(f"per-record gradients of {layer} ({type(self.model.get_submodule(layer)).__name__}) "
                                     "disagree with autograd; train with per_record='vmap'")
-        self._checked = True
+        self._checked = compared > 0
 
     def per_record(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[dict, torch.Tensor]:
         if self._hooks is not None:
@@ -133,6 +140,7 @@ class PerUnitGradients:
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         total = {n: torch.zeros_like(params[n]) for n in self.names}
         loss_sum, n_rec = 0.0, 0
+        bad = torch.zeros((), dtype=torch.int64, device=device)
         mbs = self.micro_batch_size
         for group in pack(units, mbs):
             recs = np.concatenate([u.records for u in group])
@@ -150,6 +158,7 @@ class PerUnitGradients:
                     clip_norm, sequence_losses, ghost=self._ghost)
                 for n in self.names:
                     total[n] += sums[n]
+                bad = bad + self._hooks.last_nonfinite
                 loss_sum += float(losses.sum())
                 n_rec += len(recs)
                 continue
@@ -157,9 +166,15 @@ class PerUnitGradients:
             loss_sum += ls
             n_rec += nr
             sq = sum(row_sq_norms(unit_grads[n]) for n in self.names)
-            factor = (clip_norm / sq.sqrt()).clamp(max=1.0)  # norm 0 -> inf -> 1
+            # a non-finite unit gradient contributes exactly zero (see grad_samplers.clipped_group)
+            ok = torch.isfinite(sq)
+            bad = bad + (~ok).sum()
+            factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
             for n in self.names:
-                total[n] += torch.tensordot(factor.to(unit_grads[n].dtype), unit_grads[n], dims=1)
+                g = unit_grads[n]
+                g = torch.where(ok.view((-1,) + (1,) * (g.dim() - 1)), g, torch.zeros((), dtype=g.dtype, device=g.device))
+                total[n] += torch.tensordot(factor.to(g.dtype), g, dims=1)
+        self.nonfinite_units += int(bad)  # private: kept in the run folder's result only
         return total, loss_sum, n_rec
 
     def unit_gradients(self, units: list[Unit], ids_all: np.ndarray, lengths_all: np.ndarray,

@@ -185,6 +185,30 @@ class TrainResult:
     world_size: int
     trainable_params: int
     extra: dict = field(default_factory=dict)
+    # What the run read and wrote, for the certificate to bind (components.certificate checks them
+    # against the plan and the files): the sha256 of the train-records file the data came from,
+    # the trained weights' and the base model's / tokenizer's fingerprints, device and precision.
+    train_records_sha256: str | None = None
+    weights: dict | None = None
+    base_model: dict | None = None
+    tokenizer: dict | None = None
+    device: str | None = None
+    precision: str | None = None
+    # Units whose gradient was not finite and contributed zero instead (their data alone decides
+    # it). Private: one person's count; it stays in the run folder (PRIVATE_FIELDS).
+    nonfinite_units: int = 0
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def public_dict(self) -> dict:
+        """to_dict() without the fields that describe private batches (never print or log these)."""
+        return {k: v for k, v in self.to_dict().items() if k not in PRIVATE_FIELDS}
+
+
+# Statistics of private batches and exact private counts, kept only in the run folder's
+# train_result.json: realised batch sizes and unit/record counts reveal N (which the plan only
+# publishes as a DP estimate), and the raw sha256 of the train-records file would let anyone with the
+# roster test membership hypotheses (the public form is the plan's salted commitment).
+PRIVATE_FIELDS = ("losses", "nonfinite_units", "batch_mean", "batch_min", "batch_max", "empty_steps", "n_units",
+                  "n_records", "train_records_sha256")

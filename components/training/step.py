@@ -26,20 +26,24 @@ class DPStep:
         self.mbs = int(micro_batch_size)
         self.private_seed = int(private_seed)
         self.dctx = dctx or DistContext()
+        self.nonfinite_units = 0  # units dropped for a non-finite gradient, all ranks (private: never publish)
         self.per_unit = (PerUnitGradients(model, [n for n, _ in self.named], self.mbs, per_record)
                          if private else None)
 
     def __call__(self, step: int, units: list[Unit], ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
         """Runs step number `step` on this rank's `units`; returns (Σ record losses, records) over all ranks."""
         device = self.named[0][1].device
+        bad_before = self.per_unit.nonfinite_units if self.private else 0
         if self.private:
             sums, loss_sum, n_rec = self.per_unit.clipped_sum(units, ids, lengths, self.C, device)
             grads = [sums[n] for n, _ in self.named]
         else:
             grads, loss_sum, n_rec = self._plain_sum(units, ids, lengths, device)
+        bad = (self.per_unit.nonfinite_units if self.private else 0) - bad_before
         grads = self.dctx.all_reduce_sum([g.float() for g in grads])
-        (stats,) = self.dctx.all_reduce_sum([torch.tensor([loss_sum, float(n_rec)], dtype=torch.float64,
+        (stats,) = self.dctx.all_reduce_sum([torch.tensor([loss_sum, float(n_rec), float(bad)], dtype=torch.float64,
                                                           device=device)])
+        self.nonfinite_units += int(stats[2])
         if self.sigma > 0:
             # the same stream on every rank, added after the reduce: exactly one copy of the noise
             gen = torch.Generator(device=device)
@@ -47,10 +51,28 @@ class DPStep:
             std = self.sigma * self.C
             grads = [g + torch.normal(0.0, std, size=g.shape, generator=gen, device=device, dtype=torch.float32)
                      for g in grads]
+        if self.private and not all(bool(torch.isfinite(g).all()) for g in grads):
+            # Every unit's contribution is finite with norm ≤ C (a non-finite one was replaced by
+            # zero), so a non-finite noisy sum comes from the model or the numbers themselves
+            # (weights already NaN, overflow), not from one person's data. Stopping here reads
+            # only the noisy sum (post-processing): it reveals nothing the step did not release.
+            from components.core.errors import VeilError
+
+            raise VeilError(f"training step {step + 1}: the noisy update is not finite although every unit's "
+                            "contribution was finite and clipped: the model's numbers diverged (lower the "
+                            "learning rate or train in float32); the run stops, its steps are still charged")
         for (_, p), g in zip(self.named, grads):
             p.grad = (g / self.expected).to(p.dtype)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.private and not all(bool(torch.isfinite(p).all()) for _, p in self.named):
+            # the weights are a function of the released noisy updates and the public start (post-
+            # processing); non-finite weights (a model that was already NaN: every unit then
+            # contributes zero) would only train noise from here on
+            from components.core.errors import VeilError
+
+            raise VeilError(f"training step {step + 1}: the model's trainable weights are not finite (they were "
+                            "before training, or the optimizer diverged): check the base model and the learning rate")
         return float(stats[0]), int(stats[1])
 
     def close(self) -> None:

@@ -11,12 +11,14 @@ import typer
 from typer.core import TyperGroup
 
 from components.core.errors import VeilError
+from components.core.settings import private_umask
 
 
 class _VeilGroup(TyperGroup):
     """Turns VeilError (and malformed-input errors we name) into one line + exit 2."""
 
     def invoke(self, ctx: click.Context):
+        private_umask()  # everything written under VEIL_HOME is the owner's only, whatever the shell's umask
         try:
             return super().invoke(ctx)
         except VeilError as e:
@@ -34,14 +36,16 @@ app = typer.Typer(
 )
 
 # Registration order is the order of `veil --help`.
-from flows.cli import core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds  # noqa: E402
-from flows.cli import pmixed_cmds, serve_cmds  # noqa: E402
+from flows.cli import core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, verify_cmds  # noqa: E402
+from flows.cli import ledger_cmds, pmixed_cmds, serve_cmds  # noqa: E402
 
-for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, pmixed_cmds, serve_cmds):
+for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, verify_cmds, ledger_cmds,
+                pmixed_cmds, serve_cmds):
     _module.register(app)
 
 
 def main() -> None:
+    private_umask()
     try:
         app()
     except VeilError as e:  # raised outside a command (e.g. while loading settings)

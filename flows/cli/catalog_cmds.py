@@ -1,4 +1,4 @@
-"""Catalog commands: `veil ingest`, `veil secrets`, `veil catalog stats|snapshots|quarantine`."""
+"""Catalog commands: `veil ingest`, `veil secrets`, `veil catalog stats|snapshots|quarantine|people`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,6 +59,12 @@ def ingest(
                                            f"sha256 {rep.sha256[:12]}…")
     t.add_row("time", f"{rep.seconds:.2f} s", f"{d['records_per_second'] or 0:,.0f} records/s")
     out.print(t)
+    if rep.likely_duplicate_people:
+        import sys
+
+        print(f"warning: {rep.likely_duplicate_people} name(s) appear under several account ids (likely one person "
+              f"each); see {s.private_dir / 'people' / 'likely-duplicates.json'} and merge them with "
+              "spec.people.aliases in the policy", file=sys.stderr)
 
 
 def secrets(
@@ -167,6 +173,41 @@ def quarantine(
         t.add_column(c)
     for r in rows:
         t.add_row(r["source"], r["position"], r["reason"])
+    out.print(t)
+
+
+@catalog_app.command("people")
+def people(
+    policy: Path = typer.Option(..., "--policy", "-p", help="policy whose spec.people is applied"),
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="snapshot id (default: the latest)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Who is a person under a policy: accounts excluded (bots, service users) and merged (aliases), as
+    counts; names under several ids go to the private folder, never to this output."""
+    from catalog.people import apply_people, likely_same_person, load_people, write_likely_duplicates
+    from catalog.snapshots import load_snapshot
+
+    s = _settings()
+    snap = load_snapshot(s, snapshot)
+    _, rep = apply_people(snap.records, load_people(policy))
+    found = likely_same_person(snap.records)
+    path = write_likely_duplicates(s.private_dir, found, snap.snapshot_id)
+    rep = {"snapshot_id": snap.snapshot_id, **rep, "likely_duplicate_people": len(found),
+           "likely_duplicates_file": str(path) if path else None}
+    if json_out:
+        _print_json(rep)
+        return
+    t = Table(title=f"people in {snap.snapshot_id}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("", justify="right")
+    t.add_column("")
+    t.add_row("accounts", f"{rep['accounts']:,}", "distinct user ids in the snapshot")
+    t.add_row("excluded", f"{rep['excluded_accounts']:,}", f"accounts · {rep['excluded_records']:,} records")
+    for pat, n in rep["excluded_accounts_by_pattern"].items():
+        t.add_row("", f"{n:,}", f"  {pat}")
+    t.add_row("merged", f"{rep['merged_accounts']:,}", "accounts folded into another identity (aliases)")
+    t.add_row("people", f"{rep['people']:,}", f"{rep['records']:,} records · ownership {rep['ownership']}")
+    t.add_row("likely same", f"{len(found):,}", f"names under several ids{' → ' + str(path) if path else ''}")
     out.print(t)
 
 

@@ -54,13 +54,17 @@ def _summary_table(result: dict, seconds: float) -> Table:
               else "target: every secret's posterior bound γ")
     t.add_row("plan", f"{p['mechanism']} · q={p['sampling_rate']:.4g} · σ={p['noise_multiplier']:.4g} · "
                       f"T={p['steps']} · C={p['clip_norm']} · {target}")
-    t.add_row("train", f"{tr['steps_run']} DP steps · {tr['batch_mean']:.1f} users/step on average "
+    # not the realised mean batch: it is q·N, and N is private (the plan publishes only N̂)
+    t.add_row("train", f"{tr['steps_run']} DP steps · expected batch {p['expected_batch_size']} "
                        f"· {tr['trainable_params']:,} trainable parameters · {tr['seconds']:.0f} s")
     t.add_row("certificate", f"{describe(cert)} · sha256 {cert['sha256'][:12]}…")
     life = reg.get("lifetime")
     t.add_row("registry", f"{reg['model_uri']} (run {reg['run_id'][:8]})" + (
-        f" · users' lifetime ε={life['epsilon']:.3f} of {life['budget_epsilon']:g} (δ={life['delta']:g}, "
-        f"{life['releases']} release{'s' if life['releases'] != 1 else ''})" if life else ""))
+        # counts of people charged/retired are exact private counts: `veil ledger` (administrators) has them
+        f" · charged to the per-person ledger (release {life['ledger_release_id']}"
+        + (f"; lifetime budget ε={life['budget_epsilon']:g}, δ={life['delta']:g}" if life.get("budget_epsilon") is not None
+           else "") + ")"
+        if life else ""))
     aud = result.get("audit")
     if aud:
         t.add_row("audit", _audit_line(aud))
@@ -178,7 +182,7 @@ def register_cmd(plan: Path = typer.Option(..., "--plan"),
 
 
 def models(json_out: bool = typer.Option(False, "--json")) -> None:
-    """Registered model versions with their certificates."""
+    """Registered model versions with their certificates; `verified` only when every check passes."""
     from components.registry import list_models
 
     rows = list_models(_settings())
@@ -192,9 +196,14 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
         aud = _audit_line(a, short=True) if a else "—"
+        status = r["certificate_status"]
+        short = status if status == "verified" else "INVALID (" + status[len("INVALID: "):].split(":", 1)[0] + ")"
         t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
-                  describe(c) if c else "?", str(c.get("steps", "?")), aud, r["certificate_status"])
+                  describe(c) if c else "?", str(c.get("steps", "?")), aud, short)
     out.print(t)
+    for r in rows:
+        if r["certificate_status"] != "verified":
+            out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}")
 
 
 def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Option(..., "--source"),

@@ -124,8 +124,8 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     scorer, compute = planning_aids(pol, base_model)
     progress = None if json_out else (lambda msg: err.print(f"[dim]plan:[/dim] {msg}"))
     with err.status("planning…", spinner="dots") if not json_out else _null():
-        p = make_plan(pol, snap, out_dir=s.plans_dir, scorer=scorer, cache_dir=s.cache_dir, progress=progress,
-                      compute=compute)
+        p = make_plan(pol, snap, private_dir=s.private_dir, scorer=scorer, cache_dir=s.cache_dir,
+                      progress=progress, compute=compute)
     path = save_plan(p, s.plans_dir)
     if json_out:
         _print_json({"plan_path": str(path), "plan": p.to_dict()})

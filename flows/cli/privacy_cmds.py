@@ -102,7 +102,7 @@ def _secret_ref(secret_id: str, show: bool) -> str:
 
 @privacy.command("secrets")
 def secrets_cmd(
-    plan_path: Path = typer.Option(..., "--plan", help="plan JSON (veil.plan/v1)"),
+    plan_path: Path = typer.Option(..., "--plan", help="plan JSON (veil.plan/v2; its annex must be in this Veil home)"),
     spans: Optional[Path] = typer.Option(None, "--spans", help="secret spans Parquet (default: the plan's snapshot)"),
     kappa: Optional[float] = typer.Option(None, "--kappa", help="prior κ for every secret (default: the policy's)"),
     gamma: Optional[float] = typer.Option(None, "--gamma", help="allowed posterior γ for every secret (default: the policy's)"),
@@ -118,19 +118,19 @@ def secrets_cmd(
                                                secret_rates)
     from components.planning.plan import load_plan
 
+    from components.core.settings import load_settings
+    from components.planning.annex import load_annex
+    from components.planning.data import train_rows
+
     plan = load_plan(plan_path).to_dict()
     data = plan["data"]
-    train_file = Path(data["train_records_file"])
-    if not train_file.is_file():
-        raise VeilError(f"{plan_path}: data.train_records_file: {train_file} does not exist")
-    train = pq.read_table(train_file)
+    train = train_rows(load_annex(load_settings().private_dir, plan))
     if spans is not None:
         if not spans.is_file():
             raise VeilError(f"--spans: {spans} does not exist")
         span_tbl = pq.read_table(spans)
     else:
         from catalog.snapshots import load_snapshot
-        from components.core.settings import load_settings
 
         span_tbl = load_snapshot(load_settings(), data["snapshot_id"]).secret_spans
     per_user = plan["mechanism"] == "uls"

@@ -85,12 +85,23 @@ def _write_plan(tmp: Path, *, mechanism="secret", policy_path=None, rates=True) 
         "neighbouring": "secret_substitution", "target": {"epsilon": None, "delta": None},
         "sampling_rate": 0.05, "noise_multiplier": 2.0, "steps": 100, "expected_batch_size": 1,
         "clip_norm": 1.0, "records_per_user": None, "selection": None, "training": {}, "accounting": {},
-        "data": {"snapshot_id": "s", "snapshot_sha256": "x", "train_records_file": str(tmp / "train.parquet"),
-                 "train_records_sha256": "y", "n_train_users": 3, "n_train_records": 5},
-        "audit": {"held_out_users": []}, "policy": {"name": "demo", "path": policy_path, "sha256": "z"},
+        "data": {"snapshot_id": "s", "snapshot_sha256": "x"},
+        "audit": {}, "policy": {"name": "demo", "path": policy_path, "sha256": "z"},
     }
+    # the training rows live in the plan's private annex, in this Veil home's private area
+    from components.core.hashing import sha256_file
+    from components.core.settings import load_settings
+    from components.planning.annex import ANNEX_SCHEMA, plan_key, save_annex, seal_annex
+
+    private = load_settings().private_dir
+    sealed, digest = seal_annex(plan_key(private), {
+        "train_records_file": str(tmp / "train.parquet"), "train_records_sha256": sha256_file(tmp / "train.parquet"),
+        "held_out_users": []})
+    body["annex"] = {"schema": ANNEX_SCHEMA, "commitment": digest}
+    plan = seal(body)
+    save_annex(private, plan["sha256"], sealed)
     path = tmp / "plan.json"
-    path.write_text(json.dumps(seal(body)))
+    path.write_text(json.dumps(plan))
     return path
 
 

@@ -21,9 +21,12 @@ def fake_registry(settings, tmp_path, monkeypatch):
                     "member": [i < 4 for i in range(8)]})
     f = tmp_path / "att.parquet"
     pq.write_table(att, f)
-    plan = {"sha256": "p", "training": {"seq_len": 32, "seed": 0}, "data": {"snapshot_id": "s1"},
-            "audit": {"attacker_records_file": str(f), "attacker_records_sha256": sha256_file(f),
-                      "thresholds": {"max_user_inference_auroc": 0.65, "max_secret_exposure": 4.0}}}
+    from components.planning.annex import attach_annex
+
+    plan = attach_annex(settings.private_dir,
+                        {"sha256": "p", "training": {"seq_len": 32, "seed": 0}, "data": {"snapshot_id": "s1"},
+                         "audit": {"thresholds": {"max_user_inference_auroc": 0.65, "max_secret_exposure": 4.0}}},
+                        {"attacker_records_file": str(f), "attacker_records_sha256": sha256_file(f)})
     loaded = SimpleNamespace(model=model, tokenizer=tok, plan=plan,
                              certificate={"privacy_unit": "user", "epsilon": 2.0, "delta": 1e-5, "sha256": "c"})
     import catalog.snapshots

@@ -56,17 +56,22 @@ def world(tmp_path_factory):
     pq.write_table(pa.Table.from_pylist(att), att_file)
     pq.write_table(canaries, can_file)
     plan = {"sha256": "p" * 64, "training": {"seq_len": 64, "seed": 0}, "data": {"snapshot_id": "snap-1"},
-            "audit": {"attacker_records_file": str(att_file), "attacker_records_sha256": sha256_file(att_file),
-                      "canary_records_file": str(can_file), "canary_users": can_users,
-                      "thresholds": {"max_user_inference_auroc": 0.99, "max_secret_exposure": 99.0}}}
+            "audit": {"thresholds": {"max_user_inference_auroc": 0.99, "max_secret_exposure": 99.0}}}
+    # membership lives in the plan's private annex (sealed per test home by _loaded)
+    annex = {"attacker_records_file": str(att_file), "attacker_records_sha256": sha256_file(att_file),
+             "canary_records_file": str(can_file), "canary_records_sha256": sha256_file(can_file),
+             "canary_users": can_users, "held_out_users": [u for u in users if u not in members]}
     truth = {"secrets": [{"secret_id": "credential:" + KEY, "class": "credential", "value": KEY, "context": CTX}]}
-    return SimpleNamespace(model=model, reference=reference, tokenizer=tok, plan=plan, records=pa.Table.from_pylist(recs),
-                           truth=truth, canaries=canaries, users=users)
+    return SimpleNamespace(model=model, reference=reference, tokenizer=tok, plan=plan, annex=annex,
+                           records=pa.Table.from_pylist(recs), truth=truth, canaries=canaries, users=users)
 
 
-def _loaded(w, unit="user", eps=0.1):
+def _loaded(w, settings, unit="user", eps=0.1, annex=None):
+    from components.planning.annex import attach_annex
+
     cert = {"privacy_unit": unit, "epsilon": eps, "delta": 1e-6, "sha256": "c" * 64}
-    return SimpleNamespace(model=w.model, tokenizer=w.tokenizer, certificate=cert, plan=w.plan)
+    plan = attach_annex(settings.private_dir, w.plan, annex or w.annex)
+    return SimpleNamespace(model=w.model, tokenizer=w.tokenizer, certificate=cert, plan=plan)
 
 
 def _numbers(x):
@@ -81,7 +86,7 @@ def _numbers(x):
 
 
 def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, settings):
-    res = run_audit(_loaded(world), world.records, settings=settings, reference=world.reference, truth=world.truth,
+    res = run_audit(_loaded(world, settings), world.records, settings=settings, reference=world.reference, truth=world.truth,
                     canary_records=world.canaries, bootstrap=30, n_candidates=31)
     s, p = res.summary(), res.private
     # exact values: private report only
@@ -103,7 +108,7 @@ def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, se
     doc = json.dumps(res.to_json())
     assert list(res.to_json())[:8] == ["verdict", "passed", "covered_by_certificate", "auroc", "auroc_interval",
                                       "auroc_ceiling", "users_in", "users_out"]
-    for u in world.users + world.plan["audit"]["canary_users"]:
+    for u in world.users + world.annex["canary_users"]:
         assert u not in doc
     assert KEY not in doc
     for banned in ("rank", "exposure_extrapolated", "reference_exposure", "tpr_at_fpr", "epsilon_lower_bound\"",
@@ -142,7 +147,7 @@ def test_old_catalog_private_evidence_moves_to_private_dir(settings):
 
 
 def test_without_user_level_guarantee_only_policy_decides(world, settings):
-    res = run_audit(_loaded(world, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference,
+    res = run_audit(_loaded(world, settings, unit="record", eps=1.0), world.records, settings=settings, reference=world.reference,
                     bootstrap=20, plot=False)
     s, ui = res.summary(), res.private["user_inference"]
     assert s["auroc_ceiling"] == 1.0 and not s["above_ceiling"] and s["epsilon"] is None
@@ -150,7 +155,7 @@ def test_without_user_level_guarantee_only_policy_decides(world, settings):
     # 8 in / 8 out against a lax 0.99: the interval's upper end decides, not the point
     want = "passed" if all(c["interval"][1] < 0.99 for c in ui["curves"]) else "inconclusive"
     assert s["user_inference"]["verdict"] == want
-    res = run_audit(_loaded(world, unit="record"), world.records, settings=settings, reference=world.reference,
+    res = run_audit(_loaded(world, settings, unit="record"), world.records, settings=settings, reference=world.reference,
                     bootstrap=20, plot=False, policy_thresholds={"max_user_inference_auroc": 0.55,
                                                                  "max_secret_exposure": 0.0},
                     truth=world.truth, n_candidates=15)
@@ -171,8 +176,6 @@ def test_thresholds_from_policy_object_or_plan():
 
 
 def test_tampered_attacker_file_is_refused(world, settings, tmp_path):
-    plan = json.loads(json.dumps(world.plan))
-    plan["audit"]["attacker_records_sha256"] = "0" * 64
-    loaded = SimpleNamespace(model=world.model, tokenizer=world.tokenizer, certificate={}, plan=plan)
+    loaded = _loaded(world, settings, annex={**world.annex, "attacker_records_sha256": "0" * 64})
     with pytest.raises(VeilError, match="sha256"):
         run_audit(loaded, world.records, settings=settings)

@@ -8,6 +8,13 @@ import pytest
 from components.certificate import attach_audit, build_certificate, recompute_epsilon, verify_certificate
 from components.core.errors import VeilError
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 Q, SIGMA, DELTA = 0.08, 1.1, 1e-5
 
 
@@ -17,14 +24,14 @@ def _plan(steps=120, mechanism="uls", k=None):
         "target": {"epsilon": 8.0, "delta": DELTA}, "sampling_rate": Q, "noise_multiplier": SIGMA,
         "steps": steps, "expected_batch_size": 16, "clip_norm": 1.0, "records_per_user": k or 4,
         "selection": "random", "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32,
-                                        "train_records_sha256": "ef" * 32, "n_train_users": 200,
+                                        "train_records_commitment": "ef" * 32, "n_train_users": 200,
                                         "n_train_records": 4000},
         "policy": {"name": "demo", "path": "policies/demo.yaml", "sha256": "01" * 32},
     }
 
 
 def _result(steps_run, **kw):
-    return {"steps_run": steps_run, "steps_attempted": steps_run, "mechanism": kw.pop("mechanism", "uls"),
+    return {**bound_run.binding(_plan()), "steps_run": steps_run, "steps_attempted": steps_run, "mechanism": kw.pop("mechanism", "uls"),
             "noise_multiplier": SIGMA, "sampling_rate": Q, "clip_norm": 1.0,
             "private_seed_source": "os_entropy", **kw}
 
@@ -131,7 +138,7 @@ def test_secret_certificate_matches_an_independent_posterior_bound():
 
     plan = dict(_plan(mechanism="secret", steps=50), sampling_rate=0.02, noise_multiplier=3.0, records_per_user=None,
                 target={"epsilon": None, "delta": None, "secrets": {"credential": {"kappa": 1e-3, "gamma": 0.05}}})
-    res = dict(_result(50, mechanism="secret"), sampling_rate=0.02, noise_multiplier=3.0)
+    res = dict(_result(50, mechanism="secret"), sampling_rate=0.02, noise_multiplier=3.0, records_per_user=None)
     targets = [SecretTarget.make("credential:AKIA1", [0.02], 1e-3, 0.05),
                SecretTarget.make("credential:AKIA2", [0.04], 1e-3, 0.05)]
     cert = build_certificate(plan, res, secret_targets=targets).to_dict()

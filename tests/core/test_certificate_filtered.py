@@ -11,6 +11,13 @@ from components.accounting.filtered import calibrate_filtered, min_users
 from components.certificate import build_certificate, recompute_epsilon, verify_certificate
 from components.core.errors import VeilError
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 EPS, DELTA, T = 8.0, 1e-5, 40
 
 
@@ -26,17 +33,19 @@ def _plan(sigma, n_users, variant="veil"):
         "target": {"epsilon": EPS, "delta": DELTA}, "sampling_rate": 1.0, "noise_multiplier": sigma,
         "steps": T, "expected_batch_size": n_users, "clip_norm": 1.0, "records_per_user": 4, "selection": "random",
         "filter": {"tau": 0.5, "epsilon": EPS, "delta": DELTA, "variant": variant},
-        "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32, "train_records_sha256": "ef" * 32,
-                 "n_train_users": n_users, "n_train_records": 4 * n_users},
+        "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32,
+                 "population": {"unit": "users", "exact": n_users, "mechanism": "none", "epsilon": 0.0,
+                                "delta": 0.0, "why": "replace-one"}},
         "policy": {"name": "demo", "path": "policies/demo.yaml", "sha256": "01" * 32},
     }
 
 
 def _result(plan, steps_run, halted_at=None):
-    return {"steps_run": steps_run, "steps_attempted": steps_run + (halted_at is not None),
+    b = bound_run.binding(plan)
+    return {**b, "steps_run": steps_run, "steps_attempted": steps_run + (halted_at is not None),
             "mechanism": "uls-filtered", "noise_multiplier": plan["noise_multiplier"], "sampling_rate": 1.0,
             "clip_norm": 1.0, "private_seed_source": "os_entropy",
-            "extra": {"filter": dict(plan["filter"]), "halted_at_step": halted_at}}
+            "extra": {**b["extra"], "filter": dict(plan["filter"]), "halted_at_step": halted_at}}
 
 
 def test_filtered_certificate_matches_closed_form_and_meets_target():

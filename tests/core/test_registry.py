@@ -5,7 +5,29 @@ import pytest
 
 from components.certificate import build_certificate
 from components.core.errors import VeilError
+
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
 from components.registry import list_models, load_model, register_model
+
+
+_W: dict = {}   # the module's one trained-looking adapter and its base (binding needs real weights)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_adapter(tiny_base, tmp_path_factory):
+    import sys
+
+    sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "privacy"))
+    from _sealed_release import build_adapter
+
+    _W["base"] = tiny_base
+    _W["adapter"] = build_adapter(_Path(tiny_base), tmp_path_factory.mktemp("adapter") / "adapter")
+    return _W["adapter"]
 
 
 @pytest.fixture(scope="module")
@@ -17,19 +39,24 @@ def tiny_base(tmp_path_factory):
                             n_head=2, n_positions=32, steps=2, seq_len=16, batch_size=4, progress=False)
 
 
-def _plan_and_cert(epsilon_target=8.0):
-    plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
+def _plan_and_cert(epsilon_target=8.0, lifetime_budget=None):
+    from components.planning.plan import seal
+
+    plan = {"schema": "veil.plan/v1", "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
-            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32},
+            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "t", "sha256": "01" * 32}}
-    res = {"steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
+    if lifetime_budget is not None:
+        plan["lifetime_budget"] = lifetime_budget
+    plan = seal(plan)
+    res = {**bound_run.binding(plan, _W.get("adapter"), _W.get("base")), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return plan, build_certificate(plan, res).to_dict()
 
 
 def test_register_list_load_and_refuse_tampering(settings, tiny_base):
     plan, cert = _plan_and_cert()
-    reg = register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+    reg = register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
                          policy_max_epsilon=8.0)
     assert reg.model_uri == "models:/t/1"
     rows = list_models(settings)
@@ -51,7 +78,7 @@ def test_register_list_load_and_refuse_tampering(settings, tiny_base):
     path = settings.home / "certificate.json"
     path.write_text(json.dumps(forged))
     client.log_artifact(reg.run_id, str(path))
-    with pytest.raises(VeilError, match="sha256"):
+    with pytest.raises(VeilError, match="hash: .*sha256"):
         load_model("models:/t/1", settings)
     assert list_models(settings)[0]["certificate_status"].startswith("INVALID")
 
@@ -59,7 +86,7 @@ def test_register_list_load_and_refuse_tampering(settings, tiny_base):
 def test_refuses_epsilon_above_the_policy(settings, tiny_base):
     plan, cert = _plan_and_cert()
     with pytest.raises(VeilError, match="exceeds the policy"):
-        register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None,
+        register_model(settings, name="t", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
                        policy_max_epsilon=cert["epsilon"] / 2)
 
 
@@ -70,28 +97,66 @@ def test_bad_model_uri_is_a_user_error(settings):
         load_model("models:/nope/3", settings)
 
 
-def test_lifetime_budget_composes_releases_and_refuses_the_one_that_overspends(settings, tiny_base):
-    import dp_accounting
+def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, tiny_base):
+    """The registry asks the per-person ledger (issue 13): reserved releases register (a `registered`
+    event, aggregates on the run); a release whose people were all retired by the filter is refused;
+    unreserved releases with a budget are refused; charges stay whatever happens in MLflow."""
+    import mlflow
+    import numpy as np
 
-    from components.accounting.lifetime import lifetime_epsilon, release_from_certificate
+    from components.ledger import Ledger, reserve_release
+    from components.ledger import rdp as R
 
     plan, cert = _plan_and_cert()
-    one = cert["epsilon"]
-    # room for two of these releases, not three
-    rel = release_from_certificate(cert)
-    two, three = (lifetime_epsilon([rel] * n, 1e-5).epsilon for n in (2, 3))
-    plan = {**plan, "lifetime_budget": {"epsilon": (two + three) / 2, "delta": 1e-5}}
-    r1 = register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
-    r2 = register_model(settings, name="b", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
-    assert r1.lifetime["releases"] == 1 and r2.lifetime["releases"] == 2
-    assert r1.lifetime["epsilon"] == pytest.approx(one, rel=2e-3)
-    # independent check: dp-accounting's own PLD accountant on the two composed runs
-    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    step = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.0))
-    acc.compose(dp_accounting.SelfComposedDpEvent(step, 30), 2)
-    ref = acc.get_epsilon(1e-5)
-    assert ref <= r2.lifetime["epsilon"] <= ref * 1.01
-    assert one < r2.lifetime["epsilon"] < 2 * one
-    with pytest.raises(VeilError, match="lifetime budget: .* above the policy's lifetime"):
-        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=None)
-    assert {r["name"] for r in list_models(settings)} == {"a", "b"}   # nothing was registered
+    one = R.sampled_gaussian_rdp(0.05, 1.0, 30)
+    two_fit = R.epsilon_of_spend(2 * one, 1e-5)
+    plan, cert = _plan_and_cert(lifetime_budget={"epsilon": (two_fit + R.epsilon_of_spend(3 * one, 1e-5)) / 2,
+                                                 "delta": 1e-5})
+    people = {f"u{i}": 2 for i in range(5)}
+    with pytest.raises(VeilError, match="no reservation"):
+        register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"])
+    regs = []
+    for name in ("a", "b"):
+        res = reserve_release(settings, plan, people)
+        assert len(res.admitted) == 5
+        regs.append(register_model(settings, name=name, certificate=cert, plan=plan, base_model_dir=tiny_base,
+                                   adapter_dir=_W["adapter"], ledger_release_id=res.release_id))
+    assert regs[1].lifetime["spend"]["max_epsilon"] == pytest.approx(two_fit)
+    tags = mlflow.get_run(regs[1].run_id).data.tags
+    assert tags["privacy.ledger_release_id"] == str(regs[1].lifetime["ledger_release_id"])
+    # exact admitted/retired counts are N: never a public tag
+    assert "privacy.ledger_admitted" not in tags and "privacy.ledger_retired" not in tags
+    third = reserve_release(settings, plan, people)
+    assert third.admitted == () and len(third.retired) == 5
+    with pytest.raises(VeilError, match="retired every person"):
+        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
+                       ledger_release_id=third.release_id)
+    assert {r["name"] for r in list_models(settings)} == {"a", "b"}
+    # deleting a registered version gives nothing back
+    led = Ledger.open(settings)
+    before = led.spend(list(people))
+    mlflow.MlflowClient().delete_model_version("a", "1")
+    assert all(np.array_equal(led.spend(list(people))[p], before[p]) for p in people)
+    assert [e["status"] for e in led.events(regs[0].lifetime["ledger_release_id"])] == ["reserved", "registered"]
+
+
+def test_a_package_that_would_not_verify_is_never_registered(settings, tiny_base):
+    """Signed with a key this installation does not trust: the logged model is checked as a
+    consumer would check it, and no version is registered."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    plan, cert = _plan_and_cert()
+    with pytest.raises(VeilError, match="does not verify .*signature: seal: no trusted keys"):
+        register_model(settings, name="u", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
+                       signing_key=Ed25519PrivateKey.generate())
+    assert list_models(settings) == []
+
+
+def test_a_certificate_its_own_parameters_contradict_is_not_sealed(settings, tiny_base):
+    from components.core.hashing import sha256_json
+
+    plan, cert = _plan_and_cert()
+    body = {k: v for k, v in dict(cert, epsilon=cert["epsilon"] / 3).items() if k != "sha256"}
+    with pytest.raises(VeilError, match="parameters .* give ε"):
+        register_model(settings, name="x", certificate={**body, "sha256": sha256_json(body)}, plan=plan,
+                       base_model_dir=tiny_base, adapter_dir=_W["adapter"])

@@ -37,13 +37,15 @@ def test_filtered_uls_pipeline(veil_home, tmp_path):
     result = run_stages(settings, str(policy), org.messages_path, "jsonl", base_model_dir=str(base),
                         model_name="filtered", mapping=stages.DEMO_MAPPING, audit=False)
     cert, train = result["certificate"], result["train"]
-    n_users = result["plan"]["data"]["n_train_users"]
+    pop = result["plan"]["data"]["population"]          # replace-one: the user count is public
+    assert pop["mechanism"] == "none"
+    n_users = pop["exact"]
     assert n_users >= min_users(8.0, 1e-5, 1)
     assert cert["mechanism"] == "uls-filtered" and cert["neighbouring"] == "replace_one_user"
     assert cert["within_target"] and cert["epsilon"] <= 8.0 and cert["delta"] <= 1e-5
     assert cert["filter"]["gaussian_steps"] == 1 and cert["filter"]["halted_at_step"] is None
     assert train["extra"]["kept_users_mean"] == pytest.approx(n_users)   # everyone kept with weight 1
-    assert train["batch_mean"] == n_users                                  # full batch
+    assert "batch_mean" not in train                                       # realised batches stay private
     rows = [r for r in list_models(settings) if r["name"] == "filtered"]
     assert rows and rows[0]["certificate"]["sha256"] == cert["sha256"]
 

@@ -37,6 +37,19 @@ def test_secret_protection_pipeline(veil_home, tmp_path):
     assert set(cert["secrets"]) <= protected and cert["secrets"]
     for cls, c in cert["secrets"].items():
         assert c["kappa"] <= c["max_gamma"] <= c["gamma_target"], cls
+    # the release was charged per secret in the ledger (issue 13 item 3): every certified class, aggregates
+    # only in `veil ledger`, and no secret value in the ledger database
+    from components.ledger.report import ledger_report
+
+    led_doc = ledger_report(settings, estimate=False)
+    assert set(led_doc["secrets"]) == set(cert["secrets"])
+    for cls, c in led_doc["secrets"].items():
+        assert c["secrets_charged"] == cert["secrets"][cls]["n_secrets"] and c["secrets_dropped"] == 0, cls
+        assert c["max_lifetime_gamma"] <= c["gamma_target"], cls
+        assert abs(c["max_lifetime_kl"] - cert["secrets"][cls]["max_kl"]) <= 1e-12 * max(1.0, c["max_lifetime_kl"])
+    blobs = b"".join(p.read_bytes() for p in settings.private_dir.glob("ledger.db*"))
+    assert b"BLUEHERON" not in blobs and b"AKIA" not in blobs
+    assert "BLUEHERON" not in json.dumps(led_doc) and "AKIA" not in json.dumps(led_doc)
     # the certificate is registered: no secret value leaks into it
     rows = [r for r in list_models(settings) if r["name"] == "code"]
     assert rows and rows[0]["certificate"]["sha256"] == cert["sha256"]

@@ -12,7 +12,8 @@ import pytest
 from components.accounting import epsilon as account
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
-from components.planning import load_plan, make_plan, save_plan
+from components.planning import load_annex, load_plan, make_plan, save_plan
+from components.planning.annex import annex_file
 from components.policy import load_policy, parse_policy
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,7 +26,14 @@ DEMO_BATCH = re.search(r"expected_batch_size: \d+", DEMO.read_text()).group(0)
 WHEN = "2026-01-01T00:00:00+00:00"
 CONTRACT_KEYS = {"schema", "created_at", "sha256", "mechanism", "privacy_unit", "neighbouring", "target",
                  "sampling_rate", "noise_multiplier", "steps", "expected_batch_size", "clip_norm",
-                 "records_per_user", "selection", "training", "accounting", "data", "audit", "policy"}
+                 "records_per_user", "selection", "training", "accounting", "data", "audit", "policy", "annex"}
+
+
+def _open(plan, private_dir):
+    """(public doc, annex, train rows, attacker rows) of a plan."""
+    d = plan.to_dict()
+    a = load_annex(private_dir, d)
+    return d, a, pq.read_table(annex_file(a, "train_records")), pq.read_table(annex_file(a, "attacker_records"))
 
 
 @pytest.fixture(scope="module")
@@ -36,49 +44,50 @@ def snap():
 @pytest.fixture(scope="module")
 def demo_plan(snap, tmp_path_factory):
     out = tmp_path_factory.mktemp("plans")
-    return make_plan(load_policy(DEMO), snap, out_dir=out, created_at=WHEN), out
+    return make_plan(load_policy(DEMO), snap, private_dir=out, created_at=WHEN), out
 
 
 def test_plan_has_the_contract_keys(demo_plan):
     plan, _ = demo_plan
     d = plan.to_dict()
     assert CONTRACT_KEYS <= set(d)
-    assert d["schema"] == "veil.plan/v1"
+    assert d["schema"] == "veil.plan/v2"
     assert (d["mechanism"], d["privacy_unit"], d["neighbouring"]) == ("uls", "user", "add_remove_user")
     assert set(d["training"]) == {"learning_rate", "seq_len", "micro_batch_size", "seed", "lora"}
     assert set(d["training"]["lora"]) == {"r", "alpha", "dropout", "target_modules"}
     assert {"epsilon", "delta", "mechanism", "dp_event", "accountant", "library_version"} <= set(d["accounting"])
-    assert {"snapshot_id", "snapshot_sha256", "train_records_file", "train_records_sha256", "n_train_users",
-            "n_train_records"} <= set(d["data"])
-    assert {"held_out_users", "attacker_records_file", "attacker_records_sha256", "canary_users"} <= set(d["audit"])
+    assert set(d["data"]) == {"snapshot_id", "snapshot_sha256", "train_records_commitment", "population"}
+    assert {"holdout_probability", "attacker_samples_per_user", "canaries", "thresholds"} <= set(d["audit"])
+    assert set(d["annex"]) == {"schema", "commitment", "where"}
     assert set(d["policy"]) == {"name", "path", "sha256"}
     assert d["sha256"] == sha256_json({k: v for k, v in d.items() if k != "sha256"})
 
 
 def test_uls_sampling_rate_and_sigma_meet_the_target(demo_plan):
-    d = demo_plan[0].to_dict()
-    train = pq.read_table(d["data"]["train_records_file"])
+    d, a, train, _ = _open(*demo_plan)
     n_users = len(set(train["user_id"].to_pylist()))
-    assert d["data"]["n_train_users"] == n_users
-    assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / n_users)
-    # ε recomputed independently of the plan's own accounting section
-    eps = account("uls", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
-                  steps=d["steps"], delta=d["target"]["delta"]).epsilon
+    pop = d["data"]["population"]
+    assert a["population"]["exact"] == n_users and a["counts"]["n_train_users"] == n_users
+    assert pop["estimate"] == pytest.approx(n_users + a["population"]["noise"])
+    assert (pop["sensitivity"], pop["epsilon"]) == (1, pytest.approx(0.02 * d["target"]["epsilon"]))
+    assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / pop["estimate"])
+    # ε recomputed independently of the plan's own accounting section: ε_N + DP-SGD
+    eps = pop["epsilon"] + account("uls", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
+                                   steps=d["steps"], delta=d["target"]["delta"]).epsilon
     assert eps <= d["target"]["epsilon"] + 1e-9
     assert d["accounting"]["epsilon"] == pytest.approx(eps, rel=1e-6)
     # σ is the smallest that meets the target: 2 % less noise breaks it
-    eps_less = account("uls", sampling_rate=d["sampling_rate"], noise_multiplier=0.98 * d["noise_multiplier"],
-                       steps=d["steps"], delta=d["target"]["delta"]).epsilon
+    eps_less = pop["epsilon"] + account("uls", sampling_rate=d["sampling_rate"],
+                                        noise_multiplier=0.98 * d["noise_multiplier"], steps=d["steps"],
+                                        delta=d["target"]["delta"]).epsilon
     assert eps_less > d["target"]["epsilon"]
 
 
 def test_held_out_users_and_attacker_records_are_never_trained_on(demo_plan, snap):
-    d = demo_plan[0].to_dict()
-    train = pq.read_table(d["data"]["train_records_file"])
-    att = pq.read_table(d["audit"]["attacker_records_file"])
-    assert sha256_file(d["data"]["train_records_file"]) == d["data"]["train_records_sha256"]
-    assert sha256_file(d["audit"]["attacker_records_file"]) == d["audit"]["attacker_records_sha256"]
-    held = set(d["audit"]["held_out_users"])
+    d, a, train, att = _open(*demo_plan)
+    assert sha256_file(annex_file(a, "train_records")) == a["train_records_sha256"]
+    assert sha256_file(annex_file(a, "attacker_records")) == a["attacker_records_sha256"]
+    held = set(a["held_out_users"])
     assert held and not held & set(train["user_id"].to_pylist())
     assert not set(att["record_id"].to_pylist()) & set(train["record_id"].to_pylist())
     # …nor any record with the same text as an attacker sample of that user
@@ -98,11 +107,11 @@ def test_held_out_users_and_attacker_records_are_never_trained_on(demo_plan, sna
 
 def test_plan_is_deterministic_and_independent_of_record_order(demo_plan, snap, tmp_path):
     plan, out = demo_plan
-    again = make_plan(load_policy(DEMO), snap, out_dir=out, created_at=WHEN)
+    again = make_plan(load_policy(DEMO), snap, private_dir=out, created_at=WHEN)
     assert again.sha256 == plan.sha256 and again.to_dict() == plan.to_dict()
     shuffled = type(snap)(snap.snapshot_id, snap.sha256, snap.records.take(list(range(snap.records.num_rows))[::-1]),
                           snap.secret_spans)
-    third = make_plan(load_policy(DEMO), shuffled, out_dir=out, created_at=WHEN)
+    third = make_plan(load_policy(DEMO), shuffled, private_dir=out, created_at=WHEN)
     assert third.sha256 == plan.sha256
 
 
@@ -110,9 +119,9 @@ def test_another_seed_gives_another_split(snap, tmp_path):
     text = DEMO.read_text().replace("    seed: 0\n", "    seed: 1\n")
     other = tmp_path / "seed1.yaml"
     other.write_text(text)
-    a = make_plan(load_policy(DEMO), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
-    b = make_plan(load_policy(other), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
-    assert a["audit"]["held_out_users"] != b["audit"]["held_out_users"]
+    a = make_plan(load_policy(DEMO), snap, private_dir=tmp_path, created_at=WHEN).to_dict()
+    b = make_plan(load_policy(other), snap, private_dir=tmp_path, created_at=WHEN).to_dict()
+    assert load_annex(tmp_path, a)["held_out_users"] != load_annex(tmp_path, b)["held_out_users"]
 
 
 def test_save_and_load_round_trip_and_detect_tampering(demo_plan, tmp_path):
@@ -140,7 +149,7 @@ def test_batch_larger_than_the_population_is_refused(snap, tmp_path):
     p = tmp_path / "big.yaml"
     p.write_text(text)
     with pytest.raises(VeilError, match="expected_batch_size"):
-        make_plan(load_policy(p), snap, out_dir=tmp_path)
+        make_plan(load_policy(p), snap, private_dir=tmp_path)
 
 
 def test_els_and_group_bound_records_per_user(snap, tmp_path):
@@ -149,16 +158,17 @@ def test_els_and_group_bound_records_per_user(snap, tmp_path):
                 .replace(DEMO_BATCH, "expected_batch_size: 16").replace(DEMO_STEPS, "steps: 20"))
         p = tmp_path / f"{mech}.yaml"
         p.write_text(text)
-        d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
-        train = pq.read_table(d["data"]["train_records_file"])
+        d, a, train, _ = _open(make_plan(load_policy(p), snap, private_dir=tmp_path, created_at=WHEN), tmp_path)
         counts = train.group_by("user_id").aggregate([("record_id", "count")])["record_id_count"].to_pylist()
         k = d["records_per_user"]
         assert max(counts) <= k
         if mech == "group":
             assert set(counts) == {k}                           # resampled up to exactly k
-        assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / train.num_rows)
+        pop = d["data"]["population"]
+        assert a["population"]["exact"] == train.num_rows and pop["sensitivity"] == k   # one user moves ≤ k records
+        assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / pop["estimate"])
         assert d["accounting"]["mechanism"] == {"els": "els", "group": "group-tight"}[mech]
-        eps = account(d["accounting"]["mechanism"], sampling_rate=d["sampling_rate"],
+        eps = pop["epsilon"] + account(d["accounting"]["mechanism"], sampling_rate=d["sampling_rate"],
                       noise_multiplier=d["noise_multiplier"], steps=d["steps"], delta=d["target"]["delta"],
                       k=k).epsilon
         assert eps <= d["target"]["epsilon"] + 1e-9
@@ -166,12 +176,11 @@ def test_els_and_group_bound_records_per_user(snap, tmp_path):
 
 def test_uls_random_keeps_every_unreserved_record(demo_plan, snap):
     """ULS draws G records afresh per visit: the plan must leave all of a trained user's records in."""
-    d = demo_plan[0].to_dict()
-    train = set(pq.read_table(d["data"]["train_records_file"])["record_id"].to_pylist())
-    att = pq.read_table(d["audit"]["attacker_records_file"])
+    d, a, train, att = _open(*demo_plan)
+    train = set(train["record_id"].to_pylist())
     text = dict(zip(snap.records["record_id"].to_pylist(), snap.records["text"].to_pylist()))
     reserved = {(u, text[r]) for r, u in zip(att["record_id"].to_pylist(), att["user_id"].to_pylist())}
-    held = set(d["audit"]["held_out_users"])
+    held = set(a["held_out_users"])
     expected = {r for r, u in zip(snap.records["record_id"].to_pylist(), snap.records["user_id"].to_pylist())
                 if u not in held and (u, text[r]) not in reserved}
     assert train == expected
@@ -182,38 +191,41 @@ def test_canary_users_are_split_trained_and_resolvable(snap, tmp_path):
 
     p = tmp_path / "canary.yaml"
     p.write_text(DEMO.read_text().replace("      users: 0", "      users: 6"))
-    d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
-    canaries = set(d["audit"]["canary_users"])
+    d, a, _, att = _open(make_plan(load_policy(p), snap, private_dir=tmp_path, created_at=WHEN), tmp_path)
+    canaries = set(a["canary_users"])
     assert len(canaries) == 6
-    att = pq.read_table(d["audit"]["attacker_records_file"])
     member = dict(zip(att["user_id"].to_pylist(), att["member"].to_pylist()))
     assert sum(member[u] for u in canaries) == 3 and sum(not member[u] for u in canaries) == 3
-    data = training_records(d, snap.records)
+    data = training_records(d, a, snap.records)
     trained = set(data["user_id"].to_pylist())
     assert {u for u in canaries if member[u]} <= trained
     assert not {u for u in canaries if not member[u]} & trained
-    assert data.num_rows == d["data"]["n_train_records"]
-    canary_file = pq.read_table(d["audit"]["canary_records_file"])
+    assert data.num_rows == a["counts"]["n_train_records"]
+    canary_file = pq.read_table(annex_file(a, "canary_records"))
+    assert set(canary_file.group_by("user_id").aggregate([("record_id", "count")])["record_id_count"].to_pylist()) \
+        == {8}                                             # the policy's public size, not the users' median
     sub = {u: json.loads(m)["substring"] for u, m in zip(canary_file["user_id"].to_pylist(),
                                                           canary_file["metadata"].to_pylist())}
     for u, t in zip(data["user_id"].to_pylist(), data["text"].to_pylist()):
         if u in canaries:
             assert sub[u] in t                             # canary texts come from the canary file
     # the canary file is checked against its hash
-    Path(d["audit"]["canary_records_file"]).write_bytes(b"tampered")
+    annex_file(a, "canary_records").write_bytes(b"tampered")
     with pytest.raises(VeilError, match="sha256"):
-        training_records(d, snap.records)
+        training_records(d, a, snap.records)
 
 
 def test_record_level_plan(snap, tmp_path):
     p = tmp_path / "record.yaml"
     p.write_text(DEMO.read_text().replace("privacy_unit: user", "privacy_unit: record")
                  .replace("mechanism: uls", "mechanism: record").replace(DEMO_STEPS, "steps: 20"))
-    d = make_plan(load_policy(p), snap, out_dir=tmp_path, created_at=WHEN).to_dict()
+    d, a, train, att = _open(make_plan(load_policy(p), snap, private_dir=tmp_path, created_at=WHEN), tmp_path)
     assert (d["mechanism"], d["neighbouring"], d["records_per_user"], d["selection"]) == \
         ("record", "add_remove_record", None, None)
-    train = pq.read_table(d["data"]["train_records_file"])
-    assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / train.num_rows)
-    eps = account("record", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
+    pop = d["data"]["population"]
+    assert a["population"]["exact"] == train.num_rows and pop["sensitivity"] == 1
+    assert d["sampling_rate"] == pytest.approx(d["expected_batch_size"] / pop["estimate"])
+    assert d["audit"]["attacker_record_rate"] == 0.1 and att.num_rows > 0
+    eps = pop["epsilon"] + account("record", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
                   steps=d["steps"], delta=d["target"]["delta"]).epsilon
     assert eps <= d["target"]["epsilon"] + 1e-9

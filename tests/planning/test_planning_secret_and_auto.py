@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.accounting.secrets import SecretTarget, report_secrets, secret_rates
-from components.planning import make_plan
+from components.planning import load_annex, make_plan
+from components.planning.data import train_rows
 from components.planning.mechanism import choose_mechanism, estimate_and_double
 from components.policy import load_policy
 
@@ -29,13 +30,13 @@ def secret_setup(tmp_path_factory):
     pol_path.write_text(text)
     snap = make_snapshot(70, seed=4, secrets_per_record=2)
     pol = load_policy(pol_path)
-    return pol, snap, make_plan(pol, snap, out_dir=tmp, created_at="2026-01-01T00:00:00+00:00").to_dict()
+    d = make_plan(pol, snap, private_dir=tmp, created_at="2026-01-01T00:00:00+00:00").to_dict()
+    return pol, snap, d, train_rows(load_annex(tmp, d))
 
 
 def test_secret_plan_rates_respect_the_lp_and_the_batch(secret_setup):
-    pol, snap, d = secret_setup
+    pol, snap, d, train = secret_setup
     assert (d["mechanism"], d["privacy_unit"], d["neighbouring"]) == ("secret", "secret", "secret_substitution")
-    train = pq.read_table(d["data"]["train_records_file"])
     rates = train["rate"].to_numpy()
     B = d["expected_batch_size"]
     assert np.all((rates > 0) & (rates <= 1)) and rates.sum() == pytest.approx(B, rel=1e-9)
@@ -52,8 +53,7 @@ def test_secret_plan_rates_respect_the_lp_and_the_batch(secret_setup):
 
 
 def test_secret_plan_sigma_meets_every_gamma_and_is_minimal(secret_setup):
-    pol, snap, d = secret_setup
-    train = pq.read_table(d["data"]["train_records_file"])
+    pol, snap, d, train = secret_setup
     prot = pol.secret_protection()
     per = secret_rates(train, snap.secret_spans, sampling_rate=0.0)
     targets = [SecretTarget.make(s, r, prot[c].kappa, prot[c].gamma) for s, (c, r) in per.items()]
@@ -63,7 +63,7 @@ def test_secret_plan_sigma_meets_every_gamma_and_is_minimal(secret_setup):
 
 
 def test_secret_values_never_appear_in_the_public_plan(secret_setup):
-    _, snap, d = secret_setup
+    _, snap, d, _ = secret_setup
     text = json.dumps(d)
     ids = set(snap.secret_spans["secret_id"].to_pylist())
     assert ids and not any(s in text for s in ids)
@@ -81,7 +81,7 @@ def test_estimate_and_double_follows_the_cheaper_doubling():
 def test_auto_compares_uls_els_group_and_explains(tmp_path):
     text = (ROOT / "policies" / "email-assistant.yaml").read_text()
     text = (text.replace("steps: 2000", "steps: 40").replace("expected_batch_size: 512", "expected_batch_size: 32")
-            .replace("holdout_users: 1000", "holdout_users: 10").replace("max_records_per_user: 16",
+            .replace("holdout_users: 0.02", "holdout_users: 0.2").replace("max_records_per_user: 16",
                                                                         "max_records_per_user: 2"))
     p = tmp_path / "email.yaml"
     p.write_text(text)

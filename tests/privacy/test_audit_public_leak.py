@@ -16,6 +16,13 @@ import _audit_stub as stub
 from components.audit import make_canary_users, run_audit
 from components.certificate import build_certificate
 
+import importlib.util as _ilu
+from pathlib import Path as _Path
+
+_h = _ilu.spec_from_file_location("bound_run", _Path(__file__).resolve().parents[1] / "bound_run.py")
+bound_run = _ilu.module_from_spec(_h)
+_h.loader.exec_module(bound_run)
+
 SECRETS = ["+1-555-013-4377", "+1-555-013-4912", "+1-555-013-4050"]
 
 
@@ -40,6 +47,9 @@ class FakeClient:
     def log_metric(self, run_id, key, value):
         self.metrics[key] = value
 
+    def search_model_versions(self, query):
+        return [self.get_model_version("m", "1")]
+
     def set_model_version_tag(self, name, version, key, value):
         self.tags[key] = value
 
@@ -51,8 +61,9 @@ def _certificate():
     plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": 8.0, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
-            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32}, "policy": {"name": "t", "sha256": "01" * 32}}
-    res = {"steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
+            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "policy": {"name": "t", "sha256": "01" * 32}}
+    res = {**bound_run.binding(plan), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return build_certificate(plan, res).to_dict()
 
 
@@ -94,6 +105,10 @@ def published(monkeypatch, settings):
                     truth=stub.truth(*SECRETS), reference=stub.REFERENCE, bootstrap=20, n_candidates=50)
     client = FakeClient(cert)
     monkeypatch.setattr(reg, "_client", lambda s: client)
+    # the release's verification (seal, weights, …) is tests/privacy/test_tamper.py's; here the
+    # embedded certificate is taken as verified so that only what the audit publishes is under test
+    monkeypatch.setattr(reg, "_verified_embedded", lambda c, mv, s, uri: (cert, {"bindings": {
+        k: "0" * 64 for k in ("weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry", "code")}}))
     new_cert = reg.record_audit(settings, "models:/m/1", res.summary(), plot_path=res.plot_path)
     return SimpleNamespace(res=res, client=client, cert=new_cert, samples=samples, canaries=canaries)
 
@@ -129,7 +144,7 @@ def test_no_ids_secrets_or_per_person_figures_in_anything_published(published):
             continue
         assert all(abs(v - x) > 1e-9 * max(1.0, abs(v)) for x in published_numbers), v
     # the measured ROC stays private; the logged plot is the public one
-    assert set(client.artifacts) == {"/certificate.json", f"audit/{res.plot_path.name}"}
+    assert set(client.artifacts) == {"/certificate.json", "/seal.json", f"audit/{res.plot_path.name}"}
     assert res.private_plot_path.parent == res.private_path.parent
 
 

@@ -1,0 +1,15 @@
+"""The per-person privacy ledger (issue 13): append-only, durable, one individual Rényi filter per person.
+
+    reserve_release(settings, plan_like, persons[, secrets]) -> Reservation   between plan and train
+    secret_costs(plan_like, targets) -> [SecretCost]               per-secret KL (secret-protection plans)
+    Ledger.open(settings)                                           record(), summary(), burn_down()
+    rdp: cost curves on the ledger's fixed orders, the filter condition, ε(δ) of a spend
+
+Default store: SQLite at settings.private_dir / "ledger.db"; `ledger_url` (VEIL_LEDGER_URL) names a
+PostgreSQL database for a team. Derivations: docs/privacy/ledger.md.
+"""
+from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation, SecretCost, default_url
+from components.ledger.release import release_costs, reserve_release, secret_costs
+
+__all__ = ["Ledger", "Budget", "PersonCost", "Reservation", "SecretCost", "default_url", "release_costs",
+           "reserve_release", "secret_costs"]

@@ -1,0 +1,491 @@
+"""The per-person privacy ledger: reserve a release's cost before training, record what happened after.
+
+    Ledger.open(settings)                 the ledger at settings.ledger_url or private_dir/ledger.db
+    ledger.reserve(...)  -> Reservation   one serializable transaction: the filter's decision per person,
+                                          the release row, its 'reserved' event and every charge
+    ledger.record(release_id, status)     an appended status event (trained/registered/refused/crashed/…)
+    ledger.summary() / burn_down()        aggregates only (safe to print)
+    ledger.person_rows()                  per-person spend: private, for the private area only
+
+Charges are never decremented: whatever becomes of the release (crash, refusal, deletion, failed audit),
+its reservation stays and keeps counting.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from components.core.errors import VeilError
+from components.ledger import keys as _keys
+from components.ledger import rdp as _rdp
+from components.ledger import store as st
+
+
+def default_url(settings) -> str:
+    url = getattr(settings, "ledger_url", None)
+    return url or f"sqlite:///{Path(settings.private_dir).resolve() / 'ledger.db'}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    epsilon: float
+    delta: float
+
+    @classmethod
+    def parse(cls, b) -> "Budget | None":
+        if b is None:
+            return None
+        if isinstance(b, Budget):
+            return b
+        get = b.get if isinstance(b, Mapping) else (lambda k: getattr(b, k))
+        out = cls(float(get("epsilon")), float(get("delta")))
+        _rdp.rdp_budget(out.epsilon, out.delta)  # validates
+        return out
+
+
+@dataclass(frozen=True)
+class PersonCost:
+    """One person's cost in one release: their rows, their q' and the RDP curve on the ledger's orders."""
+    rows: int
+    sampling_rate: float
+    rdp: np.ndarray = field(compare=False)
+
+
+@dataclass(frozen=True)
+class SecretCost:
+    """One secret's KL in one release (components.accounting.secrets: T × per-step KL at the rates of the
+    records holding it) and its class' prior κ and lifetime posterior target γ. `secret_id` is the
+    catalog's `class:value`: it stays in memory; the ledger stores only its HMAC pseudonym."""
+    secret_id: str
+    secret_class: str
+    kl: float
+    kappa: float
+    gamma: float
+    records: int = 0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The filter's decision for one release. `admitted`/`retired` hold the caller's own person ids:
+    they name people, so they stay in memory and in the private area, never in a public artifact."""
+    release_id: int
+    admitted: tuple[str, ...]
+    retired: tuple[str, ...]
+    budget: Budget | None
+    orders: tuple[float, ...]
+    # per secret (secret-protection releases): the caller's secret ids; they carry values, so private
+    secrets_charged: tuple[str, ...] = ()
+    secrets_dropped: tuple[str, ...] = ()
+
+    def public(self) -> dict:
+        """What may go on a plan, certificate or tag: counts, never ids."""
+        return {"ledger_release_id": self.release_id, "admitted": len(self.admitted), "retired": len(self.retired),
+                "budget": None if self.budget is None else {"epsilon": self.budget.epsilon,
+                                                            "delta": self.budget.delta}}
+
+
+class Ledger:
+    def __init__(self, url: str, key: bytes, *, orders=_rdp.ORDERS):
+        self.url = url
+        self._key = key
+        self.engine = st.make_engine(url)
+        st.create(self.engine)
+        fp = _keys.key_fingerprint(key)
+
+        def init(conn: Connection) -> dict:
+            st.insert_ignore(conn, st.meta, [
+                {"key": "schema", "value": st.SCHEMA_VERSION},
+                {"key": "orders", "value": json.dumps([float(a) for a in orders])},
+                {"key": "key_fingerprint", "value": fp},
+                {"key": "created_at", "value": st.now()}])
+            return st.read_meta(conn)
+
+        m = st.transact(self.engine, init)
+        if m.get("schema") != st.SCHEMA_VERSION:
+            raise VeilError(f"ledger {self._where()}: schema {m.get('schema')!r}, this Veil reads {st.SCHEMA_VERSION}")
+        if m.get("key_fingerprint") != fp:
+            raise VeilError(f"ledger {self._where()}: kept with another ledger key; pseudonyms would not match and "
+                            f"everyone would start at zero. Use the team's key (${_keys.ENV_KEY_FILE})")
+        # The grid is the ledger's, fixed when it was created; a newer default never re-prices old charges.
+        self.orders = tuple(float(a) for a in json.loads(m["orders"]))
+
+    @classmethod
+    def open(cls, settings) -> "Ledger":
+        settings.private_dir.mkdir(parents=True, exist_ok=True)
+        return cls(default_url(settings), _keys.load_or_create_key(settings.private_dir))
+
+    def _where(self) -> str:
+        return self.url.split("@")[-1] if "@" in self.url else self.url  # never print a password
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # --- keys and costs -------------------------------------------------------------------------------
+
+    def person_key(self, person_id: str) -> str:
+        return _keys.person_key(self._key, person_id)
+
+    def secret_key(self, secret_id: str) -> str:
+        return _keys.secret_key(self._key, secret_id)
+
+    def budget(self) -> Budget | None:
+        with st.read_only(self.engine) as conn:
+            return _budget_of(st.read_meta(conn))
+
+    def rdp_budget(self, budget: Budget) -> np.ndarray:
+        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders)
+
+    # --- the one write that matters ---------------------------------------------------------------------
+
+    def reserve(self, *, kind: str, mechanism: str, plan_sha256: str | None, params: Mapping,
+                costs: Mapping[str, PersonCost], budget: Budget | None,
+                secrets: Sequence[SecretCost] | None = None) -> Reservation:
+        """Charge every admitted person and record who was retired, atomically, before training.
+
+        A person is admitted iff some order α has spend_α + cost_α ≤ B_α (module rdp); the decision reads
+        only the ledger and that person's own cost. Without any budget (neither the ledger nor the release
+        has one) everyone is admitted and charged.
+
+        `secrets` (secret-protection releases): in the same transaction, each secret is charged its KL iff
+        its lifetime KL with this release stays within its class' budget d_KL(γ‖κ) (Lemma 3.2); otherwise
+        it is dropped: the caller must train on none of the records holding it (docs/privacy/ledger.md)."""
+        ids = list(costs)
+        pkeys = [self.person_key(i) for i in ids]
+        if len(set(pkeys)) != len(pkeys):
+            raise VeilError("ledger: two person ids of this release are the same person after canonicalisation "
+                            "(case/whitespace); merge their rows before reserving")
+        n = len(self.orders)
+        cost_mat = np.zeros((len(ids), n))
+        for j, i in enumerate(ids):
+            v = np.asarray(costs[i].rdp, dtype=float)
+            if v.shape != (n,) or np.any(np.isnan(v)) or np.any(v < 0):
+                raise VeilError("ledger: a cost curve is not a non-negative curve on the ledger's orders")
+            cost_mat[j] = v
+        asked = Budget.parse(budget)
+        sec = _check_secrets(secrets or ())
+        skeys = [self.secret_key(c.secret_id) for c in sec]
+        if len(set(skeys)) != len(skeys):
+            raise VeilError("ledger: a secret is listed twice in this release (after canonicalisation)")
+
+        def work(conn: Connection) -> tuple[int, np.ndarray, Budget | None, np.ndarray]:
+            m = st.read_meta(conn)
+            have = _budget_of(m)
+            if have is None and asked is not None:
+                st.insert_ignore(conn, st.meta, [{"key": "budget_epsilon", "value": repr(asked.epsilon)},
+                                                 {"key": "budget_delta", "value": repr(asked.delta)}])
+                have = asked
+            elif have is not None and asked is not None and have != asked:
+                raise VeilError(f"ledger: its lifetime budget is ε={have.epsilon:g}, δ={have.delta:g} (fixed when "
+                                f"it was first set); this release asks ε={asked.epsilon:g}, δ={asked.delta:g}. A "
+                                "filter's budget cannot change: make the policy's lifetime_budget match")
+            spend = st.spend_of(conn, pkeys, n)
+            spent = np.array([spend.get(k, np.zeros(n)) for k in pkeys]).reshape(len(pkeys), n)
+            if have is None:
+                ok = np.ones(len(pkeys), dtype=bool)
+            else:
+                ok = _rdp.admits_many(spent, cost_mat, _rdp.rdp_budget(have.epsilon, have.delta, self.orders))
+            at = st.now()
+            rid = conn.execute(st.releases.insert().values(
+                kind=kind, mechanism=mechanism, plan_sha256=plan_sha256,
+                params=json.dumps(dict(params), sort_keys=True, default=float),
+                admitted=int(ok.sum()), retired=int((~ok).sum()), created_at=at)).inserted_primary_key[0]
+            st.insert_ignore(conn, st.people, [{"person_key": k, "first_release_id": rid, "created_at": at}
+                                               for k in pkeys])
+            sok = _reserve_secrets(conn, rid, sec, skeys)
+            detail = {"admitted": int(ok.sum()), "retired": int((~ok).sum())}
+            if sec:
+                detail.update(secrets_charged=int(sok.sum()), secrets_dropped=int((~sok).sum()))
+            conn.execute(st.events.insert().values(release_id=rid, status="reserved", at=at,
+                                                   detail=json.dumps(detail)))
+            rows = [{"person_key": k, "release_id": rid, "rdp": st.dumps_curve(cost_mat[j]),
+                     "rows": int(costs[ids[j]].rows), "sampling_rate": float(costs[ids[j]].sampling_rate)}
+                    for j, k in enumerate(pkeys) if ok[j]]
+            for i in range(0, len(rows), st._CHUNK):
+                conn.execute(st.charges.insert(), rows[i:i + st._CHUNK])
+            out = [{"person_key": k, "release_id": rid} for j, k in enumerate(pkeys) if not ok[j]]
+            for i in range(0, len(out), st._CHUNK):
+                conn.execute(st.exclusions.insert(), out[i:i + st._CHUNK])
+            return int(rid), ok, have, sok
+
+        rid, ok, have, sok = st.transact(self.engine, work)
+        return Reservation(release_id=rid, admitted=tuple(i for i, a in zip(ids, ok) if a),
+                           retired=tuple(i for i, a in zip(ids, ok) if not a), budget=have, orders=self.orders,
+                           secrets_charged=tuple(c.secret_id for c, a in zip(sec, sok) if a),
+                           secrets_dropped=tuple(c.secret_id for c, a in zip(sec, sok) if not a))
+
+    def record(self, release_id: int, status: str, **detail) -> None:
+        """Append a status event; the charge is untouched whatever the status."""
+        if status not in st.STATUSES:
+            raise VeilError(f"ledger: status {status!r} is not one of {', '.join(st.STATUSES)}")
+
+        def work(conn: Connection) -> None:
+            if conn.execute(select(st.releases.c.id).where(st.releases.c.id == int(release_id))).first() is None:
+                raise VeilError(f"ledger: no release {release_id}")
+            conn.execute(st.events.insert().values(release_id=int(release_id), status=status, at=st.now(),
+                                                   detail=json.dumps(detail, sort_keys=True, default=str)))
+        st.transact(self.engine, work)
+
+    def status(self, release_id: int) -> str | None:
+        with st.read_only(self.engine) as conn:
+            r = conn.execute(select(st.events.c.status).where(st.events.c.release_id == int(release_id))
+                             .order_by(st.events.c.id.desc()).limit(1)).first()
+        return None if r is None else r.status
+
+    def events(self, release_id: int) -> list[dict]:
+        with st.read_only(self.engine) as conn:
+            rows = conn.execute(select(st.events).where(st.events.c.release_id == int(release_id))
+                                .order_by(st.events.c.id)).all()
+        return [{"status": r.status, "at": r.at, **json.loads(r.detail)} for r in rows]
+
+    def releases_for_plan(self, plan_sha256: str) -> list[int]:
+        with st.read_only(self.engine) as conn:
+            return [r.id for r in conn.execute(select(st.releases.c.id).where(
+                st.releases.c.plan_sha256 == plan_sha256).order_by(st.releases.c.id))]
+
+    # --- reading spend ----------------------------------------------------------------------------------
+
+    def spend(self, person_ids: list[str]) -> dict[str, np.ndarray]:
+        """RDP spend per person id (zeros for someone never charged). Private."""
+        with st.read_only(self.engine) as conn:
+            keys = [self.person_key(i) for i in person_ids]
+            s = st.spend_of(conn, keys, len(self.orders))
+        return {i: s.get(k, np.zeros(len(self.orders))) for i, k in zip(person_ids, keys)}
+
+    def _all(self):
+        with st.read_only(self.engine) as conn:
+            m = st.read_meta(conn)
+            people = [r.person_key for r in conn.execute(select(st.people.c.person_key).order_by(st.people.c.person_key))]
+            rel = conn.execute(select(st.releases.c.id, st.releases.c.mechanism, st.releases.c.kind)
+                               .order_by(st.releases.c.id)).all()
+            ch = conn.execute(select(st.charges.c.person_key, st.charges.c.release_id, st.charges.c.rdp)).all()
+            ex = conn.execute(select(st.exclusions.c.person_key, st.exclusions.c.release_id)).all()
+            first = {r.person_key: r.first_release_id for r in conn.execute(select(st.people))}
+        return m, people, rel, ch, ex, first
+
+    def person_rows(self) -> list[dict]:
+        """Per person: pseudonym, RDP spend as ε(δ), releases charged, times retired. PRIVATE — write it
+        only under the private area."""
+        m, people, rel, ch, ex, _ = self._all()
+        b = _budget_of(m)
+        delta = b.delta if b else None
+        idx = {k: j for j, k in enumerate(people)}
+        n = len(self.orders)
+        spend = np.zeros((len(people), n))
+        count = np.zeros(len(people), dtype=int)
+        for r in ch:
+            spend[idx[r.person_key]] += np.asarray(json.loads(r.rdp), dtype=float)
+            count[idx[r.person_key]] += 1
+        retired = np.zeros(len(people), dtype=int)
+        for r in ex:
+            retired[idx[r.person_key]] += 1
+        eps = _rdp.epsilon_of_spend(spend, delta, self.orders) if (delta and len(people)) else [None] * len(people)
+        return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
+                 "times_retired": int(t)} for k, e, c, t in zip(people, eps, count, retired)]
+
+    def secret_spend(self, secret_ids: list[str]) -> dict[str, float]:
+        """Lifetime KL per secret id (0 for a secret never charged). Private: the ids carry values."""
+        keys = [self.secret_key(i) for i in secret_ids]
+        with st.read_only(self.engine) as conn:
+            s = st.secret_spend_of(conn, keys)
+        return {i: s.get(k, 0.0) for i, k in zip(secret_ids, keys)}
+
+    def secret_rows(self) -> list[dict]:
+        """Per secret: pseudonym, class, lifetime KL and γ(κ, KL), releases charged, times dropped.
+        PRIVATE (a pseudonym's history) — write it only under the private area."""
+        from components.accounting.secrets import gamma_from_kl
+
+        with st.read_only(self.engine) as conn:
+            classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
+            ch = conn.execute(select(st.secret_charges.c.secret_key, st.secret_charges.c.secret_class,
+                                     st.secret_charges.c.kl)).all()
+            dr = conn.execute(select(st.secret_drops.c.secret_key, st.secret_drops.c.secret_class)).all()
+        rows: dict[str, dict] = {}
+        for r in ch:
+            d = rows.setdefault(r.secret_key, {"secret_key": r.secret_key, "secret_class": r.secret_class,
+                                               "lifetime_kl": 0.0, "releases_charged": 0, "times_dropped": 0})
+            d["lifetime_kl"] += float(r.kl)
+            d["releases_charged"] += 1
+        for r in dr:
+            rows.setdefault(r.secret_key, {"secret_key": r.secret_key, "secret_class": r.secret_class,
+                                           "lifetime_kl": 0.0, "releases_charged": 0,
+                                           "times_dropped": 0})["times_dropped"] += 1
+        for d in rows.values():
+            d["lifetime_gamma"] = gamma_from_kl(d["lifetime_kl"], classes[d["secret_class"]][0])
+        return [rows[k] for k in sorted(rows)]
+
+    def secret_summary(self) -> dict:
+        """Per class: κ, γ target, its KL budget, secrets charged, max lifetime KL and γ, secrets dropped
+        at least once. Aggregates only."""
+        from components.accounting.secrets import gamma_from_kl, kl_budget
+
+        with st.read_only(self.engine) as conn:
+            classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
+        rows = self.secret_rows()
+        out = {}
+        for cls in sorted(classes):
+            kappa, gamma = classes[cls]
+            mine = [r for r in rows if r["secret_class"] == cls]
+            charged = [r for r in mine if r["releases_charged"]]
+            max_kl = max((r["lifetime_kl"] for r in charged), default=0.0)
+            out[cls] = {"kappa": kappa, "gamma_target": gamma, "kl_budget": kl_budget(kappa, gamma),
+                        "secrets_charged": len(charged), "secrets_dropped": sum(1 for r in mine if r["times_dropped"]),
+                        "max_lifetime_kl": max_kl, "max_lifetime_gamma": gamma_from_kl(max_kl, kappa)}
+        return out
+
+    def summary(self) -> dict:
+        """Aggregates only: safe to print."""
+        m, people, rel, ch, ex, _ = self._all()
+        b = _budget_of(m)
+        rows = self.person_rows() if people else []
+        eps = np.array([r["epsilon"] for r in rows if r["epsilon"] is not None], dtype=float)
+        spend = {"max_epsilon": None, "median_epsilon": None, "min_epsilon": None}
+        if len(eps):
+            spend = {"max_epsilon": float(eps.max()), "median_epsilon": float(np.median(eps)),
+                     "min_epsilon": float(eps.min())}
+        return {"budget": None if b is None else {"epsilon": b.epsilon, "delta": b.delta},
+                "people": len(people), "retired": len({r.person_key for r in ex}), "releases": len(rel),
+                "spend": spend, "orders": list(self.orders), "secrets": self.secret_summary(),
+                "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + log(|A|/δ)/(α−1): "
+                                    "the smallest budget ε whose Rényi filter this spend meets (the guarantee is the "
+                                    "budget itself)",
+                "secrets_definition": "per secret class: lifetime KL of a secret = sum of its KL over the releases "
+                                      "that trained on its records (chain rule); γ = Lemma 3.2's posterior bound "
+                                      "for the class' prior κ. The guarantee is the class' γ target"}
+
+    def burn_down(self) -> list[dict]:
+        """After each release: max and median ε(δ) over the people known so far. Aggregates only."""
+        m, people, rel, ch, ex, first = self._all()
+        b = _budget_of(m)
+        if b is None or not rel:
+            return []
+        idx = {k: j for j, k in enumerate(people)}
+        by_release: dict[int, list] = {}
+        for r in ch:
+            by_release.setdefault(r.release_id, []).append(r)
+        spend = np.zeros((len(people), len(self.orders)))
+        firsts = np.array([first[k] for k in people]) if people else np.zeros(0)
+        retired_by: dict[int, int] = {}
+        for r in ex:
+            retired_by[r.release_id] = retired_by.get(r.release_id, 0) + 1
+        out = []
+        for r in rel:
+            for c in by_release.get(r.id, []):
+                spend[idx[c.person_key]] += np.asarray(json.loads(c.rdp), dtype=float)
+            known = firsts <= r.id
+            e = _rdp.epsilon_of_spend(spend[known], b.delta, self.orders) if known.any() else np.zeros(0)
+            out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
+                        "retired": retired_by.get(r.id, 0),
+                        "max_epsilon": float(np.max(e)) if len(e) else 0.0,
+                        "median_epsilon": float(np.median(e)) if len(e) else 0.0})
+        return out
+
+
+def _check_secrets(secrets: Sequence[SecretCost]) -> list[SecretCost]:
+    from components.accounting.secrets import kl_budget
+
+    out = []
+    for c in secrets:
+        if not isinstance(c, SecretCost):
+            raise VeilError("ledger: secret costs must be SecretCost")
+        cls = _keys.canonical_secret_id(c.secret_id).split(":", 1)[0]
+        if cls != c.secret_class:
+            raise VeilError(f"ledger: a secret of class {c.secret_class!r} is named under class {cls!r}")
+        kl = float(c.kl)
+        if math.isnan(kl) or kl < 0 or math.isinf(kl):
+            raise VeilError(f"ledger: a secret's KL must be a finite number ≥ 0 (class {c.secret_class})")
+        kl_budget(c.kappa, c.gamma)  # validates κ ∈ (0, 1), γ ∈ [κ, 1]
+        out.append(c)
+    return out
+
+
+def _reserve_secrets(conn: Connection, rid: int, sec: list[SecretCost], skeys: list[str]) -> np.ndarray:
+    """The per-secret KL filter, inside the reservation's transaction (docs/privacy/ledger.md).
+
+    A class' (κ, γ) is fixed the first time the ledger charges it; a release stating others is refused
+    (a filter's budget cannot move, and γ is only meaningful for the prior it was computed with). A
+    secret is charged iff lifetime KL + this release's KL ≤ d_KL(γ‖κ); the decision reads only the
+    ledger and that secret's own KL (a function of its public tagging and the release's parameters)."""
+    from components.accounting.secrets import kl_budget
+
+    if not sec:
+        return np.zeros(0, dtype=bool)
+    fixed = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
+    new_classes = {}
+    for c in sec:
+        want = (float(c.kappa), float(c.gamma))
+        have = fixed.get(c.secret_class, new_classes.get(c.secret_class))
+        if have is None:
+            new_classes[c.secret_class] = want
+        elif have != want:
+            raise VeilError(f"ledger: secret class {c.secret_class!r} is kept at κ={have[0]:g}, γ={have[1]:g} "
+                            f"(fixed when first charged); this release asks κ={want[0]:g}, γ={want[1]:g}. A "
+                            "secret's lifetime budget cannot change: make the policy's class match")
+    if new_classes:
+        st.insert_ignore(conn, st.secret_classes, [{"secret_class": k, "kappa": v[0], "gamma": v[1],
+                                                    "first_release_id": rid} for k, v in new_classes.items()])
+    spent = st.secret_spend_of(conn, skeys)
+    ok = np.array([spent.get(k, 0.0) + float(c.kl) <= kl_budget(c.kappa, c.gamma) for c, k in zip(sec, skeys)],
+                  dtype=bool)
+    rows = [{"secret_key": k, "release_id": rid, "secret_class": c.secret_class, "kl": float(c.kl),
+             "records": int(c.records)} for c, k, a in zip(sec, skeys, ok) if a]
+    for i in range(0, len(rows), st._CHUNK):
+        conn.execute(st.secret_charges.insert(), rows[i:i + st._CHUNK])
+    drops = [{"secret_key": k, "release_id": rid, "secret_class": c.secret_class}
+             for c, k, a in zip(sec, skeys, ok) if not a]
+    for i in range(0, len(drops), st._CHUNK):
+        conn.execute(st.secret_drops.insert(), drops[i:i + st._CHUNK])
+    return ok
+
+
+def _budget_of(m: Mapping[str, str]) -> Budget | None:
+    if "budget_epsilon" not in m:
+        return None
+    return Budget(float(m["budget_epsilon"]), float(m["budget_delta"]))
+
+
+def total_releases(ledger: Ledger) -> int:
+    with st.read_only(ledger.engine) as conn:
+        return int(conn.execute(select(func.count()).select_from(st.releases)).scalar_one())
+
+
+__all__ = ["Ledger", "Budget", "PersonCost", "Reservation", "SecretCost", "default_url"]
+
+
+def pld_estimate_max(ledger: Ledger) -> dict | None:
+    """The PLD composition of the most-charged person's releases, read at the budget's δ.
+
+    LABELLED AN ESTIMATE: composing PLDs and stopping at a budget (the 'natural filter') is not valid when
+    later releases were chosen after earlier ones were seen (Tran et al. 2026); it is shown beside the
+    Rényi-filter spend only to say how loose RDP is, never as the guarantee. Per release the person's
+    event is the same dominating PoissonSampled(q', Gaussian(σ/n)) the RDP charge uses."""
+    import dp_accounting
+
+    m, people, rel, ch, ex, _ = ledger._all()
+    b = _budget_of(m)
+    if b is None or not ch:
+        return None
+    rows = ledger.person_rows()
+    top = max(rows, key=lambda r: (r["epsilon"] or 0.0))["person_key"]
+    with st.read_only(ledger.engine) as conn:
+        params = {r.id: json.loads(r.params) for r in conn.execute(select(st.releases.c.id, st.releases.c.params))}
+        mine = conn.execute(select(st.charges.c.release_id, st.charges.c.rows, st.charges.c.sampling_rate)
+                            .where(st.charges.c.person_key == top)).all()
+        mech = {r.id: r.mechanism for r in conn.execute(select(st.releases.c.id, st.releases.c.mechanism))}
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+    for c in mine:
+        p = params[c.release_id]
+        n = 1 if mech[c.release_id] == "uls" else max(1, int(c.rows))
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            min(1.0, float(c.sampling_rate)), dp_accounting.GaussianDpEvent(float(p["noise_multiplier"]) / n)),
+            int(p["steps"])))
+    e = float(acc.get_epsilon(b.delta))
+    return {"max_epsilon": e if math.isfinite(e) else None, "delta": b.delta,
+            "label": "non-adaptive estimate (PLD composition of the most-charged person's releases); not a "
+                     "guarantee under adaptive releases — the guarantee is the Rényi filter's budget"}

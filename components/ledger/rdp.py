@@ -1,0 +1,123 @@
+"""A release's cost to one person as an RDP curve, and the individual Rényi filter over such curves.
+
+Everything here is a pure function of numbers; the derivations are in docs/privacy/ledger.md.
+
+Cost of one release to one person (add/remove that person's rows, clip norm C, noise σC, T steps):
+  * user unit (uls): one clipped mean per sampled user, so the person's step is
+    PoissonSampled(q, Gaussian(σ)) — dp-accounting's RDP accountant, composed T times;
+  * row units (record, els, group, secret): each of the person's n rows is Poisson-sampled on its
+    own (rate p_r). Per step the person moves the noisy sum by a vector of norm ≤ C·#sampled ≤ n·C, and
+    by 0 when none of their rows is sampled. Conditioned on "some row sampled" (probability
+    q' = 1 − Π(1 − p_r)) the shift is a random vector of norm ≤ nC; since exp((α−1)·D_α) is jointly
+    convex, mixing over such shifts costs no more than the worst fixed shift of norm nC, which is the
+    Poisson-sampled Gaussian at rate q' and noise multiplier σ/n (in both directions: the mixture is a
+    convex combination of the fixed-shift pairs). So each person pays
+    PoissonSampled(q', Gaussian(σ/n)) — an exact upper bound for their own row count, tighter than
+    RDP group privacy, and computed by the same accountant. dp-accounting's RDP accountant does not
+    take a MixtureOfGaussiansDpEvent (0.6.0), which is why the ELS mixture goes through this bound.
+
+The filter (Feldman & Zrnic 2021, one order; several orders by a union bound, see the doc): with a
+fixed grid of orders A and a budget (ε, δ),
+    B_α = ε − log(|A|/δ)/(α − 1),
+a person takes part in a release only if some α ∈ A has spend_α + cost_α ≤ B_α.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import dp_accounting
+import numpy as np
+from dp_accounting.rdp import RdpAccountant
+
+from components.core.errors import VeilError
+
+# Fixed up front and stored with the ledger's metadata; changing it for an existing ledger is refused.
+ORDERS: tuple[float, ...] = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0,
+                             24.0, 32.0, 48.0, 64.0, 128.0, 256.0)
+
+
+def _check_orders(orders: Sequence[float]) -> np.ndarray:
+    a = np.asarray(orders, dtype=float)
+    if a.ndim != 1 or len(a) == 0 or np.any(~np.isfinite(a)) or np.any(a <= 1.0):
+        raise VeilError("ledger orders: a non-empty list of finite Rényi orders > 1")
+    return a
+
+
+def sampled_gaussian_rdp(q: float, noise_multiplier: float, steps: int,
+                         orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """RDP at each order of T steps of PoissonSampled(q, Gaussian(σ)), by dp-accounting's accountant."""
+    q, s, T = float(q), float(noise_multiplier), int(steps)
+    if not 0.0 <= q <= 1.0 or math.isnan(q):
+        raise VeilError(f"ledger: sampling rate {q} must be in [0, 1]")
+    if not (s > 0 and math.isfinite(s)):
+        raise VeilError(f"ledger: noise multiplier {s} must be a finite number > 0")
+    if T < 0:
+        raise VeilError(f"ledger: steps {T} must be ≥ 0")
+    a = _check_orders(orders)
+    if q == 0.0 or T == 0:
+        return np.zeros(len(a))
+    acc = RdpAccountant(orders=list(a))
+    # dp-accounting logs (and returns +inf, pessimistic) for fractional orders whose series does not
+    # converge; the +inf only makes that order unusable, which the filter handles.
+    quiet = logging.getLogger("absl")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        acc.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s)), T))
+    finally:
+        quiet.setLevel(level)
+    return np.array(acc._rdp, dtype=float)  # noqa: SLF001 - the curve itself; dp-accounting 0.6.0 is pinned
+
+
+def rows_rdp(rates: Sequence[float], noise_multiplier: float, steps: int,
+             orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """A person's cost when each of their rows is Poisson-sampled at its own rate (module docstring)."""
+    p = np.asarray(list(rates), dtype=float)
+    if np.any(~np.isfinite(p)) or np.any(p < 0) or np.any(p > 1):
+        raise VeilError("ledger: every row's sampling rate must be in [0, 1]")
+    p = p[p > 0]
+    n = len(p)
+    if n == 0:
+        return np.zeros(len(_check_orders(orders)))
+    with np.errstate(divide="ignore"):
+        log_none = float(np.log1p(-p).sum())      # log Pr[none of the rows sampled]
+    q_any = 1.0 if log_none == -math.inf else -math.expm1(log_none)
+    return sampled_gaussian_rdp(min(1.0, q_any), float(noise_multiplier) / n, steps, orders)
+
+
+def rdp_budget(epsilon: float, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """B_α = ε − log(|A|/δ)/(α−1): the per-order budget of the filter (negative: order unusable)."""
+    e, d = float(epsilon), float(delta)
+    if not (e > 0 and math.isfinite(e)):
+        raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
+    if not 0 < d < 1:
+        raise VeilError(f"ledger budget: delta {delta} must be in (0, 1)")
+    a = _check_orders(orders)
+    return e - math.log(len(a) / d) / (a - 1.0)
+
+
+def admits(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> bool:
+    """The filter: is there an order at which this person's spend plus the cost stays within budget?"""
+    total = np.asarray(spend, dtype=float) + np.asarray(cost, dtype=float)
+    return bool(np.any(total <= np.asarray(budget, dtype=float)))
+
+
+def admits_many(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """`admits` for a (people × orders) spend matrix and cost matrix (or one cost row)."""
+    total = np.asarray(spend, dtype=float) + np.asarray(cost, dtype=float)
+    return np.any(total <= np.asarray(budget, dtype=float)[None, :], axis=1)
+
+
+def epsilon_of_spend(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray | float:
+    """min_α S_α + log(|A|/δ)/(α−1): the smallest budget ε whose filter condition this spend meets.
+
+    The guarantee is the filter's budget; this number says how much of it a person has used. Works on one
+    curve (→ float) or a (people × orders) matrix (→ one value per row)."""
+    a = _check_orders(orders)
+    s = np.asarray(spend, dtype=float)
+    pad = math.log(len(a) / float(delta)) / (a - 1.0)
+    out = np.min(s + pad, axis=-1)
+    return float(out) if np.ndim(out) == 0 else out

@@ -1,0 +1,155 @@
+"""From a plan and its people to a reservation: what the pipeline calls between plan and train.
+
+    reserve_release(settings, plan_like, persons[, secrets=targets]) -> Reservation(release_id, admitted, retired, ...)
+    secret_costs(plan_like, targets) -> [SecretCost]   each secret's KL in this release (secret plans)
+
+`plan_like` is a plan document (or any mapping with mechanism, privacy_unit, sampling_rate,
+noise_multiplier, steps, sha256 and optionally lifetime_budget). `persons` says whose rows the release
+would train on: a pyarrow table of training rows (user_id[, rate]), or a mapping
+person id → number of rows, or person id → the rows' Poisson rates (secret plans).
+The caller must drop every row of the retired people before training (the charge assumes they are gone).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from components.core.errors import VeilError
+from components.ledger import rdp as _rdp
+from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation, SecretCost
+
+USER_MECHANISMS = ("uls",)
+ROW_MECHANISMS = ("record", "els", "group", "secret")
+
+
+def _num(plan: Mapping, key: str) -> float:
+    try:
+        return float(plan[key])
+    except (KeyError, TypeError, ValueError):
+        raise VeilError(f"ledger: the plan has no usable {key!r}") from None
+
+
+def person_rates(persons, default_rate: float) -> dict[str, list[float]]:
+    """person id → the Poisson rate of each of their training rows."""
+    if hasattr(persons, "column_names"):  # a pyarrow table of training rows
+        if "user_id" not in persons.column_names:
+            raise VeilError("ledger: the training rows have no 'user_id' column")
+        users = persons.column("user_id").to_pylist()
+        rates = persons.column("rate").to_pylist() if "rate" in persons.column_names else [default_rate] * len(users)
+        out: dict[str, list[float]] = {}
+        for u, r in zip(users, rates):
+            if u is None:
+                raise VeilError("ledger: a training row has no user_id")
+            out.setdefault(str(u), []).append(float(default_rate if r is None else r))
+        return out
+    if not isinstance(persons, Mapping):
+        raise VeilError("ledger: persons must be a table of training rows or a mapping person → rows")
+    out = {}
+    for u, v in persons.items():
+        if isinstance(v, bool):
+            raise VeilError(f"ledger: rows of a person must be a count or a list of rates, got {v!r}")
+        if isinstance(v, (int, np.integer)):
+            if int(v) < 0:
+                raise VeilError("ledger: a person's row count is negative")
+            out[str(u)] = [float(default_rate)] * int(v)
+        elif isinstance(v, Sequence) or isinstance(v, np.ndarray):
+            out[str(u)] = [float(x) for x in v]
+        else:
+            raise VeilError(f"ledger: rows of a person must be a count or a list of rates, got {type(v).__name__}")
+    return out
+
+
+def _population_epsilon(plan: Mapping) -> float:
+    """ε_N of the plan's DP population estimate N̂ (Laplace, pure DP); 0 when N is public."""
+    pop = (plan.get("data") or {}).get("population") or {}
+    return float(pop.get("epsilon") or 0.0) if pop.get("mechanism") == "laplace" else 0.0
+
+
+def pure_dp_rdp(eps: float, orders) -> np.ndarray:
+    """ε-DP implies ½ε²-zCDP (Bun & Steinke 2016, Prop. 3.3) and D_α ≤ D_∞ = ε: (α, min(ε, αε²/2))-RDP."""
+    a = np.asarray(orders, dtype=float)
+    return np.minimum(eps, a * eps * eps / 2.0)
+
+
+def release_costs(plan: Mapping, persons, orders=_rdp.ORDERS) -> dict[str, PersonCost]:
+    """Each person's RDP cost for this release (module rdp for the derivation), the population
+    estimate's share included (one person moves N by one unit: a user, or for record units each of
+    their rows, so n rows cost n·ε_N by pure-DP group privacy)."""
+    eps_n = _population_epsilon(plan)
+    out = _release_costs(plan, persons, orders)
+    if eps_n <= 0:
+        return out
+    per_row = str(plan.get("mechanism")) == "record"
+    for u, c in out.items():
+        extra = pure_dp_rdp(eps_n * (c.rows if per_row else 1), orders)
+        out[u] = PersonCost(rows=c.rows, sampling_rate=c.sampling_rate, rdp=np.asarray(c.rdp) + extra)
+    return out
+
+
+def _release_costs(plan: Mapping, persons, orders) -> dict[str, PersonCost]:
+    mechanism = str(plan.get("mechanism"))
+    q, sigma = _num(plan, "sampling_rate"), _num(plan, "noise_multiplier")
+    steps = int(_num(plan, "steps"))
+    rates = person_rates(persons, q)
+    if mechanism in USER_MECHANISMS:
+        curve = _rdp.sampled_gaussian_rdp(q, sigma, steps, orders)
+        return {u: PersonCost(rows=len(r), sampling_rate=q, rdp=curve) for u, r in rates.items()}
+    if mechanism in ROW_MECHANISMS:
+        cache: dict[tuple, tuple[float, np.ndarray]] = {}
+        out = {}
+        for u, r in rates.items():
+            key = tuple(sorted(x for x in r if x > 0))
+            if key not in cache:
+                p = np.asarray(key, dtype=float)
+                q_any = float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1) else (1.0 if len(p) else 0.0)
+                cache[key] = (q_any, _rdp.rows_rdp(key, sigma, steps, orders))
+            out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
+        return out
+    if mechanism == "uls-filtered":
+        raise VeilError("ledger: a filtered-ULS release is (ε, δ)-DP through a sparse vector and a bad event of "
+                        "probability δ₁; it has no Rényi curve the per-person filter could charge, so it cannot "
+                        "be released against a lifetime ledger (use uls, els or group)")
+    raise VeilError(f"ledger: cannot charge mechanism {mechanism!r}; chargeable: "
+                    f"{', '.join(USER_MECHANISMS + ROW_MECHANISMS)}")
+
+
+def secret_costs(plan_like: Mapping, targets: Sequence) -> list[SecretCost]:
+    """Each secret's KL in this release: exactly the certificate's accountant
+    (components.accounting.secrets.report_secrets: T × the max-direction per-step KL of the
+    Poisson-binomial mixture at the rates of the records holding it) at the plan's σ and planned T.
+    `targets`: SecretTarget (secret id `class:value`, rates, κ, γ), e.g. flows.stages.secret_targets."""
+    from components.accounting.secrets import report_secrets
+
+    if str(plan_like.get("mechanism")) != "secret":
+        raise VeilError("ledger: per-secret KL is charged for secret-protection plans only")
+    sigma, steps = _num(plan_like, "noise_multiplier"), int(_num(plan_like, "steps"))
+    targets = list(targets)
+    if not targets or steps <= 0:
+        return []
+    return [SecretCost(secret_id=r.secret_id, secret_class=r.secret_id.split(":", 1)[0], kl=float(r.kl),
+                       kappa=float(r.kappa), gamma=float(r.gamma_target), records=int(r.n_records))
+            for r in report_secrets(targets, sigma, steps)]
+
+
+def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | None = None,
+                    secrets: Sequence | None = None) -> Reservation:
+    """Reserve the release's cost for everyone the filter admits, before any training.
+
+    The plan's own lifetime_budget (if any) must equal the ledger's; the ledger's budget applies to
+    every release once set. Whatever the release's fate, the charges stay. `secrets` (secret plans):
+    the plan's SecretTargets, charged per secret in the same transaction (Reservation.secrets_dropped:
+    the caller must drop every record holding one of those)."""
+    own = ledger is None
+    led = Ledger.open(settings) if own else ledger
+    try:
+        costs = release_costs(plan_like, persons, led.orders)
+        sec = secret_costs(plan_like, secrets) if secrets is not None else None
+        params = {k: plan_like.get(k) for k in ("sampling_rate", "noise_multiplier", "steps", "clip_norm",
+                                                 "records_per_user", "neighbouring") if k in plan_like}
+        return led.reserve(kind=str(plan_like.get("privacy_unit") or "user"), mechanism=str(plan_like["mechanism"]),
+                           plan_sha256=plan_like.get("sha256"), params=params, costs=costs,
+                           budget=Budget.parse(plan_like.get("lifetime_budget")), secrets=sec)
+    finally:
+        if own:
+            led.dispose()

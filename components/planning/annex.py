@@ -1,0 +1,175 @@
+"""The plan's private annex, and the keyed PRF every private planning decision draws from.
+
+A plan has two parts. The public part (`plans/<sha>.json`, registered with the model) holds policy
+values, DP estimates and salted commitments. The annex — who is held out, which records train and
+which go to the attacker, the files that say so with their hashes, exact counts, `auto`'s private
+statistics — lives under `private_dir/plans/` and is never logged, registered or printed. The public
+part commits to it: `annex.commitment = sha256(salt ‖ canonical JSON of the annex without its salt)`,
+so a consumer holding the annex can check it is the one the plan was built with, and nobody without
+it learns anything from the hash (the salt is 256 bits from the PRF below).
+
+Every private random choice (held-out draws, attacker samples, selection, the population noise,
+salts) comes from HMAC-SHA256 under one secret key, `private_dir/keys/plan.key` (32 bytes of
+os.urandom, made on first use, mode 0600). Keyed, not seeded: a public seed would let anyone with the
+roster recompute who was held out. Deterministic, not clocked: the same snapshot + policy give the
+same plan, so re-planning releases nothing new (the DP population estimate in particular is the
+same draw, not a fresh one an attacker could average).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from components.core.errors import VeilError
+from components.core.hashing import canonical_json, sha256_bytes, sha256_file
+
+ANNEX_SCHEMA = "veil.plan-annex/v1"
+KEY_FILE = Path("keys") / "plan.key"
+
+
+def _private_mkdir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.chmod(path, 0o700)
+    except OSError:  # pragma: no cover - e.g. a folder we do not own; the file modes still hold
+        pass
+
+
+def plan_key(private_dir: str | Path) -> bytes:
+    """The planner's secret PRF key; created (0600, in a 0700 folder) on first use."""
+    path = Path(private_dir) / KEY_FILE
+    if not path.is_file():
+        _private_mkdir(path.parent)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:          # another planner made it first: use theirs
+            pass
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+    key = path.read_bytes()
+    if len(key) != 32:
+        raise VeilError(f"{path}: the plan key must be 32 bytes, found {len(key)}; restore it from backup "
+                        "(a new key changes every plan's private draws)")
+    return key
+
+
+def prf(key: bytes, *parts: Any) -> bytes:
+    """HMAC-SHA256 of the parts (each canonical JSON, so ('a','bc') and ('ab','c') differ)."""
+    msg = b"\x1f".join(canonical_json(p) for p in parts)
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def prf_uniform(key: bytes, *parts: Any) -> float:
+    """A uniform draw in the open interval (0, 1), 53 bits, from `prf`."""
+    x = int.from_bytes(prf(key, *parts)[:8], "big") >> 11
+    return (x + 0.5) / float(1 << 53)
+
+
+def prf_seed(key: bytes, *parts: Any) -> list[int]:
+    """Four 32-bit words for numpy's SeedSequence."""
+    d = prf(key, *parts)
+    return [int.from_bytes(d[i:i + 4], "little") for i in range(0, 16, 4)]
+
+
+def laplace_noise(key: bytes, scale: float, *parts: Any) -> float:
+    """Laplace(0, scale) by inverse CDF from one keyed uniform draw."""
+    import math
+
+    u = prf_uniform(key, "laplace", *parts) - 0.5
+    return -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))
+
+
+def commitment(salt: str, obj: Any) -> str:
+    """sha256(salt bytes ‖ canonical JSON of obj): hiding (the salt is secret) and binding."""
+    return sha256_bytes(bytes.fromhex(salt) + canonical_json(obj))
+
+
+def annex_dir(private_dir: str | Path) -> Path:
+    return Path(private_dir) / "plans"
+
+
+def _body(annex: Mapping) -> dict:
+    return {k: v for k, v in annex.items() if k != "salt"}
+
+
+def seal_annex(key: bytes, annex: Mapping) -> tuple[dict, str]:
+    """Add a deterministic salt (keyed on the content) and return (annex, its commitment)."""
+    body = {**_body(annex), "schema": ANNEX_SCHEMA}
+    salt = prf(key, "annex-salt", body).hex()
+    return {**body, "salt": salt}, commitment(salt, body)
+
+
+def save_annex(private_dir: str | Path, plan_sha256: str, annex: Mapping) -> Path:
+    """Write `private_dir/plans/<plan sha>.annex.json` (0600)."""
+    d = annex_dir(private_dir)
+    _private_mkdir(d)
+    path = d / f"{plan_sha256}.annex.json"
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(dict(annex), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def verify_annex(annex: Mapping, plan: Mapping) -> dict:
+    """Refuse an annex that is not the one `plan` committed to."""
+    want = (plan.get("annex") or {}).get("commitment")
+    if not want:
+        raise VeilError(f"plan {str(plan.get('sha256'))[:12]}…: no annex commitment (a plan from before the "
+                        "public/private split); re-plan it")
+    salt = annex.get("salt")
+    if not isinstance(salt, str) or len(salt) != 64:
+        raise VeilError("plan annex: no valid salt; the annex is damaged")
+    if commitment(salt, _body(annex)) != want:
+        raise VeilError(f"plan annex does not match the commitment in plan {str(plan.get('sha256'))[:12]}…: "
+                        "it was altered or belongs to another plan; refusing to use it")
+    return dict(annex)
+
+
+def load_annex(private_dir: str | Path, plan: Mapping) -> dict:
+    """The annex of `plan` from `private_dir`, checked against the plan's commitment."""
+    path = annex_dir(private_dir) / f"{plan['sha256']}.annex.json"
+    if not path.is_file():
+        raise VeilError(f"plan {str(plan['sha256'])[:12]}…: its private annex {path} is missing (plans are "
+                        "usable only on the Veil home that made them)")
+    try:
+        annex = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise VeilError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(annex, dict):
+        raise VeilError(f"{path}: an annex is a JSON object")
+    annex = verify_annex(annex, plan)
+    annex["_dir"] = str(annex_dir(private_dir))
+    return annex
+
+
+def annex_file(annex: Mapping, key: str, *, check: bool = True) -> Path | None:
+    """The absolute path of the annex's `<key>_file` (stored relative to the annex folder), its
+    sha256 checked against `<key>_sha256`. None when the annex has no such file."""
+    rel = annex.get(f"{key}_file")
+    if not rel:
+        return None
+    path = Path(rel) if Path(rel).is_absolute() else Path(annex.get("_dir", ".")) / rel
+    if check:
+        if not path.is_file():
+            raise VeilError(f"plan annex: {key.replace('_', ' ')} file {path} is missing")
+        if sha256_file(path) != annex.get(f"{key}_sha256"):
+            raise VeilError(f"plan annex: {key.replace('_', ' ')} file {path} does not match its sha256 in the "
+                            "annex: refusing to use it")
+    return path
+
+
+def attach_annex(private_dir: str | Path, plan: Mapping, annex: Mapping) -> dict:
+    """Seal `annex` under this home's key, store it for `plan`, and return the plan with its commitment.
+
+    For plans assembled by hand (tests, benches); `make_plan` does the same for real plans, before
+    sealing the plan's own hash."""
+    sealed, digest = seal_annex(plan_key(private_dir), annex)
+    save_annex(private_dir, plan["sha256"], sealed)
+    return {**plan, "annex": {"schema": ANNEX_SCHEMA, "commitment": digest}}

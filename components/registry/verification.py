@@ -1,0 +1,206 @@
+"""Verify a registered release in MLflow: the model package, the run's certificate and seal, tags, metrics.
+
+`components.certificate.verify` checks documents and files; this module fetches them from MLflow
+(the registered model version, its run, the logged model package) and adds the registry's checks:
+the version's `privacy.certificate_sha256` pointer, the run's (post-audit) certificate and its seal,
+the relation between that certificate and the package's embedded one, and the `privacy.*` /
+`audit.*` tags and privacy metrics, which must say exactly what the certificate says.
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from components.certificate.verify import (
+    Verification,
+    check_amendment,
+    recheck_guarantee,
+    verify_package,
+)
+from components.core.errors import VeilError
+from components.core.hashing import sha256_json
+
+CERT_ARTIFACT = "certificate.json"
+SEAL_ARTIFACT = "seal.json"
+PLAN_ARTIFACT = "plan.json"
+NOT_CERTIFICATE_TAGS = ("privacy.lifetime_", "privacy.ledger", "privacy.signing_key")
+
+
+def package_artifacts(package_dir: str | Path) -> dict[str, str]:
+    """The pyfunc's artifact name -> local path, read from the package's MLmodel."""
+    from mlflow.models import Model
+
+    root = Path(package_dir)
+    try:
+        flavor = Model.load(str(root / "MLmodel")).flavors["python_function"]
+    except Exception:  # noqa: BLE001 - any unreadable package is named for the user
+        raise VeilError(f"{root}: not an MLflow pyfunc model package") from None
+    return {name: str(root / a["path"]) for name, a in (flavor.get("artifacts") or {}).items()}
+
+
+def _run_json(client, run_id: str, name: str) -> Any:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, name, tmp)
+        except Exception:  # noqa: BLE001 - a missing artifact is a failed check, not a crash
+            raise VeilError(f"run {run_id[:8]}: no {name} artifact") from None
+        try:
+            return json.loads(Path(path).read_text())
+        except ValueError:
+            raise VeilError(f"run {run_id[:8]}: {name} is not JSON") from None
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    try:
+        x, y = float(a), float(b)
+    except (TypeError, ValueError):
+        return False
+    return math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-15)
+
+
+def _check_tags(where: str, tags: Mapping[str, str], cert: Mapping[str, Any]) -> None:
+    from components.registry.mlflow_registry import privacy_tags
+
+    expected = privacy_tags(cert)
+    wrong = sorted(k for k, val in expected.items() if tags.get(k) != val)
+    # Every other privacy/audit claim is forged, except the registry's own bookkeeping (lifetime and
+    # ledger spend, the signer's fingerprint), which the certificate does not state.
+    extra = sorted(k for k in tags if k.startswith(("privacy.", "audit.")) and k not in expected
+                   and not k.startswith(NOT_CERTIFICATE_TAGS))
+    if wrong or extra:
+        raise VeilError(f"{where} tag(s) {', '.join(wrong + extra)} do not match the certificate")
+
+
+def _check_metrics(metrics: Mapping[str, float], cert: Mapping[str, Any]) -> None:
+    expected: dict[str, float] = {}
+    if cert.get("epsilon") is not None:
+        expected["privacy_epsilon"] = float(cert["epsilon"])
+    for cls, c in (cert.get("secrets") or {}).items():
+        expected[f"privacy_secret_max_gamma_{cls}"] = float(c["max_gamma"])
+    if cert.get("audit"):
+        # record_audit logs exactly the public section's metrics (bucket edges, ceilings, verdict)
+        from components.audit.public import public_metrics
+
+        expected.update(public_metrics(cert["audit"]))
+    wrong = sorted(k for k, val in expected.items() if not _same_number(metrics.get(k), val))
+    if wrong:
+        raise VeilError(f"run metric(s) {', '.join(wrong)} do not match the certificate")
+
+
+def check_registry_side(client, run_id: str, versions: list, embedded: dict | None, embedded_seal: dict | None,
+                        trusted: Mapping[str, Any], v: Verification) -> dict | None:
+    """Add the registry's checks for `run_id` (and its registered `versions`) to `v`; return the
+    registered certificate when it verifies."""
+    from components.certificate.document import verify_certificate
+    from components.certificate.seal import check_seal
+
+    run = client.get_run(run_id)
+    registered = v.run("hash", lambda: verify_certificate(_run_json(client, run_id, CERT_ARTIFACT)).to_dict())
+    seal = v.run("signature", _run_json, client, run_id, SEAL_ARTIFACT)
+    if seal is not None:
+        v.run("signature", check_seal, seal, trusted)
+        if registered is not None:
+            v.record("signature", seal.get("certificate_sha256") == registered["sha256"],
+                     "the run's seal is for another certificate")
+        if embedded_seal is not None:
+            v.record("signature", seal.get("bindings") == embedded_seal.get("bindings"),
+                     "the run's seal binds other files than the model package's seal")
+    plan = v.run("plan", _run_json, client, run_id, PLAN_ARTIFACT)
+    if plan is not None:
+        sealed_plan = ((embedded_seal or {}).get("bindings") or {}).get("plan")
+        v.record("plan", sha256_json(plan) == sealed_plan, "the run's plan.json is not the sealed plan")
+    if registered is None:
+        v.record("embedded_matches_registered", False, "the registered certificate does not verify")
+        return None
+    for mv in versions:
+        v.record("hash", mv.tags.get("privacy.certificate_sha256") == registered["sha256"],
+                 f"version {mv.version}'s privacy.certificate_sha256 tag is not the run's certificate")
+    if embedded is not None:
+        v.run("embedded_matches_registered", check_amendment, registered, embedded)
+    else:
+        v.record("embedded_matches_registered", False, "the model's embedded certificate does not verify")
+    got = v.run("epsilon_recomputed", recheck_guarantee, registered)
+    if got is not None:
+        v.epsilon, v.gamma = got
+    v.run("tags", _check_tags, "run", run.data.tags, registered)
+    for mv in versions:
+        v.run("tags", _check_tags, f"version {mv.version}", mv.tags, registered)
+    v.run("metrics", _check_metrics, run.data.metrics, registered)
+    v.certificate_sha256 = registered["sha256"]
+    v.certificate = registered
+    return registered
+
+
+def verify_version(client, mv, trusted: Mapping[str, Any], package_dir: str | Path | None = None) -> Verification:
+    """Every check for one registered model version (the package is downloaded unless given)."""
+    import mlflow
+
+    v = Verification()
+    with tempfile.TemporaryDirectory() as tmp:
+        if package_dir is None:
+            try:
+                package_dir = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=tmp)
+            except Exception as e:  # noqa: BLE001
+                v.record("weights", False, f"model package {mv.source} cannot be downloaded ({type(e).__name__})")
+                return v
+        try:
+            arts = package_artifacts(package_dir)
+        except VeilError as e:
+            v.record("weights", False, str(e))
+            return v
+        v, embedded, embedded_seal = verify_package(arts, trusted, v)
+        check_registry_side(client, mv.run_id, [mv], embedded, embedded_seal, trusted, v)
+    return v
+
+
+def verify_loaded_package(artifacts: Mapping[str, str]) -> tuple[Verification, dict | None, dict | None]:
+    """What the pyfunc's `load_context` runs before it serves anything.
+
+    The package is checked on its own (offline). When MLflow's tracking URI is set and holds the
+    run that logged this package, the registry side is checked too, so a consumer of
+    `models:/NAME@ALIAS` is refused when the registered certificate, its seal, tags or metrics were
+    edited. A package read away from its registry has only its own (sealed) certificate to show.
+    Returns (verification, embedded certificate, registered certificate or None).
+    """
+    from components.certificate.seal import trusted_keys
+    from components.core.settings import load_settings
+
+    trusted = trusted_keys(load_settings())
+    v, embedded, embedded_seal = verify_package(artifacts, trusted)
+    root = Path(artifacts["certificate"]).parent.parent
+    run_id = _package_run_id(root)
+    client = _registry_client()
+    if run_id is None or client is None:
+        v.notes.append("registry not consulted (no tracking URI set or no run id in the package)")
+        return v, embedded, None
+    try:
+        client.get_run(run_id)
+    except Exception:  # noqa: BLE001 - a package away from its registry: the package checks stand alone
+        v.notes.append(f"run {run_id[:8]} is not in this tracking server: registry side not checked")
+        return v, embedded, None
+    versions = client.search_model_versions(f"run_id='{run_id}'")
+    registered = check_registry_side(client, run_id, list(versions), embedded, embedded_seal, trusted, v)
+    return v, embedded, registered
+
+
+def _package_run_id(root: Path) -> str | None:
+    if not (root / "MLmodel").is_file():
+        return None
+    from mlflow.models import Model
+
+    try:
+        return Model.load(str(root / "MLmodel")).run_id
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _registry_client():
+    import mlflow
+    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+    if not is_tracking_uri_set():
+        return None
+    return mlflow.MlflowClient()
