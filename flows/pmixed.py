@@ -17,11 +17,9 @@ from components.core.settings import Settings
 
 def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str, int], policy_sha: str):
     """Charge every person the whole token budget's curve in the per-person ledger (issue 13), when present.
-    Returns (retired person ids, public reservation facts) — ([], None) without the ledger package."""
-    try:
-        from components.ledger import Ledger, PersonCost
-    except ImportError:
-        return [], None
+    Returns (retired person ids, public reservation facts)."""
+    from components.ledger import Budget, Ledger, PersonCost
+
     curve = params.budget_rdp()
     led = Ledger.open(settings)
     try:
@@ -31,7 +29,7 @@ def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str,
             raise VeilError("pmixed: the ledger's order grid differs from the mechanism's; cannot charge it")
         costs = {p: PersonCost(rows=n, sampling_rate=float(spec.subsample_rate), rdp=curve)
                  for p, n in rows_per_person.items()}
-        budget = spec.lifetime_budget.model_dump() if spec.lifetime_budget else None
+        budget = Budget.parse(spec.lifetime_budget.model_dump()) if spec.lifetime_budget else None
         res = led.reserve(kind="user", mechanism="pmixed", plan_sha256=policy_sha,
                           params={"shards": params.shards, "q": params.q, "radius": params.radius,
                                   "tokens": params.tokens}, costs=costs, budget=budget)

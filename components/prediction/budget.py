@@ -26,10 +26,8 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 
 from components.core.errors import VeilError
 
-try:  # the per-person ledger's engine (SQLite/PostgreSQL, serializable) and retrying transaction
-    from components.ledger.store import make_engine, transact
-except ImportError:  # pragma: no cover - before issue 13 is merged: the same design, locally
-    from components.prediction._store import make_engine, transact
+# the per-person ledger's engine (SQLite/PostgreSQL, serializable) and retrying transaction
+from components.ledger.store import make_engine, transact
 
 metadata = MetaData()
 
