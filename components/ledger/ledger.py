@@ -85,8 +85,9 @@ class Reservation:
     secrets_dropped: tuple[str, ...] = ()
 
     def public(self) -> dict:
-        """What may go on a plan, certificate or tag: counts, never ids."""
-        return {"ledger_release_id": self.release_id, "admitted": len(self.admitted), "retired": len(self.retired),
+        """What may go on a plan, certificate or tag: the release id and the budget. Never ids, and not
+        the admitted/retired counts either: those are exact private counts (the number of people)."""
+        return {"ledger_release_id": self.release_id,
                 "budget": None if self.budget is None else {"epsilon": self.budget.epsilon,
                                                             "delta": self.budget.delta}}
 

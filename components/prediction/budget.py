@@ -1,0 +1,160 @@
+"""The endpoint's durable token budget and its API keys, in the per-person ledger's database.
+
+One counter per ensemble, append-only: a charge is an inserted row; spent = the sum of the rows. A charge
+reads the sum and inserts in ONE serializable transaction (SQLite `BEGIN IMMEDIATE`, WAL, synchronous=FULL;
+PostgreSQL SERIALIZABLE with retries) — the per-person ledger's design (components/ledger/store.py, issue
+13), whose engine and transaction helper are reused when that package is present. The row is committed
+before the token is sampled, so a crash (even SIGKILL between commit and draw) loses the token and never
+gives it back, and every server process that opens the same database shares one budget.
+
+Why a counter and not a per-token ledger reservation: one private token costs *every* person in the
+ensemble the same curve (their shard may be selected). The per-person ledger is charged once, at build
+time, for the whole budget T (docs/privacy/pmixed.md §5); this counter guarantees no more than T private
+tokens are ever drawn, so that charge is never exceeded.
+
+API keys: stored as sha256 of a 256-bit random key (a high-entropy secret needs no slow hash); the key
+itself is shown once.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import secrets
+from pathlib import Path
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
+
+from components.core.errors import VeilError
+
+# the per-person ledger's engine (SQLite/PostgreSQL, serializable) and retrying transaction
+from components.ledger.store import make_engine, transact
+
+metadata = MetaData()
+
+budgets = Table("pmixed_budgets", metadata,
+                Column("ensemble_id", String(64), primary_key=True),
+                Column("total_tokens", Integer, nullable=False),
+                Column("when_exhausted", String(16), nullable=False),
+                Column("created_at", String(40), nullable=False))
+
+spends = Table("pmixed_token_charges", metadata,
+               Column("id", Integer, primary_key=True, autoincrement=True),
+               Column("ensemble_id", String(64), nullable=False, index=True),
+               Column("tokens", Integer, nullable=False),
+               Column("at", String(40), nullable=False))
+
+api_keys = Table("pmixed_api_keys", metadata,
+                 Column("key_sha256", String(64), primary_key=True),
+                 Column("created_at", String(40), nullable=False))
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def default_url(settings) -> str:
+    url = getattr(settings, "ledger_url", None)
+    return url or f"sqlite:///{Path(settings.private_dir).resolve() / 'ledger.db'}"
+
+
+class TokenBudget:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        transact(self.engine, lambda conn: metadata.create_all(conn, checkfirst=True))
+
+    @classmethod
+    def open(cls, settings) -> "TokenBudget":
+        Path(settings.private_dir).mkdir(parents=True, exist_ok=True)
+        return cls(default_url(settings))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def create(self, ensemble_id: str, total_tokens: int, when_exhausted: str) -> None:
+        """Declare an ensemble's budget once; a second declaration must agree (budgets never top up)."""
+        def work(conn):
+            row = conn.execute(select(budgets).where(budgets.c.ensemble_id == ensemble_id)).first()
+            if row is None:
+                conn.execute(budgets.insert().values(ensemble_id=ensemble_id, total_tokens=int(total_tokens),
+                                                     when_exhausted=when_exhausted, created_at=_now()))
+            elif row.total_tokens != int(total_tokens):
+                raise VeilError(f"pmixed budget {ensemble_id[:12]}: already {row.total_tokens} tokens; a budget "
+                                "cannot change (a new budget needs a new ensemble and certificate)")
+        transact(self.engine, work)
+
+    def _total(self, conn, ensemble_id: str) -> int:
+        row = conn.execute(select(budgets.c.total_tokens).where(budgets.c.ensemble_id == ensemble_id)).first()
+        if row is None:
+            raise VeilError(f"pmixed: no token budget for ensemble {ensemble_id[:12]} in this ledger")
+        return int(row.total_tokens)
+
+    def charge(self, ensemble_id: str, tokens: int = 1) -> bool:
+        """Durably count `tokens` private tokens if they fit; False (nothing written) if they do not."""
+        def work(conn) -> bool:
+            total = self._total(conn, ensemble_id)
+            spent = conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))
+                                 .where(spends.c.ensemble_id == ensemble_id)).scalar_one()
+            if int(spent) + int(tokens) > total:
+                return False
+            conn.execute(spends.insert().values(ensemble_id=ensemble_id, tokens=int(tokens), at=_now()))
+            return True
+        return transact(self.engine, work)
+
+    def charge_upto(self, ensemble_id: str, tokens: int) -> int:
+        """Durably count up to `tokens` private tokens (as many as remain); returns how many were granted.
+        Granted tokens are spent whether or not they are then drawn (a request that stops early wastes them)."""
+        def work(conn) -> int:
+            total = self._total(conn, ensemble_id)
+            spent = int(conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))
+                                     .where(spends.c.ensemble_id == ensemble_id)).scalar_one())
+            k = max(0, min(int(tokens), total - spent))
+            if k:
+                conn.execute(spends.insert().values(ensemble_id=ensemble_id, tokens=k, at=_now()))
+            return k
+        return transact(self.engine, work)
+
+    def prepaid(self, ensemble_id: str, block: int):
+        """A `charge()` for `Ensemble.generate` that commits tokens `block` at a time (one fsync per block, not
+        per token): every drawn token was committed before its draw; at most block − 1 are wasted per request."""
+        left = [0]
+
+        def charge() -> bool:
+            if left[0] == 0:
+                left[0] = self.charge_upto(ensemble_id, max(1, int(block)))
+                if left[0] == 0:
+                    return False
+            left[0] -= 1
+            return True
+        return charge
+
+    def spent(self, ensemble_id: str) -> int:
+        def work(conn) -> int:
+            return int(conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))
+                                    .where(spends.c.ensemble_id == ensemble_id)).scalar_one())
+        return transact(self.engine, work)
+
+    def remaining(self, ensemble_id: str) -> int:
+        def work(conn) -> int:
+            total = self._total(conn, ensemble_id)
+            spent = conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))
+                                 .where(spends.c.ensemble_id == ensemble_id)).scalar_one()
+            return max(0, total - int(spent))
+        return transact(self.engine, work)
+
+    # --- API keys -------------------------------------------------------------------------------------
+
+    def create_key(self) -> str:
+        key = "veil_" + secrets.token_urlsafe(32)
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        transact(self.engine, lambda conn: conn.execute(api_keys.insert().values(key_sha256=digest, created_at=_now())))
+        return key
+
+    def key_ok(self, key: str | None) -> bool:
+        if not key:
+            return False
+        digest = hashlib.sha256(key.encode()).hexdigest()
+
+        def work(conn) -> bool:
+            return conn.execute(select(api_keys.c.key_sha256).where(api_keys.c.key_sha256 == digest)).first() is not None
+        return transact(self.engine, work)

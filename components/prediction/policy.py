@@ -1,0 +1,84 @@
+"""The prediction policy (kind: PredictionPolicy): what governance fixes for a PMixED endpoint.
+
+Strict like the training policy (unknown keys, coercions and NaN are errors; one line naming the field).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from components.core.errors import VeilError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+class Metadata(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    owner: str = Field(min_length=1)
+    description: str = ""
+
+
+class Target(_Strict):
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
+class Lora(_Strict):
+    r: int = Field(default=8, ge=1)
+    alpha: float = Field(default=16.0, gt=0)
+    # 0 only: dropout draws from torch's process-global RNG, which shards training concurrently (threads)
+    # would share — one shard's masks would then depend on how much data the others have.
+    dropout: float = Field(default=0.0, ge=0, le=0)
+
+
+class Training(_Strict):
+    epochs: int = Field(default=3, ge=1)
+    learning_rate: float = Field(default=5e-3, gt=0)
+    seq_len: int = Field(default=64, ge=4)
+    batch_size: int = Field(default=8, ge=1)
+    lora: Lora = Lora()
+    seed: int = 0
+
+
+class Spec(_Strict):
+    privacy_unit: Literal["user"] = "user"
+    mechanism: Literal["pmixed"] = "pmixed"
+    target: Target                       # (ε, δ) over the whole private-token budget
+    lifetime_budget: Target | None = None  # the per-person ledger's budget, when the ledger is in use
+    shards: int = Field(ge=1, le=4096)
+    subsample_rate: float = Field(gt=0, le=1)
+    token_budget: int = Field(ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    when_exhausted: Literal["public_only", "refuse"] = "public_only"
+    max_tokens_per_request: int = Field(default=128, ge=1)
+    task_runner: Literal["thread", "dask"] = "thread"
+    training: Training = Training()
+
+
+class PredictionPolicy(_Strict):
+    apiVersion: Literal["veil.dev/v1"]
+    kind: Literal["PredictionPolicy"]
+    metadata: Metadata
+    spec: Spec
+
+
+def load_prediction_policy(path: str | Path) -> tuple[PredictionPolicy, bytes]:
+    p = Path(path)
+    if not p.is_file():
+        raise VeilError(f"{p}: no such policy file")
+    raw = p.read_bytes()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise VeilError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    try:
+        return PredictionPolicy.model_validate(data), raw
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "(document)"
+        raise VeilError(f"{p}: {where}: {err['msg']}") from None
