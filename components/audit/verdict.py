@@ -202,6 +202,10 @@ def exposure_verdict(rows: Sequence[dict], *, limit: float | None, confidence: f
     need = None
     if verdict == INCONCLUSIVE:
         need = candidates_to_resolve(limit, a)
+        if need is not None and need <= max(int(r["n_candidates"]) for r in rows):
+            # already sampled that many and still undecided (e.g. the secret outranks every
+            # candidate under both models): more candidates of the same size will not settle it
+            need = None
     return {"verdict": verdict, "secrets": out, "excess_over_reference": has_ref, "candidates_needed": need,
             "per_side_error": a}
 
