@@ -1,4 +1,4 @@
-"""Release verification commands: verify (a registered model's seal and every check), keys."""
+"""Release verification commands: verify (a registered model's seal and every check), signing-key."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -84,4 +84,4 @@ def keys(trust: Optional[Path] = typer.Option(None, "--trust", help="add this PE
 
 def register(app: typer.Typer) -> None:
     app.command("verify")(verify)
-    app.command("keys")(keys)
+    app.command("signing-key")(keys)

@@ -220,14 +220,14 @@ def test_keys_command_shows_the_public_key_and_adds_trusted_keys(settings, tmp_p
 
     monkeypatch.delenv("VEIL_SIGNING_KEY", raising=False)
     monkeypatch.delenv("VEIL_TRUSTED_KEYS", raising=False)
-    res = CliRunner().invoke(app, ["keys", "--json"])
+    res = CliRunner().invoke(app, ["signing-key", "--json"])
     doc = json.loads(res.stdout)
     assert res.exit_code == 0 and doc["trusted"] == [doc["fingerprint"]]
     assert "PRIVATE" not in res.stdout and doc["public_key_pem"].startswith("-----BEGIN PUBLIC KEY-----")
     team = Ed25519PrivateKey.generate().public_key()
     pem = tmp_path / "team.pub.pem"
     pem.write_bytes(team.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    res = CliRunner().invoke(app, ["keys", "--trust", str(pem), "--json"])
+    res = CliRunner().invoke(app, ["signing-key", "--trust", str(pem), "--json"])
     assert fingerprint(raw_public_bytes(team)) in json.loads(res.stdout)["trusted"]
-    res = CliRunner().invoke(app, ["keys", "--trust", str(tmp_path / "nope.pem")])
+    res = CliRunner().invoke(app, ["signing-key", "--trust", str(tmp_path / "nope.pem")])
     assert res.exit_code == 2
