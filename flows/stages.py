@@ -177,6 +177,7 @@ def _ledger_event(settings: Settings, reservation: dict | None, status: str, **d
 def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:
     import pyarrow.compute as pc
 
+    from components.core.device import resolve_device
     from components.modeling import load_base
     from components.planning import load_plan
     from components.planning.annex import commitment
@@ -186,13 +187,15 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     annex = _annex(settings, plan_doc)
     data = training_data(settings, plan_doc, annex)
     out_dir = settings.runs_dir / plan_doc["sha256"][:16]
+    # the operator's device, checked before any charge: a missing GPU is an error, not a CPU fallback
+    device = resolve_device(settings.device)
     reservation = reserve(settings, plan_doc, annex, out_dir)
     if reservation and reservation["retired"]:
         # The filter's decision about a person reads only the ledger and that person: their rows go.
         meta = data.schema.metadata
         data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(reservation["retired"], pa.string()))))
         data = data.replace_schema_metadata(meta)
-    model, tokenizer = load_base(base_dir)
+    model, tokenizer = load_base(base_dir, device=device)
     spec = TrainSpec.from_plan(plan_doc)
     try:
         result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress,
