@@ -80,9 +80,11 @@ def _check_metrics(metrics: Mapping[str, float], cert: Mapping[str, Any]) -> Non
         expected["privacy_epsilon"] = float(cert["epsilon"])
     for cls, c in (cert.get("secrets") or {}).items():
         expected[f"privacy_secret_max_gamma_{cls}"] = float(c["max_gamma"])
-    for key, value in (cert.get("audit") or {}).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            expected[f"audit_{key}"] = float(value)
+    if cert.get("audit"):
+        # record_audit logs exactly the public section's metrics (bucket edges, ceilings, verdict)
+        from components.audit.public import public_metrics
+
+        expected.update(public_metrics(cert["audit"]))
     wrong = sorted(k for k, val in expected.items() if not _same_number(metrics.get(k), val))
     if wrong:
         raise VeilError(f"run metric(s) {', '.join(wrong)} do not match the certificate")
