@@ -64,9 +64,9 @@ def certify_task(home, plan_path, train_result):
 
 
 @task(name="register", **_task)
-def register_task(home, name, certificate, plan_path, base_dir, adapter_dir):
+def register_task(home, name, certificate, plan_path, base_dir, adapter_dir, alias="latest-certified"):
     return stages.register(load_settings(home), name=name, certificate=certificate, plan_path=plan_path,
-                           base_dir=base_dir, adapter_dir=adapter_dir)
+                           base_dir=base_dir, adapter_dir=adapter_dir, alias=alias)
 
 
 @task(name="audit", **_task)

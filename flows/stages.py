@@ -94,9 +94,12 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     pol = load_policy(policy)
     snap = load_snapshot(settings, snapshot_id)
     scorer, compute = planning_aids(pol, base_dir)
-    # the public part goes to plans/, the annex (membership, exact counts) to the private area
+    # the public part goes to plans/, the annex (membership, exact counts) to the private area.
+    # The plan's date is its snapshot's: the same snapshot, policy and base give the same plan (and
+    # sha256), so a run killed mid-training and started again resumes under its own plan, checkpoint
+    # and ledger reservation instead of starting (and paying) again under a new one.
     p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
-                  cache_dir=settings.cache_dir, progress=progress)
+                  cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"))
     path = save_plan(p, settings.plans_dir)
     return {"plan_path": str(path), "plan": p.to_dict()}
 
@@ -182,6 +185,30 @@ def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
     return sorted({str(r) for r in hit.column("record_id").to_pylist()})
 
 
+def finished_training(settings: Settings, plan_path: str | Path) -> dict | None:
+    """The public train result of PLAN's run when it already finished (its ledger release is past
+    `reserved`/`crashed` and train_result.json is there), else None. Lets a retraining that stopped
+    after training (before registration) go on without training — or charging — again."""
+    from components.ledger import Ledger
+    from components.planning import load_plan
+    from components.training.spec import PRIVATE_FIELDS
+
+    plan_doc = load_plan(plan_path).to_dict()
+    out_dir = settings.runs_dir / plan_doc["sha256"][:16]
+    res_file, reservation = out_dir / "train_result.json", out_dir / RESERVATION_FILE
+    if not res_file.is_file():
+        return None
+    if reservation.is_file():
+        led = Ledger.open(settings)
+        try:
+            if led.status(int(json.loads(reservation.read_text())["release_id"])) in ("reserved", "crashed"):
+                return None
+        finally:
+            led.dispose()
+    res = json.loads(res_file.read_text())
+    return {k: v for k, v in res.items() if k not in PRIVATE_FIELDS}
+
+
 def _ledger_event(settings: Settings, reservation: dict | None, status: str, **detail) -> None:
     if reservation is None:
         return
@@ -197,6 +224,7 @@ def _ledger_event(settings: Settings, reservation: dict | None, status: str, **d
 def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:
     import pyarrow.compute as pc
 
+    from components.core.device import resolve_device
     from components.modeling import load_base
     from components.planning import load_plan
     from components.planning.annex import commitment
@@ -206,6 +234,8 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     annex = _annex(settings, plan_doc)
     data = training_data(settings, plan_doc, annex)
     out_dir = settings.runs_dir / plan_doc["sha256"][:16]
+    # the operator's device, checked before any charge: a missing GPU is an error, not a CPU fallback
+    device = resolve_device(settings.device)
     reservation = reserve(settings, plan_doc, annex, out_dir)
     if reservation and reservation.get("dropped_records"):
         # The per-secret filter's decision reads only the ledger and that secret: its records go.
@@ -215,7 +245,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
         meta = data.schema.metadata
         data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(reservation["retired"], pa.string()))))
         data = data.replace_schema_metadata(meta)
-    model, tokenizer = load_base(base_dir)
+    model, tokenizer = load_base(base_dir, device=device)
     spec = TrainSpec.from_plan(plan_doc)
     try:
         result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress,
@@ -275,7 +305,7 @@ def secret_targets(settings: Settings, plan_doc: dict) -> list:
 
 
 def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,
-             adapter_dir: str | Path | None) -> dict:
+             adapter_dir: str | Path | None, alias: str | None = "latest-certified") -> dict:
     from components.planning import load_plan
     from components.registry import register_model
 
@@ -284,7 +314,7 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     target_eps = plan_doc["target"].get("epsilon")
     reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
                          adapter_dir=adapter_dir,
-                         policy_max_epsilon=float(target_eps) if target_eps is not None else None)
+                         policy_max_epsilon=float(target_eps) if target_eps is not None else None, alias=alias)
     # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME may be 0644)
     settings.make_private(settings.mlflow_artifacts_dir)
     return reg.to_dict()

@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.core.device import check_device
 from components.core.errors import VeilError
 
 # veil.toml key  ->  environment variable
@@ -172,7 +173,9 @@ def load_settings(home: str | Path | None = None, env: dict | None = None) -> Se
         mlflow_tracking_uri=tracking,
         mlflow_registry_uri=values.get("mlflow_registry_uri", tracking),
         prefect_api_url=values.get("prefect_api_url"),
-        device=values.get("device", "auto"),
+        device=check_device(values.get("device", "auto"),
+                            "VEIL_DEVICE" if sources.get("device", "$VEIL_DEVICE") == "$VEIL_DEVICE"
+                            else f"device in {sources['device']}"),
         ledger_url=values.get("ledger_url"),
         sources=sources,
     )

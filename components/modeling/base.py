@@ -242,11 +242,10 @@ def read_base_facts(path: str | Path) -> dict | None:
 
 
 def resolve_device(device: str | None) -> str:
-    import torch
+    """The torch device for `device` (auto/cpu/cuda/cuda:N/mps); a named device that is missing is an error."""
+    from components.core.device import resolve_device as _resolve
 
-    if device in (None, "", "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return _resolve(device, where="device")
 
 
 def load_base(path: str | Path, device: str = "cpu"):

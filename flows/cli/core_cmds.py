@@ -4,14 +4,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
 
 from components.certificate import describe
 from components.core.errors import VeilError
-from flows.cli.common import out, print_json as _print_json, settings as _settings
+from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings
 
 
 def _ceiling(aud: dict) -> str:
@@ -206,20 +206,89 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
             out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}")
 
 
+# How the source's fields map onto catalog records: the same flags as `veil ingest` (ingest's own
+# error messages name them).
+_USER_FIELD = typer.Option("user", "--user-field", help="field holding the user (jsonl/csv/parquet)")
+_TEXT_FIELD = typer.Option("text", "--text-field", help="field holding the text (jsonl/csv/parquet)")
+_ID_FIELD = typer.Option(None, "--id-field", help="the source's own record id (kept in metadata)")
+_TIME_FIELD = typer.Option(None, "--time-field", help="timestamp field (ISO-8601 or epoch s)")
+_META = typer.Option([], "--meta", help="a field to keep in metadata (repeatable)")
+
+
+def _mapping(user_field: str, text_field: str, id_field: Optional[str], time_field: Optional[str],
+             meta: List[str]) -> dict:
+    return {"user_field": user_field, "text_field": text_field, "id_field": id_field, "time_field": time_field,
+            "metadata_fields": list(meta)}
+
+
+def _check_inputs(policy: Path, source: Path, base_model: Optional[Path], public_corpus: Optional[Path]) -> None:
+    """Before any flow starts (and before ingest runs): missing inputs are one line, exit 2."""
+    if not policy.is_file():
+        raise VeilError(f"{policy}: no such policy file")
+    if not source.exists():
+        raise VeilError(f"{source}: no such source")
+    if base_model is None and public_corpus is None:
+        raise VeilError("no base model: pass --base-model DIR (a local Hugging Face causal LM) or "
+                        "--public-corpus FILE to pretrain one")
+    if base_model is not None and not base_model.is_dir():
+        raise VeilError(f"{base_model}: base model directory does not exist")
+    if public_corpus is not None and base_model is None and not public_corpus.is_file():
+        raise VeilError(f"{public_corpus}: no such public corpus")
+
+
 def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Option(..., "--source"),
         fmt: str = typer.Option("jsonl", "--format"),
+        user_field: str = _USER_FIELD, text_field: str = _TEXT_FIELD, id_field: Optional[str] = _ID_FIELD,
+        time_field: Optional[str] = _TIME_FIELD, meta: List[str] = _META,
         base_model: Optional[Path] = typer.Option(None, "--base-model", help="local HF causal-LM directory"),
         public_corpus: Optional[Path] = typer.Option(None, "--public-corpus", help="pretrain a base on this"),
         name: str = typer.Option("veil", "--name"), json_out: bool = typer.Option(False, "--json")) -> None:
     """The whole pipeline on your own data, through Prefect."""
+    _check_inputs(policy, source, base_model, public_corpus)
+    quiet_third_party()
     from flows.pipeline import pipeline_flow
 
     s = _settings()
     t0 = time.time()
     result = pipeline_flow(str(policy), str(source), fmt, home=str(s.home),
                            public_corpus=str(public_corpus) if public_corpus else None,
-                           base_model_dir=str(base_model) if base_model else None, model_name=name)
+                           base_model_dir=str(base_model) if base_model else None, model_name=name,
+                           mapping=_mapping(user_field, text_field, id_field, time_field, meta))
     _print_json(result) if json_out else out.print(_summary_table(result, time.time() - t0))
+
+
+def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Option(..., "--source"),
+            fmt: str = typer.Option("jsonl", "--format"),
+            user_field: str = _USER_FIELD, text_field: str = _TEXT_FIELD, id_field: Optional[str] = _ID_FIELD,
+            time_field: Optional[str] = _TIME_FIELD, meta: List[str] = _META,
+            base_model: Optional[Path] = typer.Option(None, "--base-model", help="local HF causal-LM directory"),
+            public_corpus: Optional[Path] = typer.Option(None, "--public-corpus", help="pretrain a base on this"),
+            name: str = typer.Option("veil", "--name", help="registered model name"),
+            json_out: bool = typer.Option(False, "--json")) -> None:
+    """One retraining, through the flow the schedule runs: skipped (no spend) when the data eligible for
+    training did not change; else train, certify, register, audit, and promote to `production` only on a
+    passed audit.
+
+    people_trained / people_retired are exact counts from the per-person ledger. They are printed
+    because whoever runs this holds VEIL_HOME (its private area, the ledger: `veil ledger` shows the
+    same counts): they are an administrator. The flow never logs them to the Prefect server."""
+    _check_inputs(policy, source, base_model, public_corpus)
+    quiet_third_party()
+    from flows.retrain import retrain_flow
+
+    s = _settings()
+    result = retrain_flow(str(policy.resolve()), str(source.resolve()), fmt, home=str(s.home),
+                          public_corpus=str(public_corpus.resolve()) if public_corpus else None,
+                          base_model_dir=str(base_model.resolve()) if base_model else None, model_name=name,
+                          mapping=_mapping(user_field, text_field, id_field, time_field, meta))
+    if json_out:
+        _print_json(result)
+    elif result["action"] == "skipped":
+        out.print(f"skipped: {result['reason']}")
+    else:
+        out.print(f"trained {result['model_uri']} · {result['people_trained']} people trained, "
+                  f"{result['people_retired']} retired (no budget left) · "
+                  + ("promoted" if result["promoted"] else "not promoted") + f": {result['reason']}")
 
 
 def register(app: typer.Typer) -> None:
@@ -227,6 +296,7 @@ def register(app: typer.Typer) -> None:
     app.command("demo-data")(demo_data)
     app.command("base-model")(base_model)
     app.command("run")(run)
+    app.command("retrain")(retrain)
     app.command("train")(train)
     app.command("register")(register_cmd)
     app.command("models")(models)

@@ -1,0 +1,192 @@
+"""Scheduled retraining: one Prefect flow that the schedule (prefect.yaml), `veil retrain` and tests run.
+
+ingest → unchanged data? stop, no spend → plan → train (ledger reservation first) → certify →
+register → audit → promote (the `production` alias moves only on a passed audit and a certificate
+carrying the policy's required fields).
+
+What a release line last trained on is kept per (policy, source, model name) in the private area:
+the snapshot's content hash (records and secret spans: everything training reads) and the base
+model. The file names a source path and a model URI, nothing about a person, but it sits with the
+ledger because it decides spend.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from components.core.errors import VeilError
+from components.core.settings import Settings, load_settings, private_umask
+from flows import stages
+from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, plan_task,
+                            register_task)
+
+PRODUCTION = "production"
+LATEST = "latest-certified"
+STATE_DIR = "retrain"
+
+
+def line_key(policy_sha256: str, source: str, model_name: str) -> str:
+    """One release line: the policy's content, the source's absolute path and the registered name."""
+    return hashlib.sha256(f"{policy_sha256}\n{Path(source).resolve()}\n{model_name}".encode()).hexdigest()[:24]
+
+
+def _state_path(settings: Settings, key: str) -> Path:
+    return settings.private_dir / STATE_DIR / f"{key}.json"
+
+
+def load_state(settings: Settings, key: str) -> dict | None:
+    p = _state_path(settings, key)
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise VeilError(f"{p}: not valid JSON ({e}); move it away to retrain from scratch") from None
+
+
+def save_state(settings: Settings, key: str, doc: dict) -> None:
+    p = _state_path(settings, key)
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, p)
+
+
+def training_content(settings: Settings, snapshot_id: str) -> str:
+    """The snapshot's content hash (its records and secret spans, not its date or lineage)."""
+    from catalog.snapshots import load_snapshot
+
+    return load_snapshot(settings, snapshot_id, verify=False).manifest["content_sha256"]
+
+
+def _field(cert: dict, path: str):
+    node = cert
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def promotion_gate(cert: dict, audit_summary: dict | None, required: list[str]) -> tuple[bool, str]:
+    """(promote?, why). Only a passed audit and a certificate with every required field promote."""
+    missing = [f for f in required if _field(cert, f) is None]
+    verdict = (audit_summary or {}).get("verdict")
+    if audit_summary is None:
+        return False, "not audited"
+    if verdict != "passed":
+        return False, f"audit verdict {verdict or 'none'}: only a passed audit is promoted"
+    if missing:
+        return False, f"certificate lacks the policy's required field(s) {', '.join(missing)}"
+    return True, f"audit passed and the certificate has every required field ({', '.join(required)})"
+
+
+@task(name="promote", cache_policy=NO_CACHE, retries=0)
+def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | None, required: list[str],
+                 alias: str) -> dict:
+    from components.registry.mlflow_registry import _client
+
+    settings = load_settings(home)
+    ok, why = promotion_gate(cert, audit_summary, required)
+    name, version = model_uri[len("models:/"):].split("/", 1)
+    client = _client(settings)
+    # latest-certified: the newest version whose audit did not fail (it moves after the audit now)
+    if (audit_summary or {}).get("verdict") != "failed":
+        client.set_registered_model_alias(name, LATEST, version)
+    if ok:
+        client.set_registered_model_alias(name, alias, version)
+        client.set_model_version_tag(name, version, "veil.promotion", f"{alias}: {why}")
+    else:
+        client.set_model_version_tag(name, version, "veil.promotion", f"not promoted: {why}")
+        try:
+            current = client.get_model_version_by_alias(name, alias).version
+            why += f"; {alias} stays on models:/{name}/{current}"
+        except Exception:  # noqa: BLE001 - MLflow raises when the alias is not set yet
+            why += f"; no version is {alias} yet"
+    return {"promoted": ok, "reason": why}
+
+
+@task(name="train-or-resume", cache_policy=NO_CACHE, retries=0)
+def train_or_resume_task(home: str, plan_path: str, base_dir: str) -> dict:
+    """Train (resuming from the run's checkpoint) or, when this plan's run already finished, take its
+    result: a retraining stopped after training never trains or charges twice."""
+    settings = load_settings(home)
+    done = stages.finished_training(settings, plan_path)
+    return done if done is not None else stages.train(settings, plan_path, base_dir)
+
+
+def _people(settings: Settings, plan_doc: dict, reg: dict) -> tuple[int | None, int]:
+    """Exact counts, from the ledger's record of this release (private: see `veil retrain`)."""
+    life = reg.get("lifetime")
+    if life:
+        return int(life["admitted"]), int(life["retired"])
+    from components.planning.annex import load_annex
+
+    counts = load_annex(settings.private_dir, plan_doc).get("counts") or {}
+    return counts.get("n_train_users"), 0
+
+
+def _skip(reason: str, model_uri: str | None = None) -> dict:
+    return {"action": "skipped", "reason": reason, "model_uri": model_uri, "promoted": False,
+            "people_trained": 0, "people_retired": 0}
+
+
+@flow(name="veil-retrain", log_prints=True)
+def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
+                 base_model_dir: str | None = None, public_corpus: str | None = None,
+                 model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
+                 alias: str = PRODUCTION) -> dict:
+    """One retraining. Returns {action, reason, model_uri, promoted, people_trained, people_retired};
+    the people counts are exact and private: they are returned to the caller, never logged."""
+    from components.policy import load_policy
+
+    private_umask()
+    settings = load_settings(home).ensure()
+    home = str(settings.home)
+    log = get_run_logger()
+    pol = load_policy(policy)
+    # the base first: a missing base model is a one-line error before ingest has run
+    base = base_model_task(home, public_corpus, base_model_dir)
+    ing = ingest_task(home, source, fmt, policy, mapping or {})
+    content = training_content(settings, ing["snapshot_id"])
+    key = line_key(pol.sha256, source, model_name)
+    last = load_state(settings, key)
+    if last and last.get("snapshot_content_sha256") == content and last.get("base_dir") == base:
+        reason = (f"the data eligible for training did not change since {last['model_uri']} "
+                  f"(snapshot {ing['snapshot_id']}, same base model): nothing trained, no budget spent")
+        log.info("skipped: %s", reason)
+        return _skip(reason, last.get("model_uri"))
+
+    planned = plan_task(home, policy, ing["snapshot_id"], base)
+    plan_doc = planned["plan"]
+    try:
+        trained = train_or_resume_task(home, planned["plan_path"], base)
+    except VeilError as e:
+        if "spent their lifetime budget" in str(e):
+            log.info("skipped: %s", e)
+            return _skip(str(e), last.get("model_uri") if last else None)
+        raise
+    cert = certify_task(home, planned["plan_path"], trained)
+    reg = register_task(home, model_name, cert, planned["plan_path"], base,
+                        trained.get("adapter_dir") or trained.get("model_dir"), alias=None)
+    log.info("registered %s (plan %s, certificate %s)", reg["model_uri"], plan_doc["sha256"][:12], cert["sha256"][:12])
+    # Recorded before the audit: the release exists and was charged, so the same data must not be
+    # trained (and charged) again even if the audit below fails.
+    state = {"snapshot_id": ing["snapshot_id"], "snapshot_content_sha256": content, "base_dir": base,
+             "model_uri": reg["model_uri"], "plan_sha256": plan_doc["sha256"], "source": str(Path(source).resolve()),
+             "policy_sha256": pol.sha256}
+    save_state(settings, key, state)
+    aud = audit_task(home, reg["model_uri"], policy, truth)
+    final_cert = aud["certificate"]
+    gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"],
+                        list(pol.spec.release.required_certificate_fields), alias)
+    log.info("%s: %s", "promoted" if gate["promoted"] else "not promoted", gate["reason"])
+    trained_n, retired_n = _people(settings, plan_doc, reg)
+    return {"action": "trained", "reason": gate["reason"], "model_uri": reg["model_uri"],
+            "promoted": gate["promoted"], "people_trained": trained_n, "people_retired": retired_n}

@@ -1,0 +1,191 @@
+"""`veil retrain` / retrain_flow against a REAL Prefect server: train → skip on unchanged data (no
+spend) → train again when new people arrive; a run killed mid-training resumes under the same plan
+and reservation; the promotion gate moves `production` only on a passed audit with the required fields."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from components.core.settings import load_settings
+from flows import stages
+
+pytestmark = pytest.mark.slow
+
+MAPPING = ["--id-field", "id", "--time-field", "ts", "--meta", "team", "--meta", "path"]
+
+
+@pytest.fixture
+def api(prefect_server, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server.api_url)
+    with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
+        yield prefect_server
+
+
+def _policy(tmp_path, steps=4):
+    doc = yaml.safe_load(stages.DEMO_POLICY.read_text())
+    doc["metadata"]["name"] = "retrain-tiny"
+    doc["spec"]["training"].update(steps=steps, expected_batch_size=8, seq_len=64, micro_batch_size=8)
+    doc["spec"]["audit"]["attacker_samples_per_user"] = 2
+    path = tmp_path / f"tiny-{steps}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def org(tmp_path, settings):
+    from components.modeling import build_base_model
+
+    org = stages.demo_data(settings)
+    texts = [json.loads(l)["text"] for l in open(org["public"])][:400]
+    base = build_base_model(texts, tmp_path / "base", vocab_size=512, n_layer=1, n_embd=32, n_head=2,
+                            n_positions=64, steps=4, seq_len=64, batch_size=8, progress=False)
+    lines = open(org["messages"]).read().splitlines()
+    users = sorted({json.loads(l)["user"] for l in lines})
+    late = set(users[: len(users) // 5])  # these people's text arrives later
+    src = tmp_path / "messages.jsonl"
+    src.write_text("".join(l + "\n" for l in lines if json.loads(l)["user"] not in late))
+    rest = [l for l in lines if json.loads(l)["user"] in late]
+    return {"source": src, "late": rest, "base": base, "n_late": len(late)}
+
+
+def _retrain(policy, org, capsys, name="rt"):
+    """`veil retrain … --json` in this process (CliRunner's swapped streams outlive it in Prefect's
+    log handlers), stdout captured by pytest."""
+    from flows.cli import app
+
+    capsys.readouterr()
+    app(["retrain", "--policy", str(policy), "--source", str(org["source"]), "--format", "jsonl", *MAPPING,
+         "--base-model", str(org["base"]), "--name", name, "--json"], standalone_mode=False)
+    return json.loads(capsys.readouterr().out)
+
+
+def _releases(home):
+    from components.ledger.report import ledger_report
+
+    return ledger_report(load_settings(home))["releases"]
+
+
+def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, org, capsys):
+    from components.registry import load_model
+
+    policy = _policy(tmp_path)
+    first = _retrain(policy, org, capsys)
+    assert first["action"] == "trained" and first["model_uri"] == "models:/rt/1", first
+    assert first["people_trained"] > 0 and first["people_retired"] == 0
+    assert isinstance(first["promoted"], bool) and first["reason"]
+    s = load_settings(veil_home)
+    loaded = load_model("models:/rt/1", s)
+    # the device and precision that trained the model are on its certificate
+    assert loaded.certificate["run"]["device"] == "cpu" and loaded.certificate["run"]["precision"] == "float32"
+    if not first["promoted"]:  # an inconclusive/failed audit never moves production
+        assert "audit verdict" in first["reason"] and "no version is production" in first["reason"]
+    assert _releases(veil_home) == 1
+
+    again = _retrain(policy, org, capsys)
+    assert again == {"action": "skipped", "model_uri": "models:/rt/1", "promoted": False, "people_trained": 0,
+                     "people_retired": 0, "reason": again["reason"]}
+    assert "did not change" in again["reason"] and "no budget spent" in again["reason"]
+    assert _releases(veil_home) == 1  # no spend
+
+    with open(org["source"], "a") as f:
+        f.writelines(l + "\n" for l in org["late"])
+    third = _retrain(policy, org, capsys)
+    assert third["action"] == "trained" and third["model_uri"] == "models:/rt/2", third
+    assert third["people_trained"] > first["people_trained"]
+    assert _releases(veil_home) == 2
+
+    # the flow ran on the server: its runs are recorded there, completed
+    runs = api.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["veil-retrain"]}}})
+    assert len(runs) == 3 and {r["state"]["type"] for r in runs} == {"COMPLETED"}
+
+
+def test_promotion_gate(api, veil_home, tmp_path, org, capsys):
+    from components.registry.mlflow_registry import _client
+    from flows.retrain import promote_task, promotion_gate
+
+    req = ["epsilon", "delta", "privacy_unit", "mechanism", "policy_sha256", "run.device"]
+    cert = {"epsilon": 1.0, "delta": 1e-6, "privacy_unit": "user", "mechanism": "uls", "policy_sha256": "ab",
+            "run": {"device": "cpu"}}
+    assert promotion_gate(cert, {"verdict": "passed"}, req)[0]
+    for verdict in ("failed", "inconclusive", None):
+        ok, why = promotion_gate(cert, {"verdict": verdict}, req)
+        assert not ok and "only a passed audit" in why
+    assert not promotion_gate(cert, None, req)[0]
+    ok, why = promotion_gate({**cert, "run": {}}, {"verdict": "passed"}, req)
+    assert not ok and "run.device" in why
+
+    first = _retrain(_policy(tmp_path), org, capsys, name="gate")
+    uri, home = first["model_uri"], str(veil_home)
+    client = _client(load_settings(veil_home))
+    got = promote_task.fn(home, uri, cert, {"verdict": "passed"}, req, "production")
+    assert got["promoted"] and str(client.get_model_version_by_alias("gate", "production").version) == "1"
+    # a later release that fails its audit does not move it
+    with open(org["source"], "a") as f:
+        f.writelines(l + "\n" for l in org["late"])
+    second = _retrain(_policy(tmp_path), org, capsys, name="gate")
+    got = promote_task.fn(home, second["model_uri"], cert, {"verdict": "failed"}, req, "production")
+    assert not got["promoted"] and "production stays on models:/gate/1" in got["reason"]
+    assert str(client.get_model_version_by_alias("gate", "production").version) == "1"
+
+
+def test_plan_identity_is_stable(veil_home, tmp_path, org, settings):
+    policy = _policy(tmp_path)
+    ing = stages.ingest(settings, org["source"], "jsonl", policy=policy, id_field="id", time_field="ts")
+    a = stages.plan(settings, policy, snapshot_id=ing["snapshot_id"], base_dir=org["base"])
+    time.sleep(1.1)  # a clock-based created_at would differ now
+    ing2 = stages.ingest(settings, org["source"], "jsonl", policy=policy, id_field="id", time_field="ts")
+    assert ing2["snapshot_id"] == ing["snapshot_id"]
+    b = stages.plan(settings, policy, snapshot_id=ing2["snapshot_id"], base_dir=org["base"])
+    assert a["plan"]["sha256"] == b["plan"]["sha256"] and a["plan_path"] == b["plan_path"]
+
+
+def test_killed_retrain_resumes_from_checkpoint(api, veil_home, tmp_path, org, capsys):
+    """SIGKILL `veil retrain` mid-training; run it again: same plan, same reservation, one release,
+    the run continues from its checkpoint and completes its planned steps once."""
+    policy = _policy(tmp_path, steps=60)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "PREFECT_API_URL": api.api_url, "VEIL_HOME": str(veil_home)}
+    cmd = [sys.executable, "-c", "from flows.cli import main; main()", "retrain", "--policy", str(policy),
+           "--source", str(org["source"]), *MAPPING, "--base-model", str(org["base"]), "--name", "kill", "--json"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    runs = veil_home / "runs"
+    try:
+        deadline, progress = time.monotonic() + 240, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = list(runs.glob("*/progress.json")) if runs.is_dir() else []
+            if found:
+                try:
+                    done = json.loads(found[0].read_text()).get("steps_attempted", 0)
+                except (json.JSONDecodeError, OSError):
+                    done = 0
+                if done >= 2 and list(runs.glob("*/checkpoint.pt")):
+                    progress = found[0]
+                    break
+            time.sleep(0.2)
+        assert progress is not None, "training never reached a checkpoint"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    killed_at = json.loads(progress.read_text())["steps_attempted"]
+    assert 0 < killed_at < 60
+    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(run_dirs) == 1 and not (run_dirs[0] / "train_result.json").exists()
+
+    result = _retrain(policy, org, capsys, name="kill")
+    assert result["action"] == "trained" and result["model_uri"] == "models:/kill/1", result
+    assert [p for p in runs.iterdir() if p.is_dir()] == run_dirs  # same plan, same run folder
+    res = json.loads((run_dirs[0] / "train_result.json").read_text())
+    assert res["steps_run"] == 60
+    assert _releases(veil_home) == 1  # one reservation, charged once
