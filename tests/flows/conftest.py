@@ -98,7 +98,31 @@ def prefect_server(tmp_path_factory):
     try:
         yield server
     finally:
+        _drain_prefect_workers()
         server.stop()
+
+
+def _drain_prefect_workers() -> None:
+    """Send this process' queued flow logs and events while the server is up (as
+    prefect_test_harness does): otherwise they retry a stopped server at exit for a minute."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain():
+        try:
+            r = APILogWorker.instance().drain()
+            if inspect.isawaitable(r):
+                await r
+        except RuntimeError:  # never started
+            pass
+        r = EventsWorker.drain_all()
+        if inspect.isawaitable(r):
+            await r
+
+    run_coro_as_sync(drain())
 
 
 def _console_handlers_to(stream) -> None:
