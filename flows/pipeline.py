@@ -113,8 +113,12 @@ def demo_flow(home: str | None = None, audit: bool = True) -> dict:
 def serve_retraining(policy: str, source: str, fmt: str, cron: str, *, home: str | None = None,
                      base_model_dir: str | None = None, public_corpus: str | None = None,
                      model_name: str = "veil") -> None:  # pragma: no cover - long-running server loop
-    """Scheduled retraining: serve the pipeline on a cron schedule (needs a Prefect API to schedule on)."""
-    pipeline_flow.serve(name=f"retrain-{model_name}", cron=cron,
+    """Scheduled retraining without a work pool: serve `retrain_flow` (skips unchanged data, promotes
+    only on a passed audit) on a cron schedule; needs a Prefect server (prefect.yaml is the deployment
+    with a work pool)."""
+    from flows.retrain import retrain_flow
+
+    retrain_flow.serve(name=f"retrain-{model_name}", cron=cron,
                         parameters={"policy": str(Path(policy).resolve()), "source": str(Path(source).resolve()),
                                     "fmt": fmt, "home": home, "base_model_dir": base_model_dir,
                                     "public_corpus": public_corpus, "model_name": model_name})

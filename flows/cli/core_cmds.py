@@ -76,6 +76,7 @@ def demo(json_out: bool = typer.Option(False, "--json", help="print the run's re
          prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="run through Prefect (default)"),
          audit: bool = typer.Option(True, "--audit/--no-audit", help="audit the registered model")) -> None:
     """The whole run on the demo organization: data → ingest → plan → DP fine-tune → certify → register → audit."""
+    quiet_third_party()
     s = _settings()
     t0 = time.time()
     if prefect:

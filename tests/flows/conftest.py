@@ -6,6 +6,7 @@ within seconds. Always stopped (process group killed) whatever the test did.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -16,6 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+# Prefect configures its console log handler on import, bound to the sys.stderr of that moment:
+# imported here (collection, pytest's session-long stream), not inside a test whose captured
+# stream (capsys) is closed when it ends and would break every later test's flow logging.
+import prefect  # noqa: F401,E402
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 
@@ -92,4 +98,48 @@ def prefect_server(tmp_path_factory):
     try:
         yield server
     finally:
+        _drain_prefect_workers()
         server.stop()
+
+
+def _drain_prefect_workers() -> None:
+    """Send this process' queued flow logs and events while the server is up (as
+    prefect_test_harness does): otherwise they retry a stopped server at exit for a minute."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain():
+        try:
+            r = APILogWorker.instance().drain()
+            if inspect.isawaitable(r):
+                await r
+        except RuntimeError:  # never started
+            pass
+        r = EventsWorker.drain_all()
+        if inspect.isawaitable(r):
+            await r
+
+    run_coro_as_sync(drain())
+
+
+def _console_handlers_to(stream) -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for logger in [logging.getLogger()] + [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]:
+        for h in getattr(logger, "handlers", []):
+            if isinstance(h, PrefectConsoleHandler):
+                h.stream = stream  # not setStream: it flushes the old, closed stream
+                h.console.file = stream
+
+
+@pytest.fixture(autouse=True)
+def _prefect_console_on_live_stream():
+    """Prefect's console handler keeps the stderr it was (re)configured with; pytest's per-test
+    capture streams are closed after each test. Point it at the live stream around every test, and
+    at the process' own stderr after it (later tests, e2e included, must not write to a closed file)."""
+    _console_handlers_to(sys.stderr)
+    yield
+    _console_handlers_to(sys.__stderr__)

@@ -3,6 +3,8 @@ spend) → train again when new people arrive; a run killed mid-training resumes
 and reservation; the promotion gate moves `production` only on a passed audit with the required fields."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -58,14 +60,15 @@ def org(tmp_path, settings):
 
 
 def _retrain(policy, org, capsys, name="rt"):
-    """`veil retrain … --json` in this process (CliRunner's swapped streams outlive it in Prefect's
-    log handlers), stdout captured by pytest."""
+    """`veil retrain … --json` in this process (CliRunner's and capsys' swapped streams are closed after
+    the test but outlive it in Prefect's log handlers)."""
     from flows.cli import app
 
-    capsys.readouterr()
-    app(["retrain", "--policy", str(policy), "--source", str(org["source"]), "--format", "jsonl", *MAPPING,
-         "--base-model", str(org["base"]), "--name", name, "--json"], standalone_mode=False)
-    return json.loads(capsys.readouterr().out)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):  # stdout only: Prefect's log handler holds stderr
+        app(["retrain", "--policy", str(policy), "--source", str(org["source"]), "--format", "jsonl", *MAPPING,
+             "--base-model", str(org["base"]), "--name", name, "--json"], standalone_mode=False)
+    return json.loads(buf.getvalue())
 
 
 def _releases(home):
