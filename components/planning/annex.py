@@ -39,6 +39,11 @@ def _private_mkdir(path: Path) -> None:
         pass
 
 
+def _new_key(n: int) -> bytes:
+    """A fresh key's bytes (the test suite pins it so that its small orgs' DP draws are reproducible)."""
+    return os.urandom(n)
+
+
 def plan_key(private_dir: str | Path) -> bytes:
     """The planner's secret PRF key; created (0600, in a 0700 folder) on first use."""
     path = Path(private_dir) / KEY_FILE
@@ -50,7 +55,7 @@ def plan_key(private_dir: str | Path) -> bytes:
             pass
         else:
             with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
+                f.write(_new_key(32))
     key = path.read_bytes()
     if len(key) != 32:
         raise VeilError(f"{path}: the plan key must be 32 bytes, found {len(key)}; restore it from backup "

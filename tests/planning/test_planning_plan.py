@@ -119,6 +119,10 @@ def test_another_seed_gives_another_split(snap, tmp_path):
     text = DEMO.read_text().replace("    seed: 0\n", "    seed: 1\n")
     other = tmp_path / "seed1.yaml"
     other.write_text(text)
+    # a fixed planner key: the population noise is a keyed draw, and an unlucky fresh key can put N̂
+    # below the batch on this small org (a refusal, not what this test is about)
+    (tmp_path / "keys").mkdir(mode=0o700)
+    (tmp_path / "keys" / "plan.key").write_bytes(b"\x05" * 32)
     a = make_plan(load_policy(DEMO), snap, private_dir=tmp_path, created_at=WHEN).to_dict()
     b = make_plan(load_policy(other), snap, private_dir=tmp_path, created_at=WHEN).to_dict()
     assert load_annex(tmp_path, a)["held_out_users"] != load_annex(tmp_path, b)["held_out_users"]
