@@ -130,18 +130,7 @@ def roc_plot(scores: np.ndarray, labels: np.ndarray, path: str | Path, *, epsilo
                     label=f"DP ceiling (ε={epsilon:.3g}, δ={delta:.1g})")
         if pld_curve is not None:
             ax.plot(grid, pld_curve, color="darkorange", lw=1.2, label="ceiling of the certified mechanism (PLD)")
-        ax.plot(grid, grid, color="grey", lw=0.8, ls=":", label="chance")
-        if log:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlim(1e-3, 1)
-            ax.set_ylim(1e-3, 1.02)
-        else:
-            ax.set_xlim(0, 1)
-            ax.set_ylim(0, 1.02)
-        ax.set_xlabel("false positive rate")
-        ax.set_ylabel("true positive rate")
-        ax.grid(alpha=0.3)
+        _finish_roc_axes(ax, grid, log)
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -185,18 +174,7 @@ def ceiling_plot(path: str | Path, *, epsilon: float | None, delta: float | None
 
             ax.plot(grid, tpr_ceiling_from_pld(grid, pld), color="darkorange", lw=1.2,
                     label="ceiling of the certified mechanism (PLD)")
-        ax.plot(grid, grid, color="grey", lw=0.8, ls=":", label="chance")
-        if log:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlim(1e-3, 1)
-            ax.set_ylim(1e-3, 1.02)
-        else:
-            ax.set_xlim(0, 1)
-            ax.set_ylim(0, 1.02)
-        ax.set_xlabel("false positive rate")
-        ax.set_ylabel("true positive rate")
-        ax.grid(alpha=0.3)
+        _finish_roc_axes(ax, grid, log)
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{title}: {(verdict or 'not gated').upper()} (not covered by the certificate)", fontsize=10)
     fig.tight_layout()
@@ -205,3 +183,19 @@ def ceiling_plot(path: str | Path, *, epsilon: float | None, delta: float | None
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _finish_roc_axes(ax, grid, log: bool) -> None:
+    """The chance line, scales, limits and labels both ROC plots share (linear and log panels)."""
+    ax.plot(grid, grid, color="grey", lw=0.8, ls=":", label="chance")
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(1e-3, 1)
+        ax.set_ylim(1e-3, 1.02)
+    else:
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.grid(alpha=0.3)

@@ -25,18 +25,23 @@ def canonical(person_id: str) -> bytes:
     return str(person_id).strip().lower().encode("utf-8")
 
 
-def load_or_create_key(private_dir: str | Path) -> bytes:
-    d = Path(private_dir) / "pmixed"
-    d.mkdir(parents=True, exist_ok=True)
-    f = d / KEY_FILE
+def secret_file(f: Path, n: int = 32) -> bytes:
+    """The bytes of a private secret file, created (0600, n random bytes) by whoever gets there first."""
     if not f.exists():
         try:
             fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as out:
-                out.write(secrets.token_bytes(32))
+                out.write(secrets.token_bytes(n))
         except FileExistsError:
             pass
-    key = f.read_bytes()
+    return f.read_bytes()
+
+
+def load_or_create_key(private_dir: str | Path) -> bytes:
+    d = Path(private_dir) / "pmixed"
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / KEY_FILE
+    key = secret_file(f)
     if len(key) != 32:
         raise VeilError(f"{f}: partition key must be 32 bytes")
     return key

@@ -12,8 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
-import secrets
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -35,15 +33,9 @@ def private_root(settings) -> Path:
 
 
 def _salt(settings) -> bytes:
-    f = private_root(settings) / SALT_FILE
-    if not f.exists():
-        try:
-            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(secrets.token_bytes(32))
-        except FileExistsError:
-            pass
-    return f.read_bytes()
+    from components.prediction.partition import secret_file
+
+    return secret_file(private_root(settings) / SALT_FILE)
 
 
 def commitment(settings, adapter_sha256: str) -> str:
