@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.mechanisms.base import get, names
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,10 @@ def choose_mechanism(policy, train: pa.Table, *, steps: int, expected_batch_size
                      cache_dir: str | Path | None = None) -> MechanismChoice:
     """Compare ULS, ELS and group privacy for this data, budget and target; see the module docstring."""
     spec = policy.spec
-    if spec.privacy_unit == "record":
-        return MechanismChoice("record", expected_batch_size, 1, "privacy_unit 'record' has one mechanism")
-    if spec.privacy_unit == "secret":
-        return MechanismChoice("secret", expected_batch_size, 1, "privacy_unit 'secret' has one mechanism")
+    if spec.privacy_unit != "user":
+        only = _default_for(spec.privacy_unit)
+        return MechanismChoice(only.name, expected_batch_size, 1,
+                               f"privacy_unit '{spec.privacy_unit}' has one mechanism")
     if spec.target is None:
         raise VeilError("mechanism auto: a user-level choice needs spec.target (epsilon, delta)")
     eps, delta = float(spec.target.epsilon), float(spec.target.delta)
@@ -105,7 +106,8 @@ def choose_mechanism(policy, train: pa.Table, *, steps: int, expected_batch_size
 
     candidates: list[dict] = []
     # ELS / group: B records per step, noise per signal σ/B (in units of L)
-    for mech, acc, size in (("els", "els", d_els), ("group", "group-tight", d_group)):
+    for mech, size in (("els", d_els), ("group", d_group)):
+        acc = get(mech).accounting_model
         q = B / size
         if q > 1:
             candidates.append({"mechanism": mech, "skipped": f"budget {B} exceeds the {size} bounded records"})
@@ -116,7 +118,7 @@ def choose_mechanism(policy, train: pa.Table, *, steps: int, expected_batch_size
 
     # ULS: G records per user, M = B/G users per step
     def sigma_uls(M: int) -> float:
-        return sig("uls", min(1.0, M / N), 1)
+        return sig(get("uls").accounting_model, min(1.0, M / N), 1)
 
     if user_grad_ratio is not None:
         G = estimate_and_double(B, N, k, user_grad_ratio, sigma_uls)
@@ -167,3 +169,66 @@ def choose_mechanism(policy, train: pa.Table, *, steps: int, expected_batch_size
     return MechanismChoice(mechanism=best["mechanism"], expected_batch_size=int(best["expected_batch_size"]),
                            records_per_user=int(best["records_per_user"]), reason=why, candidates=candidates,
                            assumption=assumption)
+
+
+def _default_for(unit: str):
+    picks = [get(n) for n in names(unit=unit, plannable=True) if get(n).auto_default]
+    if len(picks) != 1:
+        raise VeilError(f"mechanism auto: privacy_unit {unit!r} has no single default mechanism")
+    return picks[0]
+
+
+@dataclass
+class Resolved:
+    """The mechanism a policy runs, with the public decision and its private statistics."""
+
+    mechanism: str
+    batch: int
+    k: int
+    selection: str
+    decision: dict
+    private_decision: dict | None
+    caveats: list[str]
+
+
+def resolve(policy, train: pa.Table, *, steps: int, batch: int, user_grad_ratio=None, base_model=None,
+            cache_dir=None, say=lambda _m: None) -> Resolved:
+    """The policy's mechanism, or `auto`'s choice for this data (its reasons quote private statistics:
+    they go to the annex, the public decision carries a caveat)."""
+    spec = policy.spec
+    k, selection = int(spec.contribution.max_records_per_user), spec.contribution.selection
+    decision: dict = {"requested": spec.mechanism}
+    if spec.mechanism != "auto":
+        decision.update({"mechanism": spec.mechanism, "reason": f"the policy names '{spec.mechanism}'"})
+        return Resolved(spec.mechanism, batch, k, selection, decision, None, [])
+    tr = spec.training
+    ratio = user_grad_ratio
+    if ratio is None and base_model is not None and spec.privacy_unit == "user":
+        from components.planning.gradient_diversity import estimate_user_grad_ratio
+
+        say("estimating per-user gradient diversity at the base model")
+        g_values = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= k]
+        ratio = estimate_user_grad_ratio(base_model[0], base_model[1], train, g_values=g_values,
+                                         seq_len=tr.seq_len, seed=tr.seed)
+    private: dict = {}
+    if ratio is not None and getattr(ratio, "table", None):
+        private["user_grad_ratio"] = {str(g): v for g, v in sorted(ratio.table.items())}
+    say("comparing mechanisms for 'auto'")
+    choice = choose_mechanism(policy, train, steps=steps, expected_batch_size=batch, user_grad_ratio=ratio,
+                              cache_dir=cache_dir)
+    mech = get(choice.mechanism)
+    # The reasons and candidates quote noise levels at q = B/N and Σ min(n_u, k): private. Publish
+    # the decision alone, with its caveat.
+    private.update(choice.to_dict())
+    caveat = ("mechanism 'auto': the choice used private statistics (users' record counts"
+              + (" and gradient norms of their records at the base model" if ratio is not None else "")
+              + "), without noise; the choice is not accounted")
+    decision.update({"mechanism": mech.name, "caveat": caveat})
+    if mech.bounds_records:
+        batch, k = choice.expected_batch_size, choice.records_per_user
+        decision.update({"expected_batch_size": int(batch), "records_per_user": int(k)})
+    from components.planning.selection import REDRAWN_PER_VISIT
+
+    if selection in REDRAWN_PER_VISIT and not mech.per_user_clip:
+        selection = "random"
+    return Resolved(mech.name, int(batch), int(k), selection, decision, private, [caveat])

@@ -1,0 +1,197 @@
+"""The Poisson-subsampled Gaussian family: ULS, ELS, group privacy and record-level DP-SGD.
+
+They share everything but three choices, which each module states: the Poisson unit (a user or a
+record), the contribution bound (every record, ≤ k, exactly k) and the accounting model of one step
+(a Gaussian of sensitivity 1, or the Binomial(k, q) mixture of Gaussians). Under add/remove
+neighbouring the number N of units is private: q = B/N̂ with N̂ = N + Laplace(Δ/ε_N), paid from ε
+by basic composition (docs/privacy/threat-model.md).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, ClassVar
+
+import numpy as np
+
+from components.core.errors import VeilError
+from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext
+
+
+def library_version() -> str:
+    try:
+        return version("dp-accounting")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def accounting_section(cal: Any, model: str) -> dict:
+    """A calibration as the plan's accounting section."""
+    d = cal.to_dict() if hasattr(cal, "to_dict") else dict(cal)
+    return {
+        "epsilon": float(d["epsilon"]),
+        "delta": float(d["delta"]),
+        "mechanism": model,
+        "dp_event": d.get("dp_event"),
+        "accountant": (f"dp_accounting PLD ({d.get('accountant', 'pld')}, "
+                       f"{'pessimistic' if d.get('pessimistic', True) else 'optimistic'}, "
+                       f"discretization {d.get('discretization', 'default')}, "
+                       f"{d.get('accountant_version', '')})").replace(", )", ")"),
+        "library_version": d.get("library_version", library_version()),
+    }
+
+
+def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: int, why: str, k: int,
+                        n_exact: int, epsilon_total: float, fraction: float, snapshot, policy) -> tuple[dict, dict]:
+    """(public section, annex section) of the DP estimate N̂ = N + Laplace(Δ/ε_N).
+
+    The noise comes from the planner's keyed PRF over the plan's inputs: re-planning the same snapshot
+    with the same policy gives the same N̂, so nothing new is released (no averaging)."""
+    from components.planning.annex import laplace_noise
+
+    eps_n = float(fraction) * float(epsilon_total)
+    scale = sensitivity / eps_n
+    noise = laplace_noise(key, scale, "population", snapshot.sha256, policy.sha256, mechanism, int(k))
+    estimate = float(n_exact) + noise
+    public = {"unit": unit, "estimate": estimate, "mechanism": "laplace", "epsilon": eps_n, "delta": 0.0,
+              "sensitivity": sensitivity, "scale": scale, "sensitivity_reason": why,
+              "composition": "basic: the certificate's ε is ε_N + ε_DP-SGD at the same δ"}
+    return public, {"unit": unit, "exact": int(n_exact), "noise": noise}
+
+
+class SubsampledGaussian(Mechanism):
+    """Poisson sampling at q = B/N̂, clipped unit gradients, Gaussian noise σC once per step."""
+
+    accounting_model: ClassVar[str]
+    contribution_kind: ClassVar[str] = "records per user"
+
+    # --- planning -------------------------------------------------------------------------------
+    def population_sensitivity(self, k: int) -> tuple[str, int, str]:
+        """(unit word, Δ, why): the largest change one privacy unit makes to N."""
+        raise NotImplementedError
+
+    def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
+        from components.accounting import calibrate as calibrate_sigma
+
+        spec = ctx.spec
+        target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
+        unit, sens, why = self.population_sensitivity(int(ctx.k))
+        population, private = population_estimate(
+            ctx.key, mechanism=self.name, unit=unit, sensitivity=sens, why=why, k=int(ctx.k),
+            n_exact=int(bounded.n_units), epsilon_total=target["epsilon"],
+            fraction=float(spec.population.epsilon_fraction), snapshot=ctx.snapshot, policy=ctx.policy)
+        batch = int(ctx.batch)
+        if population["estimate"] < batch:
+            raise VeilError(f"spec.training.expected_batch_size: {batch} {unit} per step but the (DP) estimate "
+                            f"of the {unit} that can be trained on is {population['estimate']:.1f}; lower it")
+        q = batch / population["estimate"]
+        eps_n = float(population["epsilon"])
+        eps_sgd_target = target["epsilon"] - eps_n
+        model = self.accounting_model
+        ctx.say(f"calibrating σ ({model}, q={q:.4g}, T={ctx.steps}, ε_DP-SGD={eps_sgd_target:.4g} "
+                f"after ε_N={eps_n:.3g})")
+        cal = calibrate_sigma(model, epsilon=eps_sgd_target, delta=target["delta"], sampling_rate=q,
+                              steps=ctx.steps, k=self.accounting_k(ctx.k), cache_dir=ctx.cache_dir)
+        sigma = float(cal.noise_multiplier)
+        accounting = accounting_section(cal, model)
+        eps_sgd = accounting["epsilon"]
+        accounting.update({"epsilon": eps_n + eps_sgd, "epsilon_dp_sgd": eps_sgd, "epsilon_population": eps_n})
+        if accounting["epsilon"] > target["epsilon"] * (1 + 1e-9):
+            raise VeilError(f"accounting: calibrated σ={sigma:g} gives ε={accounting['epsilon']:g} (ε_N {eps_n:g} + "
+                            f"DP-SGD {eps_sgd:g}) above the target {target['epsilon']:g}; refusing to plan")
+        caveat = (f"the number of training {unit} is private: only a Laplace estimate N̂ "
+                  f"(ε_N = {eps_n:.4g}, sensitivity {sens}) is used and published; "
+                  f"q = B/N̂ and the step's divisor B depend on N̂ alone, and ε includes ε_N")
+        return Calibrated(sampling_rate=q, expected_batch_size=batch, noise_multiplier=sigma, target=target,
+                          accounting=accounting, population=population, population_private=private,
+                          caveats=[caveat])
+
+    # --- certificate ----------------------------------------------------------------------------
+    def certify(self, plan: Mapping, train_result: Mapping, *, steps: int, caveats: list[str], **_inputs) -> dict:
+        from components.accounting import epsilon as account
+
+        model = self.accounting_model
+        delta = float(plan["target"]["delta"])
+        if steps == 0:
+            eps_sgd, event, meta = 0.0, {"name": "NoOpDpEvent"}, {}
+        else:
+            res = account(model, sampling_rate=float(plan["sampling_rate"]),
+                          noise_multiplier=float(plan["noise_multiplier"]), steps=steps, delta=delta,
+                          k=self.accounting_k(plan.get("records_per_user")))
+            eps_sgd, event = float(res.epsilon), res.dp_event
+            if not math.isfinite(eps_sgd):
+                raise VeilError(f"no finite ε reaches δ={delta:g} for this run: not certifiable")
+            meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
+                    "discretization": res.discretization, "notes": list(res.notes)}
+        # The population estimate N̂ was released with the plan (q depends on it), steps or not.
+        pop = (plan.get("data") or {}).get("population") or {}
+        eps_n = float(pop.get("epsilon") or 0.0)
+        eps_value = eps_n + eps_sgd
+        return {
+            "privacy_unit": self.privacy_unit,
+            "neighbouring": self.neighbouring,
+            "mechanism": self.name,
+            "epsilon": eps_value,
+            "delta": delta,
+            "epsilon_parts": {"population_estimate": eps_n, "dp_sgd": eps_sgd,
+                              "composition": "basic (ε adds, δ is DP-SGD's)"},
+            "target": dict(plan["target"]),
+            "within_target": eps_value <= float(plan["target"]["epsilon"]) + 1e-12,
+            "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": model,
+                           "library": "dp-accounting", **meta},
+            "dp_event": event,
+            "contribution_bound": {"records_per_user": plan.get("records_per_user"),
+                                   "selection": plan.get("selection"), "kind": self.contribution_kind},
+        }
+
+    def recompute_epsilon(self, doc: Mapping) -> float:
+        from components.accounting import epsilon as account
+        from components.certificate.document import population_epsilon
+
+        eps_n = population_epsilon(doc)
+        if int(doc["steps"]) == 0:
+            return eps_n
+        k = self.accounting_k((doc.get("contribution_bound") or {}).get("records_per_user"))
+        return eps_n + float(account(doc["accountant"]["mechanism"], sampling_rate=float(doc["sampling_rate"]),
+                                     noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
+                                     delta=float(doc["delta"]), k=k).epsilon)
+
+    # --- ledger ---------------------------------------------------------------------------------
+    def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
+        """Each of a person's rows is its own Poisson draw at its rate; their rows' RDP (module
+        components.ledger.rdp for the derivation)."""
+        from components.ledger import rdp as _rdp
+        from components.ledger.ledger import PersonCost
+
+        sigma, steps = float(plan["noise_multiplier"]), int(plan["steps"])
+        cache: dict[tuple, tuple[float, np.ndarray]] = {}
+        out = {}
+        for u, r in rates.items():
+            key = tuple(sorted(x for x in r if x > 0))
+            if key not in cache:
+                p = np.asarray(key, dtype=float)
+                q_any = float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1) else (1.0 if len(p) else 0.0)
+                cache[key] = (q_any, _rdp.rows_rdp(key, sigma, steps, orders))
+            out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
+        return out
+
+
+class UserBounded(SubsampledGaussian):
+    """User-level mechanisms over records bounded per user (ELS, group): records are the Poisson unit,
+    one person is up to k of them, accounted as the Binomial(k, q) mixture."""
+
+    privacy_unit = "user"
+    neighbouring = "add_remove_user"
+    bounds_records = True
+    exactly_k: ClassVar[bool] = False
+
+    def accounting_k(self, records_per_user) -> int:
+        return int(records_per_user or 0)
+
+    def bound(self, ctx: PlanContext, train) -> Bounded:
+        from components.planning.selection import select_records
+
+        chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
+                                exactly_k=self.exactly_k, key=ctx.key)
+        return Bounded(chosen=chosen, n_units=chosen.num_rows, records_per_user=int(ctx.k))
