@@ -101,8 +101,14 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
     mechanism, σ, q and steps give — ε edited, or steps edited beside an unchanged ε — is refused.
     """
     from components.certificate.document import recompute_epsilon
+    from components.mechanisms import get as get_mechanism
 
-    if cert.get("privacy_unit") == "secret":
+    mech = get_mechanism(cert.get("mechanism"))
+    if cert.get("privacy_unit") != mech.privacy_unit or cert.get("neighbouring") != mech.neighbouring:
+        raise VeilError(f"certificate says privacy unit {cert.get('privacy_unit')!r} under "
+                        f"{cert.get('neighbouring')!r}, but mechanism {mech.name!r} protects "
+                        f"{mech.privacy_unit!r} under {mech.neighbouring!r}")
+    if not mech.has_epsilon:
         return None, _recheck_secrets(cert)
     try:
         eps = _cached_epsilon(cert, recompute_epsilon)
@@ -115,15 +121,16 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
         raise VeilError(f"certificate says ε={float(stated):.6g} but its parameters (σ={cert['noise_multiplier']}, "
                         f"q={cert['sampling_rate']}, steps={cert['steps']}, δ={cert['delta']}) give ε={eps:.6g}")
     target = (cert.get("target") or {}).get("epsilon")
-    if target is not None and "within_target" in cert and cert["mechanism"] != "uls-filtered":
-        if bool(cert["within_target"]) != (float(stated) <= float(target) + 1e-12):
+    expect = mech.within_target(cert, float(stated))
+    if expect is not None and "within_target" in cert:
+        if bool(cert["within_target"]) != expect:
             raise VeilError(f"certificate says within_target={cert['within_target']} for ε={float(stated):.6g} "
                             f"against target ε={target}")
     return eps, None
 
 
 _EPSILON_CACHE: dict[str, float] = {}
-_ACCOUNTED = ("privacy_unit", "accountant", "sampling_rate", "noise_multiplier", "steps", "delta",
+_ACCOUNTED = ("mechanism", "privacy_unit", "accountant", "sampling_rate", "noise_multiplier", "steps", "delta",
               "contribution_bound", "filter")
 
 

@@ -93,8 +93,10 @@ class Mechanism:
     bounds_records: ClassVar[bool] = False      # takes records_per_user (k or G) and a selection strategy
     per_user_clip: ClassVar[bool] = False       # a unit's gradient is one clipped mean (random-chunk allowed)
     takes_filter: ClassVar[bool] = False        # the policy's `filter` section belongs to it
+    may_halt: ClassVar[bool] = False            # its step may stop training early (the result says where)
     auto_default: ClassVar[bool] = False        # what `auto` picks for its unit when there is no choice to make
     secret_targets: ClassVar[bool] = False      # certificate and ledger need the plan's per-secret targets
+    has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
 
     # --- policy → plan ---------------------------------------------------------------------------
     def check_policy(self, spec) -> str | None:

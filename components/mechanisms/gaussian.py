@@ -149,11 +149,15 @@ class SubsampledGaussian(Mechanism):
         from components.accounting import epsilon as account
         from components.certificate.document import population_epsilon
 
+        stated = (doc.get("accountant") or {}).get("mechanism")
+        if stated != self.accounting_model:
+            raise VeilError(f"certificate: mechanism {self.name!r} is accounted as {self.accounting_model!r}, "
+                            f"but the certificate's accountant says {stated!r}")
         eps_n = population_epsilon(doc)
         if int(doc["steps"]) == 0:
             return eps_n
         k = self.accounting_k((doc.get("contribution_bound") or {}).get("records_per_user"))
-        return eps_n + float(account(doc["accountant"]["mechanism"], sampling_rate=float(doc["sampling_rate"]),
+        return eps_n + float(account(self.accounting_model, sampling_rate=float(doc["sampling_rate"]),
                                      noise_multiplier=float(doc["noise_multiplier"]), steps=int(doc["steps"]),
                                      delta=float(doc["delta"]), k=k).epsilon)
 

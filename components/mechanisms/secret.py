@@ -24,6 +24,7 @@ class Secret(Mechanism):
     neighbouring = "secret_substitution"
     auto_default = True
     secret_targets = True
+    has_epsilon = False
 
     # --- planning -------------------------------------------------------------------------------
     def bound(self, ctx: PlanContext, train) -> Bounded:
@@ -137,6 +138,9 @@ class Secret(Mechanism):
             "contribution_bound": {"kind": "per-record Poisson rates from the secret LP",
                                    "selection": plan.get("selection"), "records_per_user": None},
         }
+
+    def recompute_epsilon(self, doc: Mapping) -> float:
+        raise VeilError("a secret-protection certificate has per-secret posterior bounds, not an ε")
 
     def within_target(self, doc: Mapping, epsilon: float) -> bool | None:
         return None

@@ -19,6 +19,7 @@ class FilteredULS(ULS):
     neighbouring = "replace_one_user"
     accounting_model = None          # sparse vector + full-batch Gaussian: no single PLD model
     takes_filter = True
+    may_halt = True
     per_user_clip = False            # no clipping at all: random-chunk has nothing to bound
     auto_default = False
     contribution_kind = "filtered mean of unclipped per-user mean gradients (sensitivity 60τ/W_min)"

@@ -18,47 +18,13 @@ import torch
 
 from components.core.errors import VeilError
 from components.training import checkpoint as ckpt
+from components.mechanisms import get as get_mechanism
 from components.training.batches import BatchBuilder
-from components.training.data import record_rates, records_by_user, tokenize_table, user_streams
+from components.training.data import records_by_user, tokenize_table, user_streams
 from components.training.distributed import DistContext
+from components.training.model_prep import prepare_model
 from components.training.sampling import PoissonSampler
-from components.training.step import DPStep
 from components.training.spec import TrainResult, TrainSpec
-
-
-def _prepare_model(model: torch.nn.Module, spec: TrainSpec) -> torch.nn.Module:
-    """Wrap in a peft LoRA adapter when the spec asks for one (and it is not wrapped yet)."""
-    if spec.lora is None:
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model
-    from peft import PeftModel
-
-    from components.modeling import attach_lora, lora_config
-
-    if isinstance(model, PeftModel):
-        return model
-    lo = spec.lora
-    # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.
-    cfg = lora_config(r=int(lo["r"]), alpha=float(lo.get("alpha", 2 * int(lo["r"]))),
-                      dropout=float(lo.get("dropout", 0.0)), target_modules=lo.get("target_modules") or None)
-    return attach_lora(model, cfg, seed=int(spec.seed))
-
-
-def _filtered_step(spec: TrainSpec, model, opt, n_users: int, private_seed: int):
-    from components.accounting.filtered import filtered_noise
-    from components.training.filtered import FilteredStep, SparseVector
-
-    f = spec.filter
-    variant = f.get("variant", "veil")
-    noise = filtered_noise(epsilon=float(f["epsilon"]), delta=float(f["delta"]), steps=int(spec.steps),
-                           n_users=n_users, tau=float(f["tau"]), noise_multiplier=float(spec.noise_multiplier),
-                           variant=variant)
-    svt = SparseVector(threshold=noise.threshold, threshold_scale=noise.threshold_scale,
-                       query_scale=noise.query_scale, private_seed=private_seed)
-    return FilteredStep(model, opt, tau=float(f["tau"]), noise_std=noise.std, svt=svt,
-                        micro_batch_size=spec.micro_batch_size, private_seed=private_seed,
-                        per_record=spec.per_record, variant=variant)
 
 
 def _data_fingerprint(*arrays: np.ndarray) -> str:
@@ -114,7 +80,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     dctx = DistContext.from_env(device)
 
     torch.manual_seed(int(spec.seed))
-    model = _prepare_model(model, spec)
+    mech = get_mechanism(spec.mechanism)
+    mech.check_runtime(dctx.world_size)
+    model = prepare_model(model, spec)
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
@@ -124,35 +92,20 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     # --- data and units -------------------------------------------------------------------
     tok = tokenize_table(data, tokenizer, spec.seq_len)
     by_user = records_by_user(tok)
-    filtered = spec.mechanism == "uls-filtered"
-    if filtered and dctx.world_size > 1:
-        raise VeilError("uls-filtered runs in one process (it needs every user's gradient in one place)")
-    if spec.mechanism in ("uls", "uls-filtered"):
-        rates = np.full(len(tok.users), float(spec.sampling_rate))
-    elif spec.mechanism == "secret":
-        rates = record_rates(data)
-    else:
-        if spec.mechanism in ("els", "group"):
-            counts = np.array([len(r) for r in by_user])
-            worst = int(counts.argmax())
-            if counts[worst] > int(spec.records_per_user):
-                raise VeilError(
-                    f"training data: user {tok.users[worst]!r} has {int(counts[worst])} records but "
-                    f"{spec.mechanism} is bounded to k={spec.records_per_user}; pass only the plan's selected records")
-        rates = np.full(tok.n_records, float(spec.sampling_rate))
-    expected = float(rates.sum())
-    if spec.mechanism in ("uls", "els", "group", "record") and spec.expected_batch_size is not None:
-        # q·N would put the private N into every update's scale; the plan's B = q·N̂ is public.
-        expected = float(spec.expected_batch_size)
+    # what the Poisson sampler draws (users or records) and what the step divides by: the mechanism's
+    rates = mech.unit_rates(spec, data, tok, by_user)
+    if mech.bounds_records and not mech.samples_users:
+        counts = np.array([len(r) for r in by_user])
+        worst = int(counts.argmax())
+        if counts[worst] > int(spec.records_per_user):
+            raise VeilError(
+                f"training data: user {tok.users[worst]!r} has {int(counts[worst])} records but "
+                f"{spec.mechanism} is bounded to k={spec.records_per_user}; pass only the plan's selected records")
+    expected = mech.step_divisor(spec, rates)
     if not expected > 0:
         raise VeilError("training data: expected batch size is 0 (all sampling rates are 0)")
-    if spec.mechanism == "secret":
-        mean_rate = expected / len(rates)
-        if abs(mean_rate - float(spec.sampling_rate)) > 1e-6 * max(1e-12, float(spec.sampling_rate)):
-            raise VeilError(f"training data: rate: mean per-record rate {mean_rate:.9g} differs from the plan's "
-                            f"sampling_rate {spec.sampling_rate:.9g}; pass the plan's train records and rates")
-    chunked = spec.mechanism == "uls" and spec.selection == "random-chunk"
-    streams = user_streams(data, tokenizer, tok.users) if chunked else None
+    mode = mech.batch_mode(spec)
+    streams = user_streams(data, tokenizer, tok.users) if mode == "uls-chunks" else None
     fingerprint = _data_fingerprint(tok.ids, tok.lengths, tok.user_index, rates,
                                     *(streams if streams is not None else []))
 
@@ -170,7 +123,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
 
     # --- resume -------------------------------------------------------------------------------
     start, losses, batch_sizes, resumed_from = 0, [], [], None
-    halted_at = None  # uls-filtered: the step whose concentration test failed (training stops there)
+    halted_at = None  # a mechanism whose step may halt (filtered ULS): the step that halted it
     state = ckpt.load_checkpoint(out_dir) if resume else None
     if state is not None:
         if state["spec"] != spec.identity():
@@ -211,13 +164,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         })
 
     G = int(spec.records_per_user) if spec.records_per_user else None
-    batches = BatchBuilder("uls-chunks" if chunked else "uls" if spec.mechanism in ("uls", "uls-filtered")
-                           else "records", tok, by_user, G=G, streams=streams, seq_len=spec.seq_len)
-    step_fn = _filtered_step(spec, model, opt, len(rates), private_seed) if filtered else DPStep(model, opt, private=spec.mechanism != "nonprivate", clip_norm=float(spec.clip_norm),
-                     noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
-                     micro_batch_size=spec.micro_batch_size, private_seed=private_seed, dctx=dctx,
-                     per_record=spec.per_record)
-    filter_kept: list[float] = []
+    batches = BatchBuilder(mode, tok, by_user, G=G, streams=streams, seq_len=spec.seq_len)
+    step_fn = mech.make_step(spec, model, opt, n_units=len(rates), private_seed=private_seed, dctx=dctx,
+                             expected=expected)
     started = 0
     try:
         with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
@@ -230,15 +179,11 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 units, ids, lengths = batches.build(chosen, rng)
                 mine = dctx.shard(units)
 
-                if filtered:
-                    loss_sum, n_rec_tot, passed, kept = step_fn(step, mine, ids, lengths)
-                    if not passed:  # the sparse-vector test failed: Alg. 3 halts, no update at this step
-                        halted_at = step
-                        save(step)
-                        break
-                    filter_kept.append(kept)
-                else:
-                    loss_sum, n_rec_tot = step_fn(step, mine, ids, lengths)
+                loss_sum, n_rec_tot, halted = step_fn(step, mine, ids, lengths)
+                if halted:  # e.g. filtered ULS's sparse-vector test failed: no update at this step
+                    halted_at = step
+                    save(step)
+                    break
                 losses.append(loss_sum / n_rec_tot if n_rec_tot > 0 else float("nan"))
                 batch_sizes.append(int(len(chosen)))
                 done = step + 1
@@ -276,7 +221,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     device_name, precision = _device_and_precision(device, params)
     bs = np.array(batch_sizes, dtype=np.int64)
     result = TrainResult(
-        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=float(spec.noise_multiplier) if filtered else step_fn.sigma,  # 0 for nonprivate
+        steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=step_fn.sigma,  # 0 for nonprivate
         sampling_rate=float(spec.sampling_rate),  # secret: the plan's mean rate, checked against the data
         clip_norm=float(spec.clip_norm), expected_batch_size=expected, plan_expected_batch_size=spec.expected_batch_size,
         records_per_user=spec.records_per_user,
@@ -291,11 +236,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                "selection": spec.selection, "optimizer": spec.optimizer,
                "normalisation": "sum of clipped unit gradients + N(0, σ²C²), divided by the expected batch size",
                "noise": "added once per step after the all-reduce (same per-step seeded stream on every rank)",
-               **({"filter": dict(spec.filter), "halted_at_step": halted_at,
-                   "noise_std_on_mean": step_fn.noise_std,
-                   "normalisation": "mean of the users kept by the filter + N(0, std²) on the mean (Alg. 3)",
-                   "kept_users_mean": float(np.mean(filter_kept)) if filter_kept else None}
-                  if filtered else {})},
+               **({"halted_at_step": halted_at} if mech.may_halt else {}),
+               **step_fn.result_extra()},
         train_records_sha256=data_sha, weights=weights, base_model=base_fp, tokenizer=tok_fp,
         device=device_name, precision=precision, nonfinite_units=int(step_fn.nonfinite_units),
     )

@@ -156,13 +156,13 @@ def concentration_profile(model: torch.nn.Module, tokenizer, data, *, records_pe
     (s ≥ 4N/5) would pass. Alg. 3 only pays when τ*/C is small (the seed measured ≈ 1)."""
     from components.training.batches import BatchBuilder
     from components.training.data import records_by_user, tokenize_table
-    from components.training.engine import _prepare_model
+    from components.training.model_prep import prepare_model
     from components.training.per_sample import PerUnitGradients
     from components.training.spec import TrainSpec
 
     spec = TrainSpec(mechanism="uls", sampling_rate=1.0, noise_multiplier=0.0, clip_norm=clip_norm, steps=0,
                      records_per_user=records_per_user, seq_len=seq_len, lora=lora, seed=seed)
-    model = _prepare_model(model, spec)
+    model = prepare_model(model, spec)
     model.train()
     tok = tokenize_table(data, tokenizer, seq_len)
     by_user = records_by_user(tok)

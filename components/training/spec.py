@@ -11,9 +11,10 @@ from typing import Any
 
 from components.core.errors import VeilError
 
-MECHANISMS = ("uls", "uls-filtered", "els", "group", "record", "secret", "nonprivate")
-# Modes whose privacy unit is sampled as a user (everything else samples records).
-USER_SAMPLED = ("uls", "uls-filtered")
+from components.mechanisms import get as get_mechanism
+from components.mechanisms import names as mechanism_names
+
+MECHANISMS = mechanism_names()   # every registered mechanism (components.mechanisms)
 OPTIMIZERS = ("adam", "sgd")
 PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
 
@@ -22,7 +23,8 @@ PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradi
 class TrainSpec:
     """One DP training run.
 
-    mechanism: uls (Poisson users, mean over ≤G records per user, per-user clip), els/group
+    mechanism: a registered mechanism (components.mechanisms decides what follows): uls (Poisson
+      users, mean over ≤G records per user, per-user clip), els/group
       (records already bounded to ≤k per user, Poisson records, per-record clip), record
       (Poisson records, per-record clip), secret (per-record Poisson rates from the data's
       `rate` column, per-record clip), nonprivate (Poisson records, no clip, no noise).
@@ -72,31 +74,13 @@ class TrainSpec:
         def bad(name, why):
             raise VeilError(f"train spec: {name}: {why}")
 
-        if self.mechanism not in MECHANISMS:
-            bad("mechanism", f"{self.mechanism!r} is not one of {', '.join(MECHANISMS)}")
-        if self.mechanism != "secret" and not (0.0 < float(self.sampling_rate) <= 1.0):
-            bad("sampling_rate", f"must be in (0, 1], got {self.sampling_rate}")
+        if self.mechanism not in mechanism_names():
+            bad("mechanism", f"{self.mechanism!r} is not one of {', '.join(mechanism_names())}")
         if not (float(self.noise_multiplier) >= 0.0) or math.isinf(float(self.noise_multiplier)):
             bad("noise_multiplier", f"must be a finite number ≥ 0, got {self.noise_multiplier}")
-        if self.mechanism not in ("nonprivate", "uls-filtered") and not (float(self.clip_norm) > 0.0):
-            bad("clip_norm", f"must be > 0, got {self.clip_norm}")
         if int(self.steps) < 0:
             bad("steps", f"must be ≥ 0, got {self.steps}")
-        if self.mechanism == "uls-filtered":
-            f = self.filter
-            if not isinstance(f, dict) or not {"tau", "epsilon", "delta"} <= set(f):
-                bad("filter", "uls-filtered needs {tau, epsilon, delta}")
-            if not float(f["tau"]) > 0 or not float(f["epsilon"]) > 0 or not 0 < float(f["delta"]) < 1:
-                bad("filter", f"need tau > 0, epsilon > 0, 0 < delta < 1; got {f}")
-            if f.get("variant", "veil") not in ("veil", "seed"):
-                bad("filter.variant", f"{f.get('variant')!r} is not one of veil, seed")
-            if float(self.sampling_rate) != 1.0:
-                bad("sampling_rate", f"uls-filtered takes every user every step (1.0), got {self.sampling_rate}")
-        elif self.filter is not None:
-            bad("filter", f"only uls-filtered takes a filter, not {self.mechanism}")
-        if self.mechanism in ("uls", "uls-filtered", "els", "group"):
-            if self.records_per_user is None or int(self.records_per_user) < 1:
-                bad("records_per_user", f"{self.mechanism} needs an integer ≥ 1, got {self.records_per_user}")
+        get_mechanism(self.mechanism).check_spec(self, bad)   # q, C, k, filter, selection: per mechanism
         if int(self.seq_len) < 2:
             bad("seq_len", f"must be ≥ 2, got {self.seq_len}")
         if int(self.micro_batch_size) < 1:
@@ -107,8 +91,6 @@ class TrainSpec:
             bad("learning_rate", f"must be > 0, got {self.learning_rate}")
         if self.optimizer not in OPTIMIZERS:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.selection == "random-chunk" and self.mechanism not in ("uls", "nonprivate"):
-            bad("selection", f"random-chunk needs per-user clipping (uls), not {self.mechanism}")
         if self.per_record not in PER_RECORD:
             bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
         if self.lora is not None:
