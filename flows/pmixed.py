@@ -18,7 +18,7 @@ from components.core.settings import Settings
 def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str, int], policy_sha: str):
     """Charge every person the whole token budget's curve in the per-person ledger (issue 13), when present.
     Returns (retired person ids, public reservation facts)."""
-    from components.ledger import Budget, Ledger, PersonCost
+    from components.ledger import Budget, Ledger
 
     curve = params.budget_rdp()
     led = Ledger.open(settings)
@@ -27,8 +27,11 @@ def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str,
 
         if tuple(led.orders) != tuple(float(a) for a in ORDERS):
             raise VeilError("pmixed: the ledger's order grid differs from the mechanism's; cannot charge it")
-        costs = {p: PersonCost(rows=n, sampling_rate=float(spec.subsample_rate), rdp=curve)
-                 for p, n in rows_per_person.items()}
+        from components.mechanisms import get as get_mechanism
+
+        costs = get_mechanism("pmixed").ledger_costs(
+            {"budget_rdp": curve, "sampling_rate": float(spec.subsample_rate)},
+            {p: [float(spec.subsample_rate)] * int(n) for p, n in rows_per_person.items()}, led.orders)
         budget = Budget.parse(spec.lifetime_budget.model_dump()) if spec.lifetime_budget else None
         res = led.reserve(kind="user", mechanism="pmixed", plan_sha256=policy_sha,
                           params={"shards": params.shards, "q": params.q, "radius": params.radius,

@@ -14,6 +14,7 @@ from components.accounting.accountant import (
     Calibration,
     EpsilonResult,
     calibrate,
+    composed_pld,
     epsilon,
 )
 from components.accounting.events import MECHANISMS, dp_event, event_from_dict, event_to_dict
@@ -21,6 +22,7 @@ from components.accounting.events import MECHANISMS, dp_event, event_from_dict, 
 __all__ = [
     "epsilon",
     "calibrate",
+    "composed_pld",
     "dp_event",
     "event_to_dict",
     "event_from_dict",

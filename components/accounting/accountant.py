@@ -128,6 +128,14 @@ def _composed(mechanism: str, q: float, sigma: float, steps: int, k: int, disc: 
     return _single_step_pld(base, q, sigma, k, disc).self_compose(steps)
 
 
+def composed_pld(model: str, q: float, sigma: float, steps: int, k: int = 1, discretization: float = 1e-3):
+    """The pessimistic PLD of `steps` steps of accounting model `model` (one of events.PLD_MODELS)."""
+    if model not in ev.PLD_MODELS:
+        raise VeilError(f"accounting: {model!r} has no composable PLD; models: {', '.join(ev.PLD_MODELS)}")
+    ev.validate(model, sampling_rate=q, noise_multiplier=sigma, steps=steps, k=k)
+    return _composed(model, float(q), float(sigma), int(steps), int(k), float(discretization))
+
+
 # The composed PLD's δ(ε) is exact to about this much (FFT round-off: values of −5e-14 show up where
 # the truth is ~1e-20). The naive conversion multiplies δ₀ by up to e^{(k−1)ε₀}, so δ₀ is never taken
 # below this floor (nor below the PLD's own mass at +∞).

@@ -22,6 +22,9 @@ from components.core.errors import VeilError
 
 MECHANISMS = ("record", "uls", "els", "group-naive", "group-tight")
 MIXTURE_MECHANISMS = ("els", "group-tight")
+# Models whose composed PLD is the whole privacy loss of one unit (group-naive's is a record's: its
+# group conversion happens on (ε, δ), so it cannot be composed with others as a PLD).
+PLD_MODELS = ("record", "uls", "els", "group-tight")
 
 
 def validate(mechanism: str, *, sampling_rate: float | None = None, noise_multiplier: float | None = None,

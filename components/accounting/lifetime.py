@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from components.accounting import events as ev
 from components.core.errors import VeilError
 
-PLD_MECHANISMS = ("record", "uls", "els", "group-tight")
 LIFETIME_DISCRETIZATION = 1e-4
 
 
@@ -37,7 +36,7 @@ class Release:
 
     @property
     def composable(self) -> bool:
-        return self.mechanism in PLD_MECHANISMS
+        return self.mechanism in ev.PLD_MODELS
 
 
 @dataclass(frozen=True)
@@ -86,18 +85,3 @@ def lifetime_epsilon(releases: list[Release], delta: float) -> LifetimeSpend:
     return LifetimeSpend(epsilon=eps, delta=delta, releases=len(releases), composed_tightly=n_tight,
                          composed_basic=len(releases) - n_tight,
                          mixed_neighbouring=len({r.neighbouring for r in releases}) > 1)
-
-
-def release_from_certificate(cert: dict) -> Release | None:
-    """The certificate's release, or None when it gives no user-level guarantee (record or secret
-    unit): such a release cannot be charged to a user's budget in ε, and callers must say so."""
-    if cert.get("privacy_unit") != "user":
-        return None
-    label = f"{cert.get('mechanism')}:{str(cert.get('sha256', ''))[:12]}"
-    acc = (cert.get("accountant") or {}).get("mechanism")
-    if acc in PLD_MECHANISMS:
-        k = 1 if acc in ("uls", "record") else int((cert.get("contribution_bound") or {}).get("records_per_user") or 1)
-        return Release(label=label, mechanism=acc, sampling_rate=float(cert["sampling_rate"]),
-                       noise_multiplier=float(cert["noise_multiplier"]), steps=int(cert["steps"]), k=k)
-    return Release(label=label, epsilon=float(cert["epsilon"]), delta=float(cert["delta"]),
-                   neighbouring=str(cert.get("neighbouring") or "add_remove_user"))

@@ -109,36 +109,21 @@ def auroc_ceiling_from_pld(pld, *, epsilons: Sequence[float] | None = None) -> f
 def certificate_pld(certificate, *, discretization: float = 1e-3):
     """The composed privacy loss distribution of a certificate's *user-level* mechanism, or None.
 
-    uls: Poisson-subsampled Gaussian(σ) per step; els / group-tight: the Binomial(k, q) mixture of
-    Gaussians (Charles et al.). Both pessimistic, composed over the steps actually run. Record-level
-    certificates (and group-naive, which has no user-level PLD) give None: their PLD says nothing
-    about a whole user.
+    The certificate's mechanism (components.mechanisms) gives it: ULS a Poisson-subsampled
+    Gaussian(σ) per step, ELS / group the Binomial(k, q) mixture of Gaussians (Charles et al.), both
+    pessimistic and composed over the steps actually run. Record- and secret-level certificates (and
+    mechanisms without a PLD) give None: their PLD says nothing about a whole user.
     """
+    from components.core.errors import VeilError
+    from components.mechanisms import get as get_mechanism
+
     if not certificate or certificate.get("privacy_unit") != "user":
         return None
-    mech = (certificate.get("accountant") or {}).get("mechanism")
-    q, sigma, steps = (float(certificate["sampling_rate"]), float(certificate["noise_multiplier"]),
-                       int(certificate["steps"]))
-    if steps <= 0 or sigma <= 0:
+    try:
+        mech = get_mechanism(certificate.get("mechanism"))
+    except VeilError:
         return None
-    if mech == "uls":
-        from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-        one = pld_lib.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=q,
-                                              value_discretization_interval=discretization,
-                                              pessimistic_estimate=True, use_connect_dots=True)
-    elif mech in ("els", "group-tight"):
-        from components.accounting.events import binomial_sensitivities
-        from components.accounting.mixture_pld import mixture_pld
-
-        k = int((certificate.get("contribution_bound") or {}).get("records_per_user") or 0)
-        if k < 1:
-            return None
-        sens, probs = binomial_sensitivities(k, q)
-        one = mixture_pld(sigma, sens, probs, discretization=discretization)
-    else:
-        return None
-    return one.self_compose(steps)
+    return mech.user_pld(certificate, discretization)
 
 
 def certificate_ceilings(certificate) -> dict:
@@ -152,9 +137,11 @@ def certificate_ceilings(certificate) -> dict:
         return {"auroc_ceiling": 1.0, "auroc_ceiling_pld": None}
     out = {"auroc_ceiling": auroc_ceiling(float(certificate["epsilon"]), float(certificate["delta"])),
            "auroc_ceiling_pld": None}
+    from components.core.errors import VeilError
+
     try:
         pld = certificate_pld(certificate)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, VeilError):
         pld = None
     if pld is not None:
         out["auroc_ceiling_pld"] = min(out["auroc_ceiling"], auroc_ceiling_from_pld(pld))

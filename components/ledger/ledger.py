@@ -482,7 +482,7 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
     for c in mine:
         p = params[c.release_id]
-        n = 1 if mech[c.release_id] == "uls" else max(1, int(c.rows))
+        n = _group_size(mech[c.release_id], int(c.rows))
         acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
             min(1.0, float(c.sampling_rate)), dp_accounting.GaussianDpEvent(float(p["noise_multiplier"]) / n)),
             int(p["steps"])))
@@ -490,3 +490,15 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
     return {"max_epsilon": e if math.isfinite(e) else None, "delta": b.delta,
             "label": "non-adaptive estimate (PLD composition of the most-charged person's releases); not a "
                      "guarantee under adaptive releases — the guarantee is the Rényi filter's budget"}
+
+
+def _group_size(mechanism: str, rows: int) -> int:
+    """How many unit Gaussians one person's charged rows are, for the non-adaptive estimate: the
+    release's mechanism says (a user-sampled release is one, whatever the rows)."""
+    from components.core.errors import VeilError
+    from components.mechanisms import get as get_mechanism
+
+    try:
+        return get_mechanism(mechanism).ledger_group_size(rows)
+    except VeilError:      # a mechanism this build does not know: the worst case, every row
+        return max(1, rows)

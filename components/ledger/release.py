@@ -18,9 +18,8 @@ import numpy as np
 from components.core.errors import VeilError
 from components.ledger import rdp as _rdp
 from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation, SecretCost
+from components.mechanisms import get as get_mechanism
 
-USER_MECHANISMS = ("uls",)
-ROW_MECHANISMS = ("record", "els", "group", "secret")
 
 
 def _num(plan: Mapping, key: str) -> float:
@@ -80,38 +79,21 @@ def release_costs(plan: Mapping, persons, orders=_rdp.ORDERS) -> dict[str, Perso
     out = _release_costs(plan, persons, orders)
     if eps_n <= 0:
         return out
-    per_row = str(plan.get("mechanism")) == "record"
+    mech = get_mechanism(str(plan.get("mechanism")))
     for u, c in out.items():
-        extra = pure_dp_rdp(eps_n * (c.rows if per_row else 1), orders)
+        extra = pure_dp_rdp(eps_n * mech.ledger_population_rows(c.rows), orders)
         out[u] = PersonCost(rows=c.rows, sampling_rate=c.sampling_rate, rdp=np.asarray(c.rdp) + extra)
     return out
 
 
 def _release_costs(plan: Mapping, persons, orders) -> dict[str, PersonCost]:
-    mechanism = str(plan.get("mechanism"))
-    q, sigma = _num(plan, "sampling_rate"), _num(plan, "noise_multiplier")
-    steps = int(_num(plan, "steps"))
-    rates = person_rates(persons, q)
-    if mechanism in USER_MECHANISMS:
-        curve = _rdp.sampled_gaussian_rdp(q, sigma, steps, orders)
-        return {u: PersonCost(rows=len(r), sampling_rate=q, rdp=curve) for u, r in rates.items()}
-    if mechanism in ROW_MECHANISMS:
-        cache: dict[tuple, tuple[float, np.ndarray]] = {}
-        out = {}
-        for u, r in rates.items():
-            key = tuple(sorted(x for x in r if x > 0))
-            if key not in cache:
-                p = np.asarray(key, dtype=float)
-                q_any = float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1) else (1.0 if len(p) else 0.0)
-                cache[key] = (q_any, _rdp.rows_rdp(key, sigma, steps, orders))
-            out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
-        return out
-    if mechanism == "uls-filtered":
-        raise VeilError("ledger: a filtered-ULS release is (ε, δ)-DP through a sparse vector and a bad event of "
-                        "probability δ₁; it has no Rényi curve the per-person filter could charge, so it cannot "
-                        "be released against a lifetime ledger (use uls, els or group)")
-    raise VeilError(f"ledger: cannot charge mechanism {mechanism!r}; chargeable: "
-                    f"{', '.join(USER_MECHANISMS + ROW_MECHANISMS)}")
+    """The plan's mechanism prices each person's rows (components.mechanisms: `ledger_costs`)."""
+    try:
+        mech = get_mechanism(str(plan.get("mechanism")))
+    except VeilError as e:
+        raise VeilError(f"ledger: cannot charge this release: {e}") from None
+    _num(plan, "noise_multiplier"), _num(plan, "steps")      # one clear line when the plan lacks them
+    return mech.ledger_costs(plan, person_rates(persons, _num(plan, "sampling_rate")), orders)
 
 
 def secret_costs(plan_like: Mapping, targets: Sequence) -> list[SecretCost]:
@@ -121,7 +103,7 @@ def secret_costs(plan_like: Mapping, targets: Sequence) -> list[SecretCost]:
     `targets`: SecretTarget (secret id `class:value`, rates, κ, γ), e.g. flows.stages.secret_targets."""
     from components.accounting.secrets import report_secrets
 
-    if str(plan_like.get("mechanism")) != "secret":
+    if not get_mechanism(str(plan_like.get("mechanism"))).secret_targets:
         raise VeilError("ledger: per-secret KL is charged for secret-protection plans only")
     sigma, steps = _num(plan_like, "noise_multiplier"), int(_num(plan_like, "steps"))
     targets = list(targets)

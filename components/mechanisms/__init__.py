@@ -24,7 +24,7 @@ from components.mechanisms.base import (
 
 # The built-in mechanisms register themselves on import, in this order (the policy schema lists
 # them so).
-from components.mechanisms import uls, uls_filtered, els, group, record, secret, nonprivate  # noqa: E402,F401,I001
+from components.mechanisms import uls, uls_filtered, els, group, record, secret, nonprivate, pmixed  # noqa: E402,F401,I001
 
 __all__ = ["Bounded", "Calibrated", "Mechanism", "PlainStep", "PlanContext", "get", "names", "register",
            "unregister"]

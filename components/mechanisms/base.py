@@ -105,8 +105,9 @@ class Mechanism:
             takers = "' or '".join(n for n, m in _REGISTRY.items() if m.takes_filter)
             return f"@filter@ filter is set but mechanism is '{self.name}'; it needs '{takers}'"
         if spec.contribution.selection == "random-chunk" and not self.per_user_clip:
-            return (f"@contribution.selection@ selection 'random-chunk' needs per-user clipping; mechanism "
-                    f"'{self.name}' clips records (use 'random' or a deterministic strategy)")
+            clippers = "', '".join(n for n, m in _REGISTRY.items() if m.per_user_clip and m.plannable)
+            return (f"@contribution.selection@ selection 'random-chunk' works with mechanism '{clippers}' only "
+                    f"('{self.name}' needs fixed records)")
         return None
 
     def bound(self, ctx: PlanContext, train: pa.Table) -> Bounded:
@@ -204,6 +205,8 @@ class Mechanism:
             return None
         from components.accounting import composed_pld
 
+        if certificate.get("privacy_unit") != self.privacy_unit:
+            return None
         q, sigma, steps = (float(certificate["sampling_rate"]), float(certificate["noise_multiplier"]),
                            int(certificate["steps"]))
         if steps <= 0 or sigma <= 0:
@@ -212,21 +215,6 @@ class Mechanism:
         if k < 1:
             return None
         return composed_pld(self.accounting_model, q, sigma, steps, k, discretization)
-
-    def lifetime_release(self, certificate: Mapping):
-        """The certificate as a lifetime-accountant release, or None (no user-level guarantee)."""
-        from components.accounting.lifetime import Release
-
-        if self.privacy_unit != "user":
-            return None
-        label = f"{certificate.get('mechanism')}:{str(certificate.get('sha256', ''))[:12]}"
-        if self.accounting_model is not None:
-            k = self.accounting_k((certificate.get("contribution_bound") or {}).get("records_per_user") or 1)
-            return Release(label=label, mechanism=self.accounting_model,
-                           sampling_rate=float(certificate["sampling_rate"]),
-                           noise_multiplier=float(certificate["noise_multiplier"]), steps=int(certificate["steps"]), k=k)
-        return Release(label=label, epsilon=float(certificate["epsilon"]), delta=float(certificate["delta"]),
-                       neighbouring=str(certificate.get("neighbouring") or "add_remove_user"))
 
     # --- ledger -----------------------------------------------------------------------------------
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:

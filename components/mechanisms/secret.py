@@ -150,9 +150,6 @@ class Secret(Mechanism):
                  for cls, c in sorted(doc["secrets"].items())]
         return "secret-level: " + "; ".join(parts)
 
-    def lifetime_release(self, certificate: Mapping):
-        return None
-
     # --- ledger ---------------------------------------------------------------------------------
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """A person's rows, each at its LP rate (the ledger's user-level view of a secret release)."""

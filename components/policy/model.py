@@ -13,11 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from components.mechanisms import get as get_mechanism
+from components.mechanisms import names as mechanism_names
+
 API_VERSION = "veil.dev/v1"
 KIND = "PrivacyPolicy"
 
 PrivacyUnit = Literal["user", "record", "secret"]
-Mechanism = Literal["uls", "uls-filtered", "els", "group", "record", "secret", "auto"]
+# A policy names a registered mechanism (components.mechanisms) or lets `auto` choose.
+Mechanism = Literal[(*mechanism_names(plannable=True), "auto")]
 Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "random-chunk"]
 RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 
@@ -25,12 +29,9 @@ RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 # Must match catalog.tagging.BUILTIN_DETECTORS (a test checks; components never imports catalog).
 BUILTIN_DETECTORS = ("credentials", "email", "phone", "payment_card", "iban", "national_id", "high_entropy")
 
-# Which mechanisms can deliver a guarantee for which unit.
-MECHANISMS_FOR_UNIT = {
-    "user": ("uls", "uls-filtered", "els", "group", "auto"),
-    "record": ("record", "auto"),
-    "secret": ("secret", "auto"),
-}
+# Which mechanisms can deliver a guarantee for which unit (each mechanism says its unit).
+MECHANISMS_FOR_UNIT = {unit: (*mechanism_names(unit=unit, plannable=True), "auto")
+                       for unit in ("user", "record", "secret")}
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
@@ -323,13 +324,13 @@ class Spec(_Strict):
             raise ValueError(f"@target@ target (epsilon, delta) is required for privacy_unit '{self.privacy_unit}'")
         if self.privacy_unit == "secret" and not self.secrets.classes:
             raise ValueError("@secrets.classes@ privacy_unit 'secret' needs at least one class under secrets.classes")
-        if (self.filter is None) == (self.mechanism == "uls-filtered"):
-            raise ValueError("@filter@ mechanism 'uls-filtered' needs filter.tau, and only it takes a filter"
-                             if self.filter is None else
-                             f"@filter@ filter is set but mechanism is '{self.mechanism}'; it needs 'uls-filtered'")
-        if self.contribution.selection == "random-chunk" and self.mechanism not in ("uls", "auto"):
-            raise ValueError("@contribution.selection@ selection 'random-chunk' works with mechanism 'uls' only (ELS/group need "
-                             "fixed records)")
+        if self.mechanism != "auto":
+            problem = get_mechanism(self.mechanism).check_policy(self)
+            if problem:
+                raise ValueError(problem)
+        elif self.filter is not None:
+            takers = "' or '".join(n for n in mechanism_names(plannable=True) if get_mechanism(n).takes_filter)
+            raise ValueError(f"@filter@ filter is set but mechanism is 'auto'; it needs '{takers}'")
         if self.lifetime_budget is not None and self.target is not None:
             if self.lifetime_budget.epsilon < self.target.epsilon:
                 raise ValueError(f"@lifetime_budget.epsilon@ lifetime_budget epsilon ({self.lifetime_budget.epsilon:g}) is below the "

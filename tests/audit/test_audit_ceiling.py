@@ -103,7 +103,8 @@ def test_bad_input_is_a_veil_error():
 
 
 def _cert(mech, q, sigma, steps, k=None, eps=8.0, delta=1e-5):
-    return {"privacy_unit": "user", "epsilon": eps, "delta": delta, "accountant": {"mechanism": mech},
+    return {"privacy_unit": "user", "mechanism": {"group-tight": "group"}.get(mech, mech),
+            "epsilon": eps, "delta": delta, "accountant": {"mechanism": mech},
             "sampling_rate": q, "noise_multiplier": sigma, "steps": steps,
             "contribution_bound": {"records_per_user": k}}
 
