@@ -15,6 +15,7 @@ import pyarrow as pa
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file
 from components.core.settings import Settings
+from components.mechanisms import get as get_mechanism
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.yaml"
 # How the demo organization's JSONL maps onto catalog records (user and text use the defaults).
@@ -152,10 +153,10 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
                 return saved
             raise VeilError(f"plan {plan_doc['sha256'][:12]}: its release {saved['release_id']} is already "
                             f"{status}; training it again would be a second release — make a new plan")
-        if plan_doc["mechanism"] == "uls-filtered" and plan_doc.get("lifetime_budget") is None \
-                and led.budget() is None:
+        mech = get_mechanism(plan_doc["mechanism"])
+        if not mech.ledger_curve and plan_doc.get("lifetime_budget") is None and led.budget() is None:
             return None
-        targets = secret_targets(settings, plan_doc) if plan_doc["mechanism"] == "secret" else None
+        targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
         res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets)
         if not res.admitted:
             led.record(res.release_id, "refused", reason="the filter retired everyone")
@@ -276,7 +277,7 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
     from components.planning import load_plan
 
     plan_doc = load_plan(plan_path).to_dict()
-    if plan_doc["mechanism"] != "secret":
+    if not get_mechanism(plan_doc["mechanism"]).secret_targets:
         return build_certificate(plan_doc, train_result).to_dict()
     return build_certificate(plan_doc, train_result, secret_targets=secret_targets(settings, plan_doc),
                              untagged_rate=untagged_rate(settings, plan_doc)).to_dict()

@@ -97,6 +97,7 @@ class Mechanism:
     auto_default: ClassVar[bool] = False        # what `auto` picks for its unit when there is no choice to make
     secret_targets: ClassVar[bool] = False      # certificate and ledger need the plan's per-secret targets
     has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
+    ledger_curve: ClassVar[bool] = True         # has a Rényi curve the per-person ledger can charge
 
     # --- policy → plan ---------------------------------------------------------------------------
     def check_policy(self, spec) -> str | None:

@@ -20,6 +20,7 @@ class FilteredULS(ULS):
     accounting_model = None          # sparse vector + full-batch Gaussian: no single PLD model
     takes_filter = True
     may_halt = True
+    ledger_curve = False             # (ε, δ) through a sparse vector: no Rényi curve to charge
     per_user_clip = False            # no clipping at all: random-chunk has nothing to bound
     auto_default = False
     contribution_kind = "filtered mean of unclipped per-user mean gradients (sensitivity 60τ/W_min)"

@@ -86,6 +86,8 @@ class Plan:
         data, audit = d["data"], d["audit"]
         acc = d["accounting"]
         target = d["target"]
+        from components.mechanisms import get as get_mechanism
+
         rows = [
             ("policy", f"{d['policy']['name']} ({d['policy']['sha256'][:12]}…)"),
             ("snapshot", f"{data['snapshot_id']} ({data['snapshot_sha256'][:12]}…)"),
@@ -98,12 +100,12 @@ class Plan:
             ("sampling rate q", f"{d['sampling_rate']:.6g}"),
             ("noise multiplier σ", f"{d['noise_multiplier']:.6g}"),
             ("steps T", str(d["steps"])),
-            ("expected batch", f"{d['expected_batch_size']} {'users' if d['mechanism'] == 'uls' else 'records'}/step"),
+            ("expected batch", f"{d['expected_batch_size']} {get_mechanism(d['mechanism']).batch_unit()}/step"),
             ("clip norm C", f"{d['clip_norm']:g}"),
             ("records per user", f"{d['records_per_user']} ({d['selection']})" if d["records_per_user"] else "—"),
         ]
-        if d["mechanism"] == "secret":
-            for cls, v in (acc.get("by_class") or {}).items():
+        if acc.get("by_class"):
+            for cls, v in acc["by_class"].items():
                 rows.append((f"secret {cls}", f"{v['n_secrets']} secrets · worst γ {v['max_gamma']:.3g} ≤ "
                                               f"{v['gamma_target']:g} (κ={v['kappa']:g})"))
             if acc.get("binding_class"):

@@ -11,6 +11,7 @@ from components.certificate import describe, verify_certificate
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.core.settings import Settings
+from components.mechanisms import get as get_mechanism
 from components.registry.verification import CERT_ARTIFACT, PLAN_ARTIFACT, SEAL_ARTIFACT
 
 # What the pyfunc needs at load time, pinned to the versions that registered it (`veil` itself is
@@ -261,7 +262,7 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
                     return None   # no budget anywhere and no rows to charge: nothing the ledger can check
                 raise VeilError(f"ledger: plan {str(plan.get('sha256'))[:12]} has no reservation and its training "
                                 "rows cannot be read to charge it now: not registered (reserve before training)") from None
-            if plan.get("mechanism") == "uls-filtered" and plan.get("lifetime_budget") is None \
+            if not get_mechanism(plan.get("mechanism")).ledger_curve and plan.get("lifetime_budget") is None \
                     and led.budget() is None:
                 return None   # no Rényi curve to charge (docs/privacy/ledger.md) and no budget to enforce
             res = reserve_release(settings, plan, rows, ledger=led)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -158,11 +159,8 @@ def concentration_profile(model: torch.nn.Module, tokenizer, data, *, records_pe
     from components.training.data import records_by_user, tokenize_table
     from components.training.model_prep import prepare_model
     from components.training.per_sample import PerUnitGradients
-    from components.training.spec import TrainSpec
 
-    spec = TrainSpec(mechanism="uls", sampling_rate=1.0, noise_multiplier=0.0, clip_norm=clip_norm, steps=0,
-                     records_per_user=records_per_user, seq_len=seq_len, lora=lora, seed=seed)
-    model = prepare_model(model, spec)
+    model = prepare_model(model, SimpleNamespace(lora=lora, seed=seed))
     model.train()
     tok = tokenize_table(data, tokenizer, seq_len)
     by_user = records_by_user(tok)

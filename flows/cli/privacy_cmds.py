@@ -133,7 +133,9 @@ def secrets_cmd(
         from catalog.snapshots import load_snapshot
 
         span_tbl = load_snapshot(load_settings(), data["snapshot_id"]).secret_spans
-    per_user = plan["mechanism"] == "uls"
+    from components.mechanisms import get as get_mechanism
+
+    per_user = get_mechanism(plan["mechanism"]).samples_users
     groups = secret_rates(train, span_tbl, sampling_rate=float(plan["sampling_rate"]), per_user=per_user)
 
     protection = None
