@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from components.mechanisms import get as get_mechanism
 from components.mechanisms import names as mechanism_names
@@ -20,8 +30,19 @@ API_VERSION = "veil.dev/v1"
 KIND = "PrivacyPolicy"
 
 PrivacyUnit = Literal["user", "record", "secret"]
-# A policy names a registered mechanism (components.mechanisms) or lets `auto` choose.
-Mechanism = Literal[(*mechanism_names(plannable=True), "auto")]
+def _registered_mechanism(v: str) -> str:
+    """A policy names a registered mechanism (components.mechanisms) or lets `auto` choose. Checked
+    against the live registry, so a mechanism registered by a plug-in module is a valid name."""
+    allowed = (*mechanism_names(plannable=True), "auto")
+    if v not in allowed:
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": ", ".join(f"'{a}'" for a in allowed)})
+    return v
+
+
+# The JSON schema lists the built-in names (policies/schema.json is generated from it).
+Mechanism = Annotated[str, AfterValidator(_registered_mechanism),
+                      WithJsonSchema({"enum": [*mechanism_names(plannable=True), "auto"], "type": "string"})]
 Selection = Literal["random", "longest", "shortest", "ppl-high", "ppl-low", "random-chunk"]
 RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 
@@ -30,8 +51,11 @@ RuleKind = Literal["literal", "regex", "path_glob", "detector"]
 BUILTIN_DETECTORS = ("credentials", "email", "phone", "payment_card", "iban", "national_id", "high_entropy")
 
 # Which mechanisms can deliver a guarantee for which unit (each mechanism says its unit).
-MECHANISMS_FOR_UNIT = {unit: (*mechanism_names(unit=unit, plannable=True), "auto")
-                       for unit in ("user", "record", "secret")}
+def mechanisms_for_unit(unit: str) -> tuple[str, ...]:
+    return (*mechanism_names(unit=unit, plannable=True), "auto")
+
+
+MECHANISMS_FOR_UNIT = {unit: mechanisms_for_unit(unit) for unit in ("user", "record", "secret")}  # built-ins
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
@@ -316,7 +340,7 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Spec":
-        allowed = MECHANISMS_FOR_UNIT[self.privacy_unit]
+        allowed = mechanisms_for_unit(self.privacy_unit)
         if self.mechanism not in allowed:
             raise ValueError(f"@mechanism@ mechanism '{self.mechanism}' cannot protect privacy_unit '{self.privacy_unit}'; "
                              f"use one of: {', '.join(allowed)}")
