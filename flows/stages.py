@@ -82,6 +82,13 @@ def planning_aids(pol, base_dir: str | Path | None):
         from components.modeling import load_base
 
         compute = {"base_model": load_base(base_dir)}
+    if base_dir is not None:
+        # d for the utility forecast: a fact of the public architecture and the policy's LoRA config
+        from components.modeling.lora import count_trainable_parameters
+
+        lora = pol.spec.training.lora
+        compute = {**(compute or {}), "trainable_parameters": count_trainable_parameters(
+            base_dir, None if lora is None else lora.model_dump())}
     return scorer, compute
 
 

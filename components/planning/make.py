@@ -38,6 +38,7 @@ class Compute:
     expected_batch_size: int | None = None
     user_grad_ratio: Callable[[int], float] | None = None
     base_model: tuple | None = None        # (model, tokenizer): estimate user_grad_ratio on the training data
+    trainable_parameters: int | None = None  # d, for the utility forecast (modeling.lora.count_trainable_parameters)
 
 
 def _compute(compute: Any) -> Compute:
@@ -466,6 +467,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
         "caveats": caveats,
         **extra,
     }
+    from components.planning.forecast import plan_forecast
+    body["utility_forecast"] = plan_forecast(body, comp.trainable_parameters)  # public fields (and d) only
     plan = Plan(seal(body))
     save_annex(private_dir, plan.sha256, annex)
     return plan

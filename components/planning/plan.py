@@ -127,6 +127,13 @@ class Plan:
             lp = d["secret_lp"]
             rows.append(("secret LP", f"C={lp['c']:g} · kept {lp['retained_fraction']:.1%} of records' weight · "
                                       f"{lp['n_binding']} binding secrets"))
+        if d.get("evaluation"):
+            rows.append(("evaluation", f"each person with probability {d['evaluation']['fraction']:g}, never trained "
+                                       "on (who: private annex)"))
+        if d.get("utility_forecast"):
+            from components.planning.forecast import describe
+
+            rows.append(("utility forecast", describe(d["utility_forecast"])))
         if d.get("decision", {}).get("reason"):
             rows.append(("why", d["decision"]["reason"]))
         rows.append(("plan sha256", d["sha256"]))
