@@ -18,7 +18,8 @@ def _encode(tokenizer, texts: Sequence[str], seq_len: int) -> list[list[int]]:
     if seq_len < 2:
         raise VeilError(f"seq_len: must be at least 2, got {seq_len}")
     bos = [] if tokenizer.bos_token_id is None else [int(tokenizer.bos_token_id)]
-    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if len(texts) else []
+    # verbose=False: texts longer than the model's positions are expected here, they are cut below
+    enc = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"] if len(texts) else []
     return [(bos + list(ids))[:seq_len] for ids in enc]
 
 

@@ -412,6 +412,25 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
     return new
 
 
+EVALUATION_CAVEAT = ("computed on the evaluation people's private held-out text (reserved at plan time, never "
+                     "trained on); not covered by the certificate: these numbers are not differentially private")
+
+
+def record_evaluation(settings: Settings, run_id: str, metrics: Mapping[str, float | None]) -> dict:
+    """Log evaluation metrics (`eval_*`, 4 significant digits) and the `evaluation.caveat` tag on the
+    model's run. Never on the version's tags, and never counts of the evaluation people or records
+    (exact private counts: the operator's CLI shows them, the registry does not)."""
+    client = _client(settings)
+    logged = {k: float(f"{float(v):.4g}") for k, v in metrics.items() if v is not None}
+    bad = [k for k in logged if not k.startswith("eval_") or k.endswith(("_people", "_records", "_tokens"))]
+    if bad:
+        raise VeilError(f"evaluation: refusing to log {', '.join(bad)} (eval_* rates only; counts are private)")
+    for key, value in logged.items():
+        client.log_metric(run_id, key, value)
+    client.set_tag(run_id, "evaluation.caveat", EVALUATION_CAVEAT)
+    return logged
+
+
 def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[dict, dict]:
     """The model package's embedded (pre-audit) certificate and seal, after the whole release verified."""
     from components.certificate.seal import trusted_keys

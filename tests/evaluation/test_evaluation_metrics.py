@@ -12,6 +12,8 @@ from components.core.errors import VeilError
 from components.evaluation import EvalResult, evaluate_texts
 from components.modeling import attach_lora, lora_config, train_tokenizer
 
+from _hand import by_hand as _by_hand  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -33,22 +35,6 @@ TEXTS = ["Hi all, the build queue is green again.",
          "Quarterly review moved to Thursday; bring the numbers and the plots " * 4,  # longer than max_length
          "ok then",
          "Deploy at noon."]
-
-
-def _by_hand(model, tok, texts, max_length):
-    """Independent: no padding, no batching, a python loop over positions in float64."""
-    nll, hits, n = 0.0, 0, 0
-    for text in texts:
-        ids = ([tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"])[:max_length]
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0].double()
-        for t in range(1, len(ids)):
-            row = logits[t - 1]
-            logz = math.log(sum(math.exp(v) for v in row.tolist()))
-            nll += logz - row[ids[t]].item()
-            hits += int(int(row.argmax()) == ids[t])
-            n += 1
-    return nll / n, hits / n, n
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
