@@ -19,6 +19,9 @@ needs (docs/privacy/threat-model.md, "neighbour stability"):
   spans masked before it is compared, sorted or hashed, so substituting a secret's value changes no
   decision.
 
+Evaluation people (components.planning.eval_split) are drawn first, by their own keyed draw, and
+removed before any of the above: never trained on, never held out, never sampled for the attacker.
+
 Attacker samples are deduplicated by text within each user: a training record identical to an
 attacker sample would turn user inference into plain membership inference. Draws are keyed with the
 planner's secret key (components.planning.annex): with a public seed anyone holding the roster could

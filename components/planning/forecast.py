@@ -183,4 +183,6 @@ def describe(fc: Mapping[str, Any]) -> str:
         parts.append(f"batch {h['expected_batch_size']:,}")
     if parts:
         line += " · would learn with (each alone): " + ", ".join(parts)
+    if h and h.get("steps") is None and h.get("expected_batch_size") is None:
+        line += f" (more steps or a larger batch, up to {MAX_FACTOR}×, do not get there alone)"
     return line
