@@ -41,5 +41,8 @@ def evaluate_texts(model, tokenizer, texts: Sequence[str], *, max_length: int, b
         raise VeilError(f"evaluation: none of the {len(texts)} texts has a token to predict (empty texts?)")
     # float64 sums over every token: the order of batches cannot change the result beyond rounding.
     mean_nll = float(-sums.sum() / tokens)
+    if not math.isfinite(mean_nll) or mean_nll > 700:   # exp would overflow; no working LM gets near
+        raise VeilError(f"evaluation: the model's mean negative log-likelihood is {mean_nll!r} nats per token "
+                        "(non-finite or absurd): its weights are broken")
     return EvalResult(perplexity=math.exp(mean_nll), next_token_accuracy=float(correct.sum() / tokens),
                       tokens=tokens, records=len(texts), mean_nll=mean_nll)

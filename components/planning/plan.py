@@ -128,8 +128,9 @@ class Plan:
             rows.append(("secret LP", f"C={lp['c']:g} · kept {lp['retained_fraction']:.1%} of records' weight · "
                                       f"{lp['n_binding']} binding secrets"))
         if d.get("evaluation"):
-            rows.append(("evaluation", f"each person with probability {d['evaluation']['fraction']:g}, never trained "
-                                       "on (who: private annex)"))
+            f = d["evaluation"]["fraction"]
+            rows.append(("evaluation", f"each person with probability {f:g}, never trained on (who: private annex)"
+                         if f else "none (evaluation.fraction: 0): `veil evaluate` has nobody to evaluate on"))
         if d.get("utility_forecast"):
             from components.planning.forecast import describe
 

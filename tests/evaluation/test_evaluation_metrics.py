@@ -90,3 +90,13 @@ def test_bad_inputs(model, tok):
         evaluate_texts(model, tok, ["a", None], max_length=24)
     with pytest.raises(VeilError, match="seq_len"):
         evaluate_texts(model, tok, ["abc"], max_length=1)
+
+
+def test_broken_weights_are_one_line(model, tok):
+    import copy
+
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(VeilError, match="weights are broken"):
+        evaluate_texts(broken, tok, TEXTS, max_length=24)
