@@ -366,7 +366,10 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -
         if with_base:
             from components.modeling import load_base
 
-            extra["base_model"] = load_base(inner.base_model_dir)
+            base_dir = getattr(inner, "base_model_dir", None)
+            if base_dir is None:  # a package whose own code predates it
+                raise VeilError(f"model {model_uri}: its package does not expose its base model; re-register it")
+            extra["base_model"] = load_base(base_dir)
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
                        tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan, extra=extra)
 
