@@ -74,6 +74,11 @@ def audit_task(home, model_uri, policy, truth):
     return stages.audit(load_settings(home), model_uri, policy=policy, truth=truth)
 
 
+@task(name="evaluate", **_task)
+def evaluate_task(home, model_uri):
+    return stages.evaluate(load_settings(home), model_uri, missing_ok=True)
+
+
 @flow(name="veil-pipeline", log_prints=True)
 def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                   public_corpus: str | None = None, base_model_dir: str | None = None,
@@ -95,9 +100,10 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"))
     aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None
+    ev = evaluate_task(home, reg["model_uri"])
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,
-            "audit": aud["summary"] if aud else None}
+            "audit": aud["summary"] if aud else None, "evaluation": ev}
 
 
 @flow(name="veil-demo", log_prints=True)

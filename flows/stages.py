@@ -83,6 +83,13 @@ def planning_aids(pol, base_dir: str | Path | None):
         from components.modeling import load_base
 
         compute = {"base_model": load_base(base_dir)}
+    if base_dir is not None:
+        # d for the utility forecast: a fact of the public architecture and the policy's LoRA config
+        from components.modeling.lora import count_trainable_parameters
+
+        lora = pol.spec.training.lora
+        compute = {**(compute or {}), "trainable_parameters": count_trainable_parameters(
+            base_dir, None if lora is None else lora.model_dump())}
     return scorer, compute
 
 
@@ -115,13 +122,9 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
                   drop_records=()) -> pa.Table:
     """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
     private annex (checked against the plan's commitment), less the records in `drop_records`."""
-    from catalog.snapshots import load_snapshot
     from components.planning.data import training_records
 
-    data = plan_doc["data"]
-    snap = load_snapshot(settings, data["snapshot_id"])
-    if snap.sha256 != data["snapshot_sha256"]:
-        raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
+    snap = _plan_snapshot(settings, plan_doc)
     return training_records(plan_doc, _annex(settings, plan_doc) if annex is None else annex, snap.records,
                             drop_records=drop_records)
 
@@ -361,3 +364,88 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
     summary = result.summary() if hasattr(result, "summary") else dict(result)
     new_cert = record_audit(settings, model_uri, summary, plot_path=getattr(result, "plot_path", None))
     return {"summary": summary, "certificate": new_cert}
+
+
+def _reference_model(settings: Settings, reference: str, base):
+    """(model, tokenizer) of a non-private reference: a registered model URI, a peft adapter directory
+    (on the evaluated model's base), or a Hugging Face causal-LM directory."""
+    if reference.startswith("models:/"):
+        from components.registry import load_model
+
+        ref = load_model(reference, settings)
+        return ref.model, ref.tokenizer
+    p = Path(reference).expanduser()
+    if not p.is_dir():
+        raise VeilError(f"--reference {reference}: neither a models:/ URI nor a model directory")
+    if (p / "adapter_config.json").is_file():
+        import copy
+
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(copy.deepcopy(base[0]), str(p)).eval(), base[1]
+    from components.modeling import load_base
+
+    return load_base(p)
+
+
+def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None, log: bool = True,
+             batch_size: int = 8, missing_ok: bool = False) -> dict | None:
+    """Perplexity and next-token accuracy of a registered model, its base and (optionally) a reference
+    on the plan's evaluation people (never trained on), logged on the model's run with a caveat.
+
+    The result holds exact counts of evaluation people and records: the operator's, never logged.
+    `missing_ok` (pipelines): None instead of an error when the plan reserved no evaluation people."""
+    from components.evaluation import evaluate_texts
+    from components.planning.data import evaluation_records
+    from components.registry import load_model, record_evaluation
+
+    loaded = load_model(model_uri, settings, with_base=True)
+    plan = dict(loaded.plan)
+    annex = _annex(settings, plan)
+    if missing_ok and not annex.get("eval_records_file"):
+        return None
+    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan).records)
+    texts = rows.column("text").to_pylist()
+    seq_len = int(plan["training"]["seq_len"])
+    base = loaded.extra["base_model"]
+    if base[1].get_vocab() != loaded.tokenizer.get_vocab():
+        raise VeilError(f"{model_uri}: its base model's tokenizer differs from the model's; perplexities per token "
+                        "would not be comparable")
+    dp = evaluate_texts(loaded.model, loaded.tokenizer, texts, max_length=seq_len, batch_size=batch_size)
+    b = evaluate_texts(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size)
+    ref = None
+    if reference:
+        r_model, r_tok = _reference_model(settings, reference, base)
+        if r_tok.get_vocab() != loaded.tokenizer.get_vocab():
+            raise VeilError(f"--reference {reference}: another tokenizer than the model's; perplexities per token "
+                            "would not be comparable")
+        ref = evaluate_texts(r_model, r_tok, texts, max_length=seq_len, batch_size=batch_size)
+    out = {"model_uri": model_uri, "run_id": loaded.run_id,
+           "perplexity": dp.perplexity, "base_perplexity": b.perplexity,
+           "next_token_accuracy": dp.next_token_accuracy, "base_next_token_accuracy": b.next_token_accuracy,
+           "reference_perplexity": None if ref is None else ref.perplexity,
+           "reference_next_token_accuracy": None if ref is None else ref.next_token_accuracy,
+           "eval_people": len(set(rows.column("user_id").to_pylist())), "eval_records": dp.records,
+           "eval_tokens": dp.tokens, "max_length": seq_len,
+           # issue 16's target: the share of the base → non-private perplexity gap the DP model closes
+           "gap_closed": None if ref is None or b.perplexity == ref.perplexity else
+           (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity)}
+    if log:
+        from components.registry.mlflow_registry import EVALUATION_CAVEAT
+
+        record_evaluation(settings, loaded.run_id, {
+            "eval_perplexity": dp.perplexity, "eval_base_perplexity": b.perplexity,
+            "eval_next_token_accuracy": dp.next_token_accuracy, "eval_base_next_token_accuracy": b.next_token_accuracy,
+            "eval_reference_perplexity": out["reference_perplexity"]})
+        out["caveat"] = EVALUATION_CAVEAT
+    return out
+
+
+def _plan_snapshot(settings: Settings, plan_doc: dict):
+    from catalog.snapshots import load_snapshot
+
+    data = plan_doc["data"]
+    snap = load_snapshot(settings, data["snapshot_id"])
+    if snap.sha256 != data["snapshot_sha256"]:
+        raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
+    return snap

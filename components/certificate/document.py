@@ -187,7 +187,23 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
         "code_version": version or code_version(),
         "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "audit": None,
+        "utility_forecast": _utility_forecast(plan, train_result),
     }
+
+
+def _utility_forecast(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> dict | None:
+    """The plan's utility forecast (components.planning.forecast), carried over; recomputed from the
+    plan's public numbers and the run's trainable-parameter count d when the plan had no d (planned
+    without the base model) or another one. Utility, not privacy: nothing here bounds a risk."""
+    from components.planning.forecast import plan_forecast
+
+    fc = plan.get("utility_forecast")
+    d = train_result.get("trainable_params")
+    if fc and fc.get("verdict") != "unknown" and (d is None or fc.get("trainable_parameters") == int(d)):
+        return {**fc, "source": "plan"}
+    if not d:
+        return {**fc, "source": "plan"} if fc else None
+    return {**plan_forecast(plan, int(d), with_hints=False), "source": "plan numbers, the run's d"}
 
 
 def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], *,

@@ -13,6 +13,9 @@ Which layers get adapters, by `model_type`:
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from components.core.errors import VeilError
 
@@ -120,3 +123,29 @@ def attach_lora(model, config, *, seed: int | None = None):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return get_peft_model(model, cfg)
+
+
+def plan_lora_config(lora: Mapping[str, Any]):
+    """The `peft.LoraConfig` of a plan's `training.lora` section (targets per architecture unless named)."""
+    return lora_config(r=int(lora["r"]), alpha=float(lora.get("alpha", 2 * int(lora["r"]))),
+                       dropout=float(lora.get("dropout", 0.0)), target_modules=lora.get("target_modules") or None)
+
+
+def count_trainable_parameters(base_dir: str | Path, lora: Mapping[str, Any] | None) -> int:
+    """d: the parameters training will update — the LoRA adapter's (`lora`: a plan's `training.lora`)
+    or, for full fine-tuning (`lora` None), all of the model's. A public fact of the architecture:
+    the model is built from its config on the meta device, so no weight is read or allocated."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    p = Path(base_dir).expanduser()
+    try:
+        config = AutoConfig.from_pretrained(p, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a bad directory, named for the user
+        raise VeilError(f"{p}: not a readable model config ({type(e).__name__}: {e})") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+        if lora is None:
+            return int(sum(t.numel() for t in model.parameters()))
+        model = attach_lora(model, plan_lora_config(lora))
+    return int(sum(t.numel() for t in model.parameters() if t.requires_grad))

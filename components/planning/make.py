@@ -19,6 +19,8 @@ from components.core.hashing import sha256_bytes
 from components.mechanisms import Bounded, Calibrated, PlanContext, get
 from components.mechanisms.auto import Resolved, resolve
 from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex
+from components.planning.eval_split import evaluation_sections
+from components.planning.forecast import plan_forecast
 from components.planning.audit_split import AuditSplit, masked_texts, split_canaries, split_for_audit
 from components.planning.plan import SCHEMA, Plan, seal
 from components.planning.selection import Scorer
@@ -38,6 +40,7 @@ class Compute:
     expected_batch_size: int | None = None
     user_grad_ratio: Callable[[int], float] | None = None
     base_model: tuple | None = None        # (model, tokenizer): estimate user_grad_ratio on the training data
+    trainable_parameters: int | None = None  # d, for the utility forecast (modeling.lora.count_trainable_parameters)
 
 
 def _compute(compute: Any) -> Compute:
@@ -99,7 +102,7 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
         trained_users=sorted(split.trained_users + c_split.trained_users),
         attacker=pa.concat_tables([split.attacker, c_split.attacker]),
         train=pa.concat_tables([split.train, c_split.train.cast(split.train.schema)]),
-        n_eligible=split.n_eligible)
+        n_eligible=split.n_eligible, evaluation=split.evaluation)
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
 
@@ -114,7 +117,8 @@ def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Tab
     content = masked_texts(records, secret_spans) if unit == "secret" else None
     split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
                             seed=spec.training.seed, key=key, unit=unit,
-                            attacker_record_rate=float(spec.audit.attacker_record_rate), content=content)
+                            attacker_record_rate=float(spec.audit.attacker_record_rate), content=content,
+                            evaluation=float(spec.evaluation.fraction))
     canaries = _canaries(policy, split, spec.training.seed, key)
     return (canaries.merged if canaries is not None else split), canaries
 
@@ -185,15 +189,19 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     if canaries is not None:
         files["canary_records"] = _write_parquet(_sorted(canaries.records), out_dir, "canaries")
 
+    eval_public, eval_annex = evaluation_sections(spec.evaluation.fraction, split.evaluation,
+                                                  lambda t, stem: _write_parquet(_sorted(t), out_dir, stem))
     # The private annex: everything that names a person or a record, and every exact private count.
-    annex, annex_commitment = seal_annex(key, _annex_body(policy, snapshot, split, canaries, files, bounded,
-                                                          train_tbl, cal, chosen))
+    annex, annex_commitment = seal_annex(key, {**_annex_body(policy, snapshot, split, canaries, files, bounded,
+                                                             train_tbl, cal, chosen), **eval_annex})
     caveats = [*BASE_CAVEATS, *chosen.caveats, *bounded.caveats, *cal.caveats]
     if canaries is not None:
         caveats.append(f"{len(canaries.users)} synthetic canary users (seed 003 App. D.2) are part of the training "
                        "data; their records are in the canary records file, not the snapshot")
     body = _public_body(policy, snapshot, mech, ctx, bounded, cal, chosen, caveats,
                         commitment(annex["salt"], files["train_records"][1]), annex, annex_commitment, created_at)
+    body["evaluation"] = eval_public
+    body["utility_forecast"] = plan_forecast(body, comp.trainable_parameters)  # public fields (and d) only
     plan = Plan(seal(body))
     save_annex(private_dir, plan.sha256, annex)
     return plan

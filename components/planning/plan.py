@@ -26,6 +26,7 @@ PRIVATE_KEYS = frozenset({
     "held_out_users", "canary_users", "train_records_file", "train_records_sha256", "attacker_records_file",
     "attacker_records_sha256", "canary_records_file", "canary_records_sha256", "n_train_users", "n_train_records",
     "n_attacker_records", "n_audit_eligible_users", "candidates", "user_grad_ratio", "salt",
+    "eval_users", "eval_records_file", "eval_records_sha256", "n_eval_users", "n_eval_records",
 })
 
 
@@ -128,6 +129,14 @@ class Plan:
             lp = d["secret_lp"]
             rows.append(("secret LP", f"C={lp['c']:g} · kept {lp['retained_fraction']:.1%} of records' weight · "
                                       f"{lp['n_binding']} binding secrets"))
+        if d.get("evaluation"):
+            f = d["evaluation"]["fraction"]
+            rows.append(("evaluation", f"each person with probability {f:g}, never trained on (who: private annex)"
+                         if f else "none (evaluation.fraction: 0): `veil evaluate` has nobody to evaluate on"))
+        if d.get("utility_forecast"):
+            from components.planning.forecast import describe
+
+            rows.append(("utility forecast", describe(d["utility_forecast"])))
         if d.get("decision", {}).get("reason"):
             rows.append(("why", d["decision"]["reason"]))
         rows.append(("plan sha256", d["sha256"]))

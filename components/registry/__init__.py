@@ -12,10 +12,11 @@ from components.registry.mlflow_registry import (
     list_models,
     load_model,
     record_audit,
+    record_evaluation,
     register_model,
     verify_model,
 )
 from components.certificate.verify import ReleaseInvalid, Verification
 
 __all__ = ["LoadedModel", "Registration", "ReleaseInvalid", "Verification", "list_models", "load_model",
-           "record_audit", "register_model", "verify_model"]
+           "record_audit", "record_evaluation", "register_model", "verify_model"]

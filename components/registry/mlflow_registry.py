@@ -343,11 +343,13 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
 
 
-def load_model(model_uri: str, settings: Settings) -> LoadedModel:
+def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -> LoadedModel:
     """The consumer path: resolve, verify every check (registry + package), then load the package.
 
     The package's own `load_context` verifies again what it is about to serve (so does plain
     `mlflow.pyfunc.load_model`); a failed check is a `ReleaseInvalid` (a VeilError) in one line.
+    `with_base`: also load the package's (sealed) public base as `extra["base_model"]`, a
+    (model, tokenizer) pair — what evaluation compares the fine-tuned model against.
     """
     import mlflow
 
@@ -361,9 +363,16 @@ def load_model(model_uri: str, settings: Settings) -> LoadedModel:
         v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
         v.raise_if_invalid(f"model {model_uri}")
         inner = mlflow.pyfunc.load_model(package).unwrap_python_model()
+        extra: dict = {"verification": v.to_dict()}
+        if with_base:
+            from components.modeling import load_base
+
+            base_dir = getattr(inner, "base_model_dir", None)
+            if base_dir is None:  # a package whose own code predates it
+                raise VeilError(f"model {model_uri}: its package does not expose its base model; re-register it")
+            extra["base_model"] = load_base(base_dir)
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
-                       tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan,
-                       extra={"verification": v.to_dict()})
+                       tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan, extra=extra)
 
 
 def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *,
@@ -405,6 +414,25 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
             client.set_model_version_tag(other.name, other.version, key, value)
         client.set_tag(mv.run_id, key, value)
     return new
+
+
+EVALUATION_CAVEAT = ("computed on the evaluation people's private held-out text (reserved at plan time, never "
+                     "trained on); not covered by the certificate: these numbers are not differentially private")
+
+
+def record_evaluation(settings: Settings, run_id: str, metrics: Mapping[str, float | None]) -> dict:
+    """Log evaluation metrics (`eval_*`, 4 significant digits) and the `evaluation.caveat` tag on the
+    model's run. Never on the version's tags, and never counts of the evaluation people or records
+    (exact private counts: the operator's CLI shows them, the registry does not)."""
+    client = _client(settings)
+    logged = {k: float(f"{float(v):.4g}") for k, v in metrics.items() if v is not None}
+    bad = [k for k in logged if not k.startswith("eval_") or k.endswith(("_people", "_records", "_tokens"))]
+    if bad:
+        raise VeilError(f"evaluation: refusing to log {', '.join(bad)} (eval_* rates only; counts are private)")
+    for key, value in logged.items():
+        client.log_metric(run_id, key, value)
+    client.set_tag(run_id, "evaluation.caveat", EVALUATION_CAVEAT)
+    return logged
 
 
 def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[dict, dict]:

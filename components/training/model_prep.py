@@ -13,12 +13,10 @@ def prepare_model(model: torch.nn.Module, spec) -> torch.nn.Module:
         return model
     from peft import PeftModel
 
-    from components.modeling import attach_lora, lora_config
+    from components.modeling import attach_lora
+    from components.modeling.lora import plan_lora_config
 
     if isinstance(model, PeftModel):
         return model
-    lo = spec.lora
     # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.
-    cfg = lora_config(r=int(lo["r"]), alpha=float(lo.get("alpha", 2 * int(lo["r"]))),
-                      dropout=float(lo.get("dropout", 0.0)), target_modules=lo.get("target_modules") or None)
-    return attach_lora(model, cfg, seed=int(spec.seed))
+    return attach_lora(model, plan_lora_config(spec.lora), seed=int(spec.seed))

@@ -68,6 +68,15 @@ def _summary_table(result: dict, seconds: float) -> Table:
     aud = result.get("audit")
     if aud:
         t.add_row("audit", _audit_line(aud))
+    if result.get("evaluation"):
+        from flows.cli.evaluate_cmds import summary_line
+
+        t.add_row("evaluation", summary_line(result["evaluation"]))
+    fc = (result["plan"].get("utility_forecast") or {})
+    if fc.get("verdict") not in (None, "unknown"):
+        from components.planning.forecast import describe as describe_forecast
+
+        t.add_row("forecast", describe_forecast(fc))
     t.add_row("time", f"{seconds:.0f} s")
     return t
 
@@ -110,7 +119,7 @@ def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=Non
     aud = stages.audit(s, reg["model_uri"], policy=policy, truth=truth) if audit else None
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,
-            "audit": aud["summary"] if aud else None}
+            "audit": aud["summary"] if aud else None, "evaluation": stages.evaluate(s, reg["model_uri"], missing_ok=True)}
 
 
 def demo_data(out_dir: Optional[Path] = typer.Option(None, "--out", help="folder (default: $VEIL_HOME/demo-org)"),

@@ -136,6 +136,12 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     for k, v in p.summary_rows():
         t.add_row(k, v)
     out.print(t)
+    fc = p.to_dict().get("utility_forecast") or {}
+    if fc.get("verdict") in ("hopeless", "marginal"):
+        from components.planning.forecast import describe
+
+        style = "bold red" if fc["verdict"] == "hopeless" else "yellow"
+        out.print(f"[{style}]utility forecast: {describe(fc)}[/{style}]", highlight=False)
     out.print(f"written to {path}")
 
 

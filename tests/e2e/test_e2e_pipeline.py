@@ -71,3 +71,16 @@ def test_pipeline_through_prefect(prefect_harness, veil_home, tiny_policy, tiny_
     loaded = load_model("models:/e2e@latest-certified", load_settings(veil_home))
     assert loaded.certificate["sha256"] == cert["sha256"]
     assert loaded.plan["sha256"] == plan["sha256"]
+
+    # the pipeline evaluated the model on the plan's evaluation people (base → DP), and logged rates only
+    ev = result["evaluation"]
+    assert ev is not None and ev["eval_people"] > 0 and ev["eval_records"] >= ev["eval_people"]
+    assert 1 < ev["perplexity"] < 600 and 1 < ev["base_perplexity"] < 600   # a 512-token vocabulary
+    import mlflow
+
+    run = mlflow.tracking.MlflowClient(load_settings(veil_home).mlflow_tracking_uri).get_run(reg["run_id"])
+    assert run.data.metrics["eval_perplexity"] == pytest.approx(ev["perplexity"], rel=1e-3)
+    assert "evaluation.caveat" in run.data.tags
+    assert not [k for k in run.data.metrics if "people" in k or "records" in k]
+    assert result["plan"]["utility_forecast"]["verdict"] in ("ok", "marginal", "hopeless")
+    assert cert["utility_forecast"]["trainable_parameters"] == result["train"]["trainable_params"]

@@ -58,7 +58,7 @@ CASES = ("uls", "els", "group", "record", "auto", "secret", "uls-filtered")
 
 def _outputs(tmp: Path) -> dict:
     snap = make_snapshot(60, seed=1, secrets_per_record=2)
-    crowd = make_snapshot(1000, seed=2)                   # filtered ULS needs hundreds of users
+    crowd = make_snapshot(1150, seed=2)                   # filtered ULS needs hundreds of users
     out = {}
     for mech in CASES:
         # a fixed path: the plan records the policy's path, and its sha256 covers it

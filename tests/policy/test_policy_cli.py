@@ -117,3 +117,22 @@ def test_plan_sweep_c_for_a_secret_policy(ingested, tmp_path):
     assert sig == sorted(sig) and sig[0] < sig[-1]                     # more data costs more noise
     res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--sweep-c", "--c-values", "x"])
     assert res.exit_code == 2 and "--c-values" in res.stderr
+
+
+def test_plan_command_prints_the_utility_forecast(ingested, tmp_path):
+    """40 people at ε = 8 with the demo's LoRA: hopeless, with what would make it learn; d comes from the
+    base's config alone (no weights are read)."""
+    from transformers import GPT2Config
+
+    base = tmp_path / "base"
+    GPT2Config(vocab_size=4096, n_positions=256, n_embd=128, n_layer=2, n_head=4).save_pretrained(base)
+    pol = tmp_path / "p.yaml"
+    pol.write_text(DEMO.read_text().replace(DEMO_BATCH, "expected_batch_size: 8").replace(DEMO_STEPS, "steps: 30"))
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--base-model", str(base)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "utility forecast: HOPELESS" in res.stdout and "would learn with (each alone): ε ≥" in res.stdout
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--base-model", str(base), "--json"])
+    fc = json.loads(res.stdout)["plan"]["utility_forecast"]
+    assert fc["verdict"] == "hopeless" and fc["trainable_parameters"] == 22528 and fc["hints"]["epsilon"] > 8
+    res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--json"])           # no base: says why
+    assert "--base-model" in json.loads(res.stdout)["plan"]["utility_forecast"]["why"]
