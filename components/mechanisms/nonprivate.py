@@ -12,6 +12,7 @@ class NonPrivate(Mechanism):
     privacy_unit = "record"
     neighbouring = "none"
     plannable = False
+    clipped = False
     certifiable = False
     per_user_clip = True     # random-chunk runs as a plain data choice
 

@@ -38,6 +38,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from components.mechanisms import get as get_mechanism
+
 HOPELESS_AT = 1.0       # ρ_T at or above: hopeless
 OK_BELOW = 0.3          # ρ_T below: ok; in between: marginal
 HINT_TARGET = 0.9       # hints aim a little under the hopeless line (N̂'s noise, σ's calibration tolerance)
@@ -132,10 +134,10 @@ def plan_forecast(plan: Mapping[str, Any], trainable_parameters: int | None, *, 
     base = {"measure": "seed 001 eq. (7): per-coordinate noise std σC/B against the largest per-coordinate "
                        "signal C/√d; run ratio = per-step ratio / √T",
             "thresholds": {"hopeless_at": HOPELESS_AT, "ok_below": OK_BELOW}}
-    mechanism = plan["mechanism"]
-    if mechanism == "uls-filtered":
+    mechanism = get_mechanism(plan["mechanism"])
+    if not mechanism.clipped:
         return {**base, "verdict": "unknown",
-                "why": "filtered ULS adds noise scaled to τ, not to the clip norm C; not forecast"}
+                "why": f"{mechanism.name} adds noise that is not scaled to a clip norm C; not forecast"}
     if not trainable_parameters:
         return {**base, "verdict": "unknown",
                 "why": "the trainable-parameter count d needs the base model at plan time (veil plan --base-model)"}
@@ -150,12 +152,12 @@ def plan_forecast(plan: Mapping[str, Any], trainable_parameters: int | None, *, 
     if out["verdict"] == "hopeless" and with_hints and mech in HINTABLE and plan["target"].get("epsilon"):
         pop = (plan.get("data") or {}).get("population") or {}
         n_hat = pop.get("estimate")                 # the DP estimate N̂: never the exact count
-        k = int(plan.get("records_per_user") or 1) if mech in ("els", "group-tight") else 1
+        k = max(1, mechanism.accounting_k(plan.get("records_per_user")))
         out["hints"] = hints(mech=mech, sigma=sigma, q=float(plan["sampling_rate"]), steps=steps, batch=batch, d=d,
                              delta=float(plan["target"]["delta"]), k=k, eps_target=float(plan["target"]["epsilon"]),
                              eps_population=float(acc.get("epsilon_population") or 0.0),
                              n_hat=None if n_hat is None else float(n_hat), unit=str(pop.get("unit", "units")))
-    elif out["verdict"] == "hopeless" and mechanism == "secret":
+    elif out["verdict"] == "hopeless" and not mechanism.has_epsilon:   # secret protection: γ, not ε
         out["hints"] = {"see": "veil plan --sweep-c (retained data against noise for a range of C), more "
                                "records per step, or more steps"}
     return out
