@@ -292,3 +292,20 @@ def load_base(path: str | Path, device: str = "cpu"):
         raise VeilError(f"device '{device}': cannot place the model there ({e})") from None
     model.eval()
     return model, tokenizer
+
+
+def load_finetuned(base_dir: str | Path, *, adapter_dir: str | Path | None = None,
+                   model_dir: str | Path | None = None, device: str = "cpu"):
+    """(model, tokenizer) of a fine-tuned model: a fully fine-tuned directory (`model_dir`), or the
+    base with a peft adapter on top (`adapter_dir`), or the base alone. Eval mode, like `load_base`."""
+    if model_dir is not None:
+        return load_base(model_dir, device=device)
+    model, tokenizer = load_base(base_dir, device=device)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        a = Path(adapter_dir).expanduser()
+        if not (a / "adapter_config.json").is_file():
+            raise VeilError(f"{a}: not a peft adapter directory (no adapter_config.json)")
+        model = PeftModel.from_pretrained(model, str(a)).eval()
+    return model, tokenizer

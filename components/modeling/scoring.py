@@ -23,6 +23,15 @@ def _encode(tokenizer, texts: Sequence[str], seq_len: int) -> list[list[int]]:
 
 
 def _sums_and_counts(model, tokenizer, texts, seq_len: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    sums, counts, _ = token_statistics(model, tokenizer, texts, seq_len, batch_size)
+    return sums, counts
+
+
+def token_statistics(model, tokenizer, texts: Sequence[str], seq_len: int,
+                     batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per text: Σ_t log p(x_t | x_<t) (float64), the number of scored tokens, and how many of them
+    were the model's argmax prediction (next-token accuracy's numerator). Ties in the argmax go to
+    the lowest id (torch's rule), so the count is deterministic."""
     import torch
 
     if batch_size < 1:
@@ -31,8 +40,9 @@ def _sums_and_counts(model, tokenizer, texts, seq_len: int, batch_size: int) -> 
     n = len(seqs)
     sums = np.zeros(n, dtype=np.float64)
     counts = np.array([max(len(s) - 1, 0) for s in seqs], dtype=np.int64)
+    correct = np.zeros(n, dtype=np.int64)
     if n == 0:
-        return sums, counts
+        return sums, counts, correct
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     order = sorted(range(n), key=lambda i: len(seqs[i]))  # similar lengths together: little padding
@@ -54,9 +64,11 @@ def _sums_and_counts(model, tokenizer, texts, seq_len: int, batch_size: int) -> 
                 logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
                 lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
                 sums[idx] = (lp * mask[:, 1:]).sum(-1).double().cpu().numpy()
+                hits = (logits.argmax(-1) == ids[:, 1:]) & mask[:, 1:].bool()
+                correct[idx] = hits.sum(-1).cpu().numpy()
     finally:
         model.train(was_training)
-    return sums, counts
+    return sums, counts, correct
 
 
 def sequence_logprobs(model, tokenizer, texts: Sequence[str], seq_len: int = 128, batch_size: int = 16, *,

@@ -7,7 +7,7 @@
 """
 from components.planning.annex import load_annex, save_annex, verify_annex
 from components.planning.audit_split import AuditSplit, split_for_audit
-from components.planning.data import plan_texts, training_records
+from components.planning.data import evaluation_records, plan_texts, training_records
 from components.planning.make import Compute, make_plan
 from components.planning.plan import SCHEMA, Plan, load_plan, save_plan
 from components.planning.secret_lp import LPResult, sampling_rates, solve_secret_lp
@@ -32,4 +32,5 @@ __all__ = [
     "split_for_audit",
     "plan_texts",
     "training_records",
+    "evaluation_records",
 ]

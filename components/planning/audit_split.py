@@ -27,12 +27,13 @@ recompute who was held out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.planning.eval_split import EvalReservation, empty_reservation, reserve_evaluation
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class AuditSplit:
     attacker: pa.Table                  # record_id, user_id, member (bool)
     train: pa.Table                     # the input rows training may use (attacker texts removed)
     n_eligible: int
+    # evaluation people (components.planning.eval_split): drawn first, never trained on nor audited
+    evaluation: EvalReservation = field(default_factory=empty_reservation)
 
 
 ATTACKER_SCHEMA = pa.schema([("record_id", pa.string()), ("user_id", pa.string()), ("member", pa.bool_())])
@@ -88,11 +91,12 @@ def _attacker_table(rid, user, member) -> pa.Table:
 
 def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key: bytes | None = None,
                     unit: str = "user", attacker_record_rate: float = 0.0,
-                    content: Sequence[str] | None = None) -> AuditSplit:
+                    content: Sequence[str] | None = None, evaluation: float = 0.0) -> AuditSplit:
     """Split `records` (record_id, user_id, text) into training rows and audit reservations.
 
     `holdout` is a probability in [0, 1); `content` (one string per row, default the text) is what
-    decisions key on and deduplicate by — pass `masked_texts(...)` for secret units.
+    decisions key on and deduplicate by — pass `masked_texts(...)` for secret units. `evaluation`:
+    the probability that a person is reserved for evaluation (eval_split), drawn before anything else.
     """
     from components.planning.annex import prf_seed, prf_uniform
 
@@ -107,6 +111,14 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     cont = list(content) if content is not None else records.column("text").to_pylist()
     if len(cont) != len(rids):
         raise VeilError("audit split: content must have one entry per record")
+    reservation = empty_reservation()
+    if evaluation > 0:
+        reservation, rest = reserve_evaluation(records, fraction=evaluation, seed=seed, key=k, content=cont)
+        records = records.take(pa.array(rest, type=pa.int64()))
+        users, rids, cont = [users[i] for i in rest], [rids[i] for i in rest], [cont[i] for i in rest]
+        if not users:
+            raise VeilError(f"evaluation.fraction: every one of the {len(reservation.users)} users was drawn into "
+                            "evaluation, leaving none to train on; lower the fraction")
 
     # user -> content -> smallest record_id holding it (deterministic representative)
     by_user: dict[str, dict[str, str]] = {}
@@ -153,7 +165,8 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     train = records.take(pa.array(keep, type=pa.int64()))
     trained = sorted(set(train.column("user_id").to_pylist()))
     return AuditSplit(held_out_users=sorted(out_set), trained_users=trained,
-                      attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=eligible)
+                      attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=eligible,
+                      evaluation=reservation)
 
 
 def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:

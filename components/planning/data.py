@@ -86,3 +86,22 @@ def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, 
     joined = joined.sort_by([("user_id", "ascending"), ("record_id", "ascending"), ("_row", "ascending")])
     cols = ["user_id", "text"] + (["rate"] if "rate" in joined.column_names else [])
     return joined.select(cols).replace_schema_metadata({TRAIN_RECORDS_SHA256_KEY: read_sha})
+
+
+def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table) -> pa.Table:
+    """(user_id, text) of the plan's evaluation people's records (components.planning.eval_split),
+    sorted by (user_id, record_id), the file's sha256 checked. A plan without an evaluation split (its
+    policy's `evaluation.fraction` was 0, or nobody was drawn) is refused in one line."""
+    table = _checked(annex, "eval_records")
+    if table is None:
+        fraction = (plan.get("evaluation") or {}).get("fraction")
+        raise VeilError(f"plan {str(plan.get('sha256'))[:12]}…: no evaluation people "
+                        + ("(the plan predates the evaluation split)" if fraction is None else
+                           f"(evaluation.fraction = {fraction:g}: nobody was drawn)" if fraction else
+                           "(its policy sets evaluation.fraction: 0)")
+                        + "; re-plan with evaluation.fraction > 0")
+    joined = table.join(snapshot_records.select(["record_id", "text"]), keys="record_id", join_type="inner")
+    if joined.num_rows != table.num_rows:
+        raise VeilError(f"plan: {table.num_rows - joined.num_rows} evaluation record(s) are missing from snapshot "
+                        f"{plan['data']['snapshot_id']}")
+    return joined.sort_by([("user_id", "ascending"), ("record_id", "ascending")]).select(["user_id", "text"])

@@ -129,7 +129,7 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
         trained_users=sorted(split.trained_users + c_split.trained_users),
         attacker=pa.concat_tables([split.attacker, c_split.attacker]),
         train=pa.concat_tables([split.train, c_split.train.cast(split.train.schema)]),
-        n_eligible=split.n_eligible)
+        n_eligible=split.n_eligible, evaluation=split.evaluation)
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
 
@@ -144,7 +144,8 @@ def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Tab
     content = masked_texts(records, secret_spans) if unit == "secret" else None
     split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
                             seed=spec.training.seed, key=key, unit=unit,
-                            attacker_record_rate=float(spec.audit.attacker_record_rate), content=content)
+                            attacker_record_rate=float(spec.audit.attacker_record_rate), content=content,
+                            evaluation=float(spec.evaluation.fraction))
     canaries = _canaries(policy, split, spec.training.seed, key)
     return (canaries.merged if canaries is not None else split), canaries
 
@@ -399,6 +400,9 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
         caveats.append(f"{len(canaries.users)} synthetic canary users (seed 003 App. D.2) are part of the training "
                        "data; their records are in the canary records file, not the snapshot")
 
+    from components.planning.eval_split import evaluation_sections
+    eval_public, eval_annex = evaluation_sections(spec.evaluation.fraction, split.evaluation,
+                                                  lambda t, stem: _write_parquet(_sorted(t), out_dir, stem))
     # The private annex: everything that names a person or a record, and every exact private count.
     annex, annex_commitment = seal_annex(key, {
         "plan_inputs": {"snapshot_id": snapshot.snapshot_id, "snapshot_sha256": snapshot.sha256,
@@ -414,6 +418,7 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
                    "n_audit_eligible_users": int(split.n_eligible)},
         "population": population_private,
         "decision": private_decision,
+        **eval_annex,
     })
     lora = tr.lora.model_dump() if tr.lora is not None else None
     if lora is not None and lora["target_modules"] is not None:
@@ -450,6 +455,7 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
                                "records_per_user": int(spec.audit.canaries.records_per_user)},
                   "thresholds": {"max_user_inference_auroc": float(spec.audit.max_user_inference_auroc),
                                  "max_secret_exposure": float(spec.audit.max_secret_exposure)}},
+        "evaluation": eval_public,
         "annex": {"schema": annex["schema"], "commitment": annex_commitment,
                   "where": "VEIL_HOME private area (plans/<plan sha256>.annex.json); never registered"},
         "policy": {"name": policy.name, "path": policy.path, "sha256": policy.sha256},

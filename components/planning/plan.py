@@ -26,6 +26,7 @@ PRIVATE_KEYS = frozenset({
     "held_out_users", "canary_users", "train_records_file", "train_records_sha256", "attacker_records_file",
     "attacker_records_sha256", "canary_records_file", "canary_records_sha256", "n_train_users", "n_train_records",
     "n_attacker_records", "n_audit_eligible_users", "candidates", "user_grad_ratio", "salt",
+    "eval_users", "eval_records_file", "eval_records_sha256", "n_eval_users", "n_eval_records",
 })
 
 

@@ -255,6 +255,14 @@ class Population(_Strict):
                     "(q = B/N̂); DP-SGD gets the rest.")
 
 
+class Evaluation(_Strict):
+    """Evaluation people (`veil evaluate`): reserved at plan time, never trained on nor audited."""
+    fraction: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="Probability in [0, 1) that a person is reserved for evaluation; each person is drawn "
+                    "independently (like audit.holdout_users), before the audit's holdout. 0: no evaluation split.")
+
+
 class Release(_Strict):
     required_certificate_fields: list[str] = Field(
         default_factory=lambda: ["epsilon", "delta", "privacy_unit", "mechanism", "policy_sha256"])
@@ -309,6 +317,7 @@ class Spec(_Strict):
     filter: Filter | None = Field(default=None, description="Required by (and only for) mechanism 'uls-filtered'.")
     audit: Audit = Field(default_factory=Audit)
     population: Population = Field(default_factory=Population)
+    evaluation: Evaluation = Field(default_factory=Evaluation)
     release: Release = Field(default_factory=Release)
     people: People = Field(default_factory=People, description="Who is a person: excluded accounts, aliases, "
                                                                  "record ownership.")

@@ -342,11 +342,13 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
 
 
-def load_model(model_uri: str, settings: Settings) -> LoadedModel:
+def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -> LoadedModel:
     """The consumer path: resolve, verify every check (registry + package), then load the package.
 
     The package's own `load_context` verifies again what it is about to serve (so does plain
     `mlflow.pyfunc.load_model`); a failed check is a `ReleaseInvalid` (a VeilError) in one line.
+    `with_base`: also load the package's (sealed) public base as `extra["base_model"]`, a
+    (model, tokenizer) pair — what evaluation compares the fine-tuned model against.
     """
     import mlflow
 
@@ -360,9 +362,13 @@ def load_model(model_uri: str, settings: Settings) -> LoadedModel:
         v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
         v.raise_if_invalid(f"model {model_uri}")
         inner = mlflow.pyfunc.load_model(package).unwrap_python_model()
+        extra: dict = {"verification": v.to_dict()}
+        if with_base:
+            from components.modeling import load_base
+
+            extra["base_model"] = load_base(inner.base_model_dir)
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
-                       tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan,
-                       extra={"verification": v.to_dict()})
+                       tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan, extra=extra)
 
 
 def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *,

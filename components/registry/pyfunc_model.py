@@ -21,7 +21,7 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context):
-        from components.modeling import load_base
+        from components.modeling import load_finetuned
         from components.registry.verification import verify_loaded_package
 
         arts = context.artifacts
@@ -35,15 +35,12 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
         # The public plan only (register_model refuses one with annex fields); the annex never ships.
 
         self.plan = json.loads(Path(arts["plan"]).read_text())
-        if arts.get("model"):
-            model, self.tokenizer = load_base(arts["model"])
-        else:
-            model, self.tokenizer = load_base(arts["base_model"])
-            if arts.get("adapter"):
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(model, arts["adapter"])
+        model, self.tokenizer = load_finetuned(arts["base_model"], adapter_dir=arts.get("adapter") or None,
+                                               model_dir=arts.get("model") or None)
         self.model = model.eval()
+        # Where the public base lives inside the package: `load_model(..., with_base=True)` reads it
+        # to compare the fine-tuned model with what it started from (`veil evaluate`).
+        self.base_model_dir = arts["base_model"]
 
     def predict(self, context, model_input, params=None):
         import torch

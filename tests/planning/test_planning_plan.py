@@ -184,7 +184,8 @@ def test_uls_random_keeps_every_unreserved_record(demo_plan, snap):
     train = set(train["record_id"].to_pylist())
     text = dict(zip(snap.records["record_id"].to_pylist(), snap.records["text"].to_pylist()))
     reserved = {(u, text[r]) for r, u in zip(att["record_id"].to_pylist(), att["user_id"].to_pylist())}
-    held = set(a["held_out_users"])
+    held = set(a["held_out_users"]) | set(a.get("eval_users", ()))  # audit holdout and evaluation people
+    assert a.get("eval_users"), "the default policy reserves evaluation people"
     expected = {r for r, u in zip(snap.records["record_id"].to_pylist(), snap.records["user_id"].to_pylist())
                 if u not in held and (u, text[r]) not in reserved}
     assert train == expected

@@ -38,7 +38,8 @@ KEY = bytes(range(32))
 WORDS = "alpha beta gamma delta budget review launch invoice meeting roadmap deploy fix".split()
 
 
-def _policy(unit: str, mechanism: str, selection: str, holdout: float, canaries: int, k: int = 3, m: int = 2):
+def _policy(unit: str, mechanism: str, selection: str, holdout: float, canaries: int, k: int = 3, m: int = 2,
+            evaluation: float = 0.0):
     target = "" if unit == "secret" else "  target: {epsilon: 4.0, delta: 1.0e-5}\n"
     secrets = ("  secrets:\n    tiers: {high: {kappa: 0.001, gamma: 0.01}}\n"
                "    classes:\n      - {name: code, tier: high, rules: [{kind: literal, patterns: [ZZ]}]}\n"
@@ -49,7 +50,8 @@ def _policy(unit: str, mechanism: str, selection: str, holdout: float, canaries:
         f"  contribution: {{max_records_per_user: {k}, selection: {selection}}}\n"
         f"  training: {{steps: 5, expected_batch_size: 2, seed: 3}}\n"
         f"  audit: {{holdout_users: {holdout}, attacker_samples_per_user: {m}, attacker_record_rate: 0.3,\n"
-        f"          canaries: {{users: {canaries}, records_per_user: 5}}}}\n", "t.yaml")
+        f"          canaries: {{users: {canaries}, records_per_user: 5}}}}\n"
+        f"  evaluation: {{fraction: {evaluation}}}\n", "t.yaml")
 
 
 def _records(spec: list[list[int]]) -> pa.Table:
@@ -82,7 +84,11 @@ def _train(policy, records: pa.Table, secret_spans=None) -> Counter:
     chosen = bound_contributions(split.train, spec.mechanism, k=spec.contribution.max_records_per_user,
                                  selection=spec.contribution.selection, seed=spec.training.seed,
                                  scorer=_batch_dependent_scorer, key=KEY)
-    return Counter(zip(chosen["user_id"].to_pylist(), chosen["record_id"].to_pylist()))
+    ev = split.evaluation.records
+    # evaluation rows count as rows the plan names (tagged apart from training rows): a person moving
+    # between evaluation and training is a change too
+    return (Counter(zip(chosen["user_id"].to_pylist(), chosen["record_id"].to_pylist()))
+            + Counter(zip(ev["user_id"].to_pylist(), ("eval:" + r for r in ev["record_id"].to_pylist()))))
 
 
 USER_CASES = [(mech, sel) for mech in ("uls", "els", "group")
@@ -96,10 +102,10 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 @pytest.mark.parametrize("mechanism,selection", USER_CASES)
 @FAST
 @given(org=orgs, holdout=st.sampled_from([0.0, 0.25, 0.5, 0.9]), canaries=st.sampled_from([0, 2]),
-       who=st.integers(0, 100))
+       who=st.integers(0, 100), evaluation=st.sampled_from([0.0, 0.3]))
 def test_removing_one_person_changes_only_that_persons_training_rows(mechanism, selection, org, holdout, canaries,
-                                                                       who):
-    policy = _policy("user", mechanism, selection, holdout, canaries)
+                                                                       who, evaluation):
+    policy = _policy("user", mechanism, selection, holdout, canaries, evaluation=evaluation)
     records = _records(org)
     users = sorted(set(records["user_id"].to_pylist()))
     u = users[who % len(users)]
@@ -115,9 +121,10 @@ def test_removing_one_person_changes_only_that_persons_training_rows(mechanism, 
 
 
 @FAST
-@given(org=orgs, holdout=st.sampled_from([0.0, 0.25, 0.5]), canaries=st.sampled_from([0, 2]), who=st.integers(0, 500))
-def test_removing_one_record_changes_only_that_record(org, holdout, canaries, who):
-    policy = _policy("record", "record", "random", holdout, canaries)
+@given(org=orgs, holdout=st.sampled_from([0.0, 0.25, 0.5]), canaries=st.sampled_from([0, 2]), who=st.integers(0, 500),
+       evaluation=st.sampled_from([0.0, 0.3]))
+def test_removing_one_record_changes_only_that_record(org, holdout, canaries, who, evaluation):
+    policy = _policy("record", "record", "random", holdout, canaries, evaluation=evaluation)
     records = _records(org)
     r = records["record_id"][who % records.num_rows].as_py()
     try:
@@ -136,7 +143,7 @@ def test_removing_one_record_changes_only_that_record(org, holdout, canaries, wh
     alphabet="0123456789", min_size=1, max_size=6))
 def test_substituting_one_secret_changes_no_decision(org, holdout, who, new):
     """Secret units: record i holds secret 'ZZ<old>'; replace its value in every record that holds it."""
-    policy = _policy("secret", "secret", "random", holdout, 0)
+    policy = _policy("secret", "secret", "random", holdout, 0, evaluation=0.3)
     base = _records(org)
     n = base.num_rows
     holder = who % n
@@ -157,7 +164,9 @@ def test_substituting_one_secret_changes_no_decision(org, holdout, who, new):
         split, _ = reserve_audit(policy, recs, key=KEY, secret_spans=spans)
         pos = {r: i for i, r in enumerate(recs["record_id"].to_pylist())}
         att = sorted(pos[r] for r in split.attacker["record_id"].to_pylist())
-        return sorted(pos[r] for r in split.train["record_id"].to_pylist()), att, split.held_out_users
+        ev = sorted(pos[r] for r in split.evaluation.records["record_id"].to_pylist())
+        return (sorted(pos[r] for r in split.train["record_id"].to_pylist()), att, split.held_out_users,
+                split.evaluation.users, len(ev))
 
     try:
         a = decisions(*with_secret("1"))
@@ -168,11 +177,33 @@ def test_substituting_one_secret_changes_no_decision(org, holdout, who, new):
         raise
     # records whose masked texts coincide pick the same representative position only up to the
     # smallest record_id (a content hash): compare the trained set, and the attacker users
-    assert a[0] == b[0] and a[2] == b[2]
-    assert len(a[1]) == len(b[1])
+    assert a[0] == b[0] and a[2] == b[2] and a[3] == b[3]
+    assert len(a[1]) == len(b[1]) and a[4] == b[4]
 
 
 def test_old_count_rule_is_refused_by_the_policy():
     """A count of held-out users cannot be applied per person without N (private): the policy refuses it."""
     with pytest.raises(Exception, match="count of users"):
         _policy("user", "uls", "random", 3, 0)
+
+
+@FAST
+@given(org=orgs, holdout=st.sampled_from([0.0, 0.5]), evaluation=st.sampled_from([0.2, 0.5]))
+def test_evaluation_people_are_disjoint_from_training_and_audit(org, holdout, evaluation):
+    """Evaluation people are never trained on, never held out, never sampled for the attacker, and the
+    draw is each person's own (the same people whatever else is in the org)."""
+    from components.planning.eval_split import is_evaluation_person
+
+    policy = _policy("user", "uls", "random", holdout, 2, evaluation=evaluation)
+    records = _records(org)
+    try:
+        split, _ = reserve_audit(policy, records, key=KEY)
+    except Exception as e:
+        if "leaving none to train" in str(e):
+            return
+        raise
+    ev = set(split.evaluation.users)
+    assert ev == {u for u in set(records["user_id"].to_pylist()) if is_evaluation_person(KEY, 3, u, evaluation)}
+    assert not ev & set(split.train["user_id"].to_pylist())
+    assert not ev & set(split.held_out_users) and not ev & set(split.attacker["user_id"].to_pylist())
+    assert set(split.evaluation.records["user_id"].to_pylist()) == ev

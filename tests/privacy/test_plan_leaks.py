@@ -83,12 +83,13 @@ def _scan(public_texts: list[str], public_docs: list, snap, annex: dict, policy)
     assert not found, f"an e-mail address is public: {sorted(found)[:3]}"
     assert not [r for r in rids if r in text or r[:16] in text], "a record id (or its prefix) is public"
     assert not [v for v in values if re.search(rf"\b{re.escape(v)}\b", text)], "a secret value is public"
-    for key in ("train_records_sha256", "attacker_records_sha256", "canary_records_sha256"):
+    for key in ("train_records_sha256", "attacker_records_sha256", "canary_records_sha256", "eval_records_sha256"):
         if annex.get(key):
             assert annex[key] not in text and annex[key][:16] not in text, f"bare {key} is public"
     # exact private counts: no public number equals one (policy values that happen to coincide excepted)
     policy_numbers = set(_numbers(json.loads(policy.model_dump_json()), []))
-    private = {v for v in annex["counts"].values() if v not in policy_numbers and v > 2}
+    private = {v for v in {**annex["counts"], **annex.get("evaluation_counts", {})}.values()
+               if v not in policy_numbers and v > 2}
     private |= {annex["population"]["exact"]} - policy_numbers
     leaked = {n for doc in public_docs for n in _numbers(doc, []) if n in private}
     assert not leaked, f"exact private counts are public: {leaked}"
@@ -103,6 +104,8 @@ def test_public_plan_and_registered_documents_carry_no_membership(tmp_path, snap
     d = plan.to_dict()
     annex = load_annex(private, d)
     assert annex["held_out_users"] and annex["canary_users"]          # there is something to leak
+    assert annex["eval_users"] and annex["evaluation_counts"]["n_eval_records"] > 0
+    assert d["evaluation"]["fraction"] == pol.spec.evaluation.fraction    # the public part: the rule only
     # what the registry logs: plan.json, the certificate, its tags and params
     cert = build_certificate(d, {**bound_run.binding(d), "steps_run": 20, "steps_attempted": 20, "mechanism": mechanism,
                                  "noise_multiplier": d["noise_multiplier"], "sampling_rate": d["sampling_rate"],
@@ -111,7 +114,7 @@ def test_public_plan_and_registered_documents_carry_no_membership(tmp_path, snap
     _scan([path.read_text(), json.dumps(cert), json.dumps(tags)], [d, cert], snap, annex, pol)
     # nothing but the public JSON in the public plans folder; membership files are private (0600)
     assert sorted(p.name for p in plans.iterdir()) == [path.name]
-    for f in [annex_file(annex, "train_records"), annex_file(annex, "attacker_records"),
+    for f in [annex_file(annex, "train_records"), annex_file(annex, "attacker_records"), annex_file(annex, "eval_records"),
               annex_dir(private) / f"{d['sha256']}.annex.json", private / "keys" / "plan.key"]:
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
     assert d["data"]["train_records_commitment"] == commitment(annex["salt"], annex["train_records_sha256"])

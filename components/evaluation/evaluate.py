@@ -1,0 +1,45 @@
+"""`evaluate_texts`: token-weighted perplexity and next-token accuracy over a list of texts."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from components.core.errors import VeilError
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    perplexity: float           # exp(mean_nll)
+    next_token_accuracy: float  # share of predicted tokens that were the model's argmax
+    tokens: int                 # predicted tokens (each text contributes its length - 1, BOS included)
+    records: int                # texts evaluated
+    mean_nll: float             # Σ -log p(x_t | x_<t) / tokens, in nats
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def evaluate_texts(model, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 8) -> EvalResult:
+    """Evaluate `model` (a HF causal LM, or a peft model wrapping one) on `texts`.
+
+    `max_length`: tokens per text in all, BOS included (the plan's `training.seq_len`). Texts that
+    leave nothing to predict (empty after tokenization) still count as records but add no tokens;
+    a list with no token to predict at all is an error, not a perplexity of 1.
+    """
+    from components.modeling.scoring import token_statistics
+
+    texts = list(texts)
+    if not texts:
+        raise VeilError("evaluation: no texts to evaluate")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise VeilError(f"evaluation: text #{bad} is {type(texts[bad]).__name__}, not a string")
+    sums, counts, correct = token_statistics(model, tokenizer, texts, int(max_length), int(batch_size))
+    tokens = int(counts.sum())
+    if tokens == 0:
+        raise VeilError(f"evaluation: none of the {len(texts)} texts has a token to predict (empty texts?)")
+    # float64 sums over every token: the order of batches cannot change the result beyond rounding.
+    mean_nll = float(-sums.sum() / tokens)
+    return EvalResult(perplexity=math.exp(mean_nll), next_token_accuracy=float(correct.sum() / tokens),
+                      tokens=tokens, records=len(texts), mean_nll=mean_nll)
