@@ -72,10 +72,10 @@ def tnb_pmf(k: int, eta: float, gamma: float) -> float:
     e, g = float(eta), float(gamma)
     if e == 0.0:
         return (1.0 - g) ** k / (k * math.log(1.0 / g))
-    # for −1 < η < 0 the product's first factor η and the normaliser γ^{−η} − 1 are both negative
-    log_p = k * math.log1p(-g) - math.log(abs(g ** (-e) - 1.0))
-    for ell in range(k):
-        log_p += math.log(abs(ell + e)) - math.log(ell + 1)
+    # Π_{ℓ<k} (ℓ+η)/(ℓ+1) = Γ(k+η) / (Γ(η) k!); for −1 < η < 0 both Γ(η) and the normaliser
+    # γ^{−η} − 1 are negative, so magnitudes (lgamma is log|Γ|) give the probability
+    log_p = (k * math.log1p(-g) - math.log(abs(g ** (-e) - 1.0))
+             + math.lgamma(k + e) - math.lgamma(e) - math.lgamma(k + 1))
     return math.exp(log_p)
 
 
