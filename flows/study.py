@@ -82,20 +82,20 @@ def texts_sha(texts: list[str]) -> str:
     return h.hexdigest()
 
 
-def run_point(settings: Settings, point: dict, policy_path: str, base_dir: str, run_dir: str,
+def run_point(settings: Settings, point: dict, plan_path: str, base_dir: str, run_dir: str,
               eval_max: int, drop_users: tuple = ()) -> dict:
-    """plan → train (a tuning run) → evaluate, for one grid point. Returns its results row."""
+    """train (a tuning run) → evaluate, for one planned grid point. Returns its results row."""
     from components.evaluation import evaluate_texts
     from components.modeling import load_base
     from components.modeling.base import load_finetuned
+    from components.planning import load_plan
     from flows import stages
 
     t0 = time.perf_counter()
     pt = Point(**{k: point[k] for k in ("mechanism", "epsilon", "selection", "k", "lora")})
-    planned = stages.plan(settings, policy_path, base_dir=base_dir)
-    plan_doc = planned["plan"]
+    plan_doc = load_plan(plan_path).to_dict()
     adjust = nonprivate_adjust if not pt.private else None
-    tr = stages.train(settings, planned["plan_path"], base_dir, progress=False, release=False, out_dir=run_dir,
+    tr = stages.train(settings, plan_path, base_dir, progress=False, release=False, out_dir=run_dir,
                       adjust=adjust, drop_users=drop_users)
     t_train = time.perf_counter() - t0
     users, texts = eval_texts(settings, plan_doc, eval_max)
@@ -126,7 +126,7 @@ def run_point(settings: Settings, point: dict, policy_path: str, base_dir: str, 
     }
 
 
-def _runner(kind: str, workers: int):
+def _runner(kind: str, workers: int, processes: bool = True):
     if kind == "thread":
         from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -136,11 +136,11 @@ def _runner(kind: str, workers: int):
     from flows.pmixed import _runner as pmixed_runner
 
     return pmixed_runner("dask", {"n_workers": max(1, int(workers)), "threads_per_worker": 1,
-                                  "processes": True})
+                                  "processes": processes})
 
 
 def map_points(settings: Settings, jobs: list[dict], *, task_runner: str = "thread", workers: int = 1,
-               use_prefect: bool = True) -> list[dict]:
+               use_prefect: bool = True, processes: bool = True) -> list[dict]:
     """Run `run_point` over jobs (dicts of its keyword arguments), as a Prefect map when use_prefect."""
     if not use_prefect:
         return [run_point(settings, **j) for j in jobs]
@@ -152,7 +152,7 @@ def map_points(settings: Settings, jobs: list[dict], *, task_runner: str = "thre
         # only the point, file paths and the settings travel as task parameters: no private data
         return run_point(settings, **job)
 
-    @flow(name="veil-study", task_runner=_runner(task_runner, workers), log_prints=False)
+    @flow(name="veil-study", task_runner=_runner(task_runner, workers, processes), log_prints=False)
     def study_flow() -> list[dict]:
         futures = point_task.map([settings] * len(jobs), jobs)
         return [f.result() for f in futures]
@@ -170,7 +170,7 @@ def new_study_dir(settings: Settings, grid: Grid) -> tuple[str, Path]:
 
 def run_study(settings: Settings, policy: str | Path, grid_path: str | Path, *, base_dir: str | Path | None,
               task_runner: str = "thread", workers: int = 1, use_prefect: bool = True,
-              log_mlflow: bool = True) -> dict:
+              log_mlflow: bool = True, dask_processes: bool = True) -> dict:
     from components.policy import load_policy
     from flows import stages
     from flows.study_report import gap_closing, log_study, plot_study, write_tables
@@ -183,11 +183,18 @@ def run_study(settings: Settings, policy: str | Path, grid_path: str | Path, *, 
     sid, out = new_study_dir(settings, grid)
     jobs = []
     for pt in grid.points:
+        # planned here, one after another (cheap): a point the planner refuses stops the study before any
+        # training, and the tasks only train and evaluate
         pp = point_policy(policy, pt, grid.training, out / "policies" / f"{pt.key}.yaml")
-        jobs.append({"point": pt.to_dict(), "policy_path": str(pp), "base_dir": str(base_dir),
+        try:
+            planned = stages.plan(settings, pp, base_dir=base_dir)
+        except VeilError as e:
+            raise VeilError(f"grid point {pt.key}: {e}") from None
+        jobs.append({"point": pt.to_dict(), "plan_path": planned["plan_path"], "base_dir": str(base_dir),
                      "run_dir": str(out / "runs" / pt.key), "eval_max": grid.eval_max_records})
     t0 = time.perf_counter()
-    rows = map_points(settings, jobs, task_runner=task_runner, workers=workers, use_prefect=use_prefect)
+    rows = map_points(settings, jobs, task_runner=task_runner, workers=workers, use_prefect=use_prefect,
+                      processes=dask_processes)
     shas = {r["eval_texts_sha256"] for r in rows}
     doc = {
         "study_id": sid, "grid": {"name": grid.name, "sha256": grid.sha256, "path": str(grid_path),

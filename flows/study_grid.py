@@ -9,7 +9,7 @@
       lora: [true]                       # false: full fine-tuning
     points:                              # extra points, each a mapping of the same keys (optional)
       - {mechanism: uls, epsilon: 2, selection: random-chunk}
-    training: {steps: 40}                # overrides of the policy's spec.training for every point
+    training: {steps: 40, lora_r: 4}     # overrides of the policy's spec.training for every point
     eval: {max_records: 1000}            # evaluation records scored per point (a stable subset)
     private_selection:                   # read by --private-selection only (Papernot & Steinke 2022)
       distribution: truncated-negative-binomial   # or poisson (then mu)
@@ -39,7 +39,8 @@ MECHANISMS = ("uls", "els", "group", "record", "non-private")
 SELECTIONS = ("random", "longest", "shortest", "ppl-high", "ppl-low", "random-chunk")
 AXES = ("mechanism", "epsilon", "selection", "k", "lora")
 TOP = ("name", "description", "axes", "points", "training", "eval", "private_selection")
-TRAINING_KEYS = ("steps", "expected_batch_size", "clip_norm", "learning_rate", "seq_len", "micro_batch_size", "seed")
+TRAINING_KEYS = ("steps", "expected_batch_size", "clip_norm", "learning_rate", "seq_len", "micro_batch_size", "seed",
+                 "lora_r")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
@@ -173,8 +174,15 @@ def parse_grid(path: str | Path) -> Grid:
     for k, v in training.items():
         if k not in TRAINING_KEYS:
             raise VeilError(f"{p}: training: unknown key {k!r}; allowed: {', '.join(TRAINING_KEYS)}")
+        if isinstance(v, str):  # YAML reads 5e-3 (no dot) as a string
+            try:
+                v = training[k] = float(v)
+            except ValueError:
+                pass
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise VeilError(f"{p}: training.{k}: {v!r} is not a number > 0")
+        if k in ("steps", "expected_batch_size", "seq_len", "micro_batch_size", "seed", "lora_r") and v != int(v):
+            raise VeilError(f"{p}: training.{k}: {v!r} is not an integer")
     ev = doc.get("eval") or {}
     if not isinstance(ev, dict) or set(ev) - {"max_records"}:
         raise VeilError(f"{p}: eval: a mapping with max_records only")
@@ -250,11 +258,21 @@ def point_policy(base_policy: str | Path, point: Point, training: dict, out_path
         contrib["selection"] = "random"
     spec["contribution"] = contrib
     tr = dict(spec.get("training") or {})
-    tr.update(training)
+    over = dict(training)
+    lora_r = over.pop("lora_r", None)
+    for k in ("steps", "expected_batch_size", "seq_len", "micro_batch_size", "seed"):
+        if k in over:
+            over[k] = int(over[k])
+    tr.update(over)
     if not point.lora:
         tr["lora"] = None
-    elif tr.get("lora") is None:
-        tr["lora"] = {"r": 8, "alpha": 16}
+    else:
+        lora = dict(tr.get("lora") or {"r": 8, "alpha": 16})
+        if lora_r is not None:
+            # α/r fixed: the update's scale does not change with the rank
+            scale = float(lora.get("alpha", 16)) / float(lora.get("r", 8))
+            lora["r"], lora["alpha"] = int(lora_r), float(scale * int(lora_r))
+        tr["lora"] = lora
     spec["training"] = tr
     doc["spec"] = spec
     meta = dict(doc.get("metadata") or {})
