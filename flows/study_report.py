@@ -100,6 +100,9 @@ def plot_study(doc: dict, path: Path) -> Path:
         eps = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
         ax.set_xticks(eps)
         ax.set_xticklabels([f"{e:g}" for e in eps])
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("ε (target per release; person-level for user units, per record for 'record')")
     ax.set_ylabel("perplexity on evaluation people (lower is better)")
     ax.set_title(f"privacy–utility: {doc['grid']['name']}", fontsize=10)
