@@ -31,7 +31,7 @@ from components.core.errors import VeilError
 from components.core.settings import Settings
 
 DEFAULTS = {"distribution": "truncated-negative-binomial", "eta": 0.0, "gamma": 0.3, "mu": None,
-            "score_clip": 8.0, "score_noise": 2.0}
+            "score_clip": 8.0, "score_noise": 2.0, "score_records_per_person": 8}
 
 
 def person_curves(settings: Settings, plans: list[dict], score_noise: float, orders) -> tuple[dict, set, set]:
@@ -73,15 +73,36 @@ def noisy_score(users: list[str], sums: np.ndarray, counts: np.ndarray, clip: fl
     return float(total + rng.normal(0.0, noise * clip))
 
 
-def score_trial(settings: Settings, plan_doc: dict, base_dir: str, train_result: dict, eval_max: int,
-                ps: dict, excluded: set[str]) -> float:
+def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: set[str]):
+    """(user ids, texts) scored: at most `per_person` records of each evaluation person, picked by a
+    hash of that person's own records only. A global cap (as a plain study uses) would let one person's
+    records push other people's out of the score, and the sum's sensitivity would no longer be B."""
+    import hashlib
+
+    from catalog.snapshots import load_snapshot
+    from components.planning import evaluation_records
+    from components.planning.annex import load_annex
+
+    annex = load_annex(settings.private_dir, plan_doc)
+    t = evaluation_records(plan_doc, annex, load_snapshot(settings, plan_doc["data"]["snapshot_id"]).records)
+    by: dict[str, list[str]] = {}
+    for u, x in zip(t.column("user_id").to_pylist(), t.column("text").to_pylist()):
+        if u not in excluded:
+            by.setdefault(u, []).append(x)
+    users, texts = [], []
+    for u in sorted(by):
+        for x in sorted(by[u], key=lambda x: hashlib.sha256(x.encode()).hexdigest())[:per_person]:
+            users.append(u)
+            texts.append(x)
+    return users, texts
+
+
+def score_trial(settings: Settings, plan_doc: dict, base_dir: str, train_result: dict, ps: dict,
+                excluded: set[str]) -> float:
     from components.modeling.base import load_finetuned
     from components.modeling.scoring import token_statistics
-    from flows.study import eval_texts
 
-    users, texts = eval_texts(settings, plan_doc, eval_max)
-    keep = [i for i, u in enumerate(users) if u not in excluded]
-    users, texts = [users[i] for i in keep], [texts[i] for i in keep]
+    users, texts = score_texts(settings, plan_doc, int(ps["score_records_per_person"]), excluded)
     model, tok = load_finetuned(base_dir, adapter_dir=train_result.get("adapter_dir"),
                                 model_dir=train_result.get("model_dir"))
     sums, counts, _ = token_statistics(model, tok, texts, int(plan_doc["training"]["seq_len"]), 32)
@@ -140,6 +161,7 @@ def run_private_selection(settings: Settings, policy: str | Path, grid_path: str
         params = {"grid_sha256": grid.sha256, "policy_sha256": pol.sha256, "points": len(grid.points),
                   "distribution": ps["distribution"], **{k: v for k, v in kw.items() if v is not None},
                   "score_clip": ps["score_clip"], "score_noise": ps["score_noise"],
+                  "score_records_per_person": ps["score_records_per_person"],
                   "plans": [p["sha256"] for p in plans]}
         res = led.reserve(kind="user", mechanism="private-selection", plan_sha256=sha256_json(params), params=params,
                           costs=costs, budget=Budget.parse(life.model_dump()) if life else None)
@@ -158,7 +180,7 @@ def run_private_selection(settings: Settings, policy: str | Path, grid_path: str
         run_dir = out / "runs" / f"trial-{i:03d}"
         tr = stages.train(settings, plan_paths[j], base_dir, progress=False, release=False, out_dir=run_dir,
                           drop_users=tuple(sorted(retired)))
-        score = score_trial(settings, plans[j], str(base_dir), tr, grid.eval_max_records, ps, retired)
+        score = score_trial(settings, plans[j], str(base_dir), tr, ps, retired)
         trials.append({"trial": i, "point": pt.key, "score": score, "run_dir": str(run_dir)})
     best = min(trials, key=lambda t: t["score"]) if trials else None
     stages._ledger_event(settings, {"release_id": res.release_id}, "trained")

@@ -17,6 +17,7 @@
       gamma: 0.3
       score_clip: 8.0                    # B: a person's mean NLL is clipped to [0, B]
       score_noise: 2.0                   # σ_s: the score sum gets N(0, (σ_s·B)²)
+      score_records_per_person: 8        # each evaluation person's records scored (picked from their own)
 
 Every error is one line naming the file, the key and what is wrong (VeilError → exit 2).
 """
@@ -197,7 +198,7 @@ def parse_grid(path: str | Path) -> Grid:
                 description=str(doc.get("description") or ""))
 
 
-PS_KEYS = ("distribution", "eta", "gamma", "mu", "score_clip", "score_noise")
+PS_KEYS = ("distribution", "eta", "gamma", "mu", "score_clip", "score_noise", "score_records_per_person")
 
 
 def _private_selection(ps, p: Path) -> dict:
@@ -210,7 +211,10 @@ def _private_selection(ps, p: Path) -> dict:
         raise VeilError(f"{p}: private_selection: unknown key {unknown[0]!r}; allowed: {', '.join(PS_KEYS)}")
     out = {"distribution": ps.get("distribution", "truncated-negative-binomial"), "eta": ps.get("eta", 0.0),
            "gamma": ps.get("gamma", 0.3), "mu": ps.get("mu"), "score_clip": ps.get("score_clip", 8.0),
-           "score_noise": ps.get("score_noise", 2.0)}
+           "score_noise": ps.get("score_noise", 2.0), "score_records_per_person": ps.get("score_records_per_person", 8)}
+    per = out["score_records_per_person"]
+    if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+        raise VeilError(f"{p}: private_selection.score_records_per_person: {per!r} is not an integer ≥ 1")
     for k in ("eta", "gamma", "mu", "score_clip", "score_noise"):
         v = out[k]
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):

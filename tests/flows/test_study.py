@@ -181,6 +181,24 @@ eval: {max_records: 40}
         assert not (settings.runs_dir / r["plan_sha256"][:16]).exists()
 
 
+def test_cli_study_json(prefect_harness, tiny, tmp_path):
+    """`veil study … --json` prints one JSON document (run in this process, as tests/flows/test_retrain.py
+    does: CliRunner's swapped streams outlive the test in Prefect's log handlers)."""
+    import contextlib
+    import io
+
+    from flows.cli import app
+
+    grid = _grid(tmp_path, "axes: {mechanism: [uls], epsilon: [8]}\neval: {max_records: 20}\n", "cli.yaml")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        app(["study", "--policy", str(tiny["policy"]), "--grid", str(grid), "--base-model", str(tiny["base"]),
+             "--json"], standalone_mode=False)
+    doc = json.loads(buf.getvalue())
+    assert doc["covered_by_certificate"] is False and [r["key"] for r in doc["rows"]] == ["uls-e8-lora"]
+    assert Path(doc["plot"]).is_file()
+
+
 def test_nonprivate_run_never_gets_a_certificate(tiny, tmp_path):
     settings = tiny["settings"]
     from components.certificate import build_certificate
@@ -252,5 +270,13 @@ private_selection: {distribution: truncated-negative-binomial, eta: 1, gamma: 0.
     finally:
         led.dispose()
     assert rows and _ledger_releases(settings) == 1  # the study's tuning runs charged nothing before
+    # the score's sensitivity is B only if each person's scored texts depend on that person alone
+    from flows.private_selection import score_texts
+
+    users, texts = score_texts(settings, plan, 2, set())
+    assert users and max(users.count(u) for u in set(users)) <= 2
+    gone = users[0]
+    u2, t2 = score_texts(settings, plan, 2, {gone})
+    assert list(zip(u2, t2)) == [(u, t) for u, t in zip(users, texts) if u != gone]
     trials = json.loads((settings.private_dir / "studies" / doc["study_id"] / "trials.json").read_text())
     assert trials["k"] >= 1 and len(trials["trials"]) == trials["k"]
