@@ -118,8 +118,6 @@ def plot_study(doc: dict, path: Path) -> Path:
 def log_study(settings: Settings, doc: dict, out: Path) -> dict:
     """One parent run (the study), one child run per point; the table and the plot on the parent.
     Exact evaluation counts (people, records, tokens) are not logged: they are private counts."""
-    import mlflow
-
     from components.registry.mlflow_registry import _client, _experiment
 
     client = _client(settings)
@@ -158,5 +156,4 @@ def log_study(settings: Settings, doc: dict, out: Path) -> dict:
         client.log_artifact(pid, str(out / f))
     client.set_terminated(pid)
     settings.make_private(settings.mlflow_artifacts_dir)
-    del mlflow
     return {"experiment_id": exp, "parent_run_id": pid, "child_run_ids": children}
