@@ -41,7 +41,7 @@ from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 from components.core.settings import Settings
 
-FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git")
+FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git", "debian-changelog")
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
 
 
@@ -97,6 +97,10 @@ def _connector(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int):
         from catalog.connectors.git import GitSource
 
         return GitSource(source)
+    if fmt == "debian-changelog":
+        from catalog.connectors.debian import DebianChangelogSource
+
+        return DebianChangelogSource(source)
     raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
@@ -191,7 +195,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         raise VeilError(f"{source}: no such file or directory")
     if fmt in ("jsonl", "csv", "parquet", "mbox") and not source.is_file():
         raise VeilError(f"{source}: {fmt} source must be a file")
-    if fmt in ("maildir", "git") and not source.is_dir():
+    if fmt in ("maildir", "git", "debian-changelog") and not source.is_dir():
         raise VeilError(f"{source}: {fmt} source must be a directory")
     fields = FieldMap(user=user_field, text=text_field, id=id_field, time=time_field, source=source_field,
                       path=path_field, metadata=tuple(metadata_fields))
@@ -217,7 +221,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         conn = _connector(source, fmt, fields, max_record_bytes)
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
-    if fmt in ("git", "mbox", "maildir") and report.accepted:
+    if fmt in ("git", "mbox", "maildir", "debian-changelog") and report.accepted:
         from catalog.people import likely_same_person, write_likely_duplicates
 
         found = likely_same_person(settings.snapshots_dir / report.snapshot_id / "records.parquet")

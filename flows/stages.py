@@ -225,7 +225,13 @@ def _ledger_event(settings: Settings, reservation: dict | None, status: str, **d
         led.dispose()
 
 
-def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True) -> dict:
+def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True,
+          release: bool = True, out_dir: str | Path | None = None, adjust=None, drop_users=()) -> dict:
+    """Train PLAN's run. `release=False` is a study's tuning run (flows/study.py): not a release, so
+    nothing is charged to the ledger, and it trains in `out_dir`, never in the plan's run folder, so
+    `certify`/`register` of the plan never see its weights. `adjust(spec, data) -> spec` changes the
+    spec (the study's non-private reference); `drop_users` leaves people out (retired by a study's
+    own reservation)."""
     import pyarrow.compute as pc
 
     from components.core.device import resolve_device
@@ -237,20 +243,25 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     plan_doc = load_plan(plan_path).to_dict()
     annex = _annex(settings, plan_doc)
     data = training_data(settings, plan_doc, annex)
-    out_dir = settings.runs_dir / plan_doc["sha256"][:16]
+    if not release and out_dir is None:
+        raise VeilError("a tuning run (not a release) needs its own out_dir")
+    out_dir = Path(out_dir) if out_dir is not None else settings.runs_dir / plan_doc["sha256"][:16]
     # the operator's device, checked before any charge: a missing GPU is an error, not a CPU fallback
     device = resolve_device(settings.device)
-    reservation = reserve(settings, plan_doc, annex, out_dir)
+    reservation = reserve(settings, plan_doc, annex, out_dir) if release else None
     if reservation and reservation.get("dropped_records"):
         # The per-secret filter's decision reads only the ledger and that secret: its records go.
         data = training_data(settings, plan_doc, annex, drop_records=reservation["dropped_records"])
-    if reservation and reservation["retired"]:
+    retired = sorted(set(reservation["retired"] if reservation else ()) | {str(u) for u in drop_users})
+    if retired:
         # The filter's decision about a person reads only the ledger and that person: their rows go.
         meta = data.schema.metadata
-        data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(reservation["retired"], pa.string()))))
+        data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
         data = data.replace_schema_metadata(meta)
     model, tokenizer = load_base(base_dir, device=device)
     spec = TrainSpec.from_plan(plan_doc)
+    if adjust is not None:
+        spec = adjust(spec, data)
     try:
         result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress,
                               base_dir=base_dir)

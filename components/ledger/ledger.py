@@ -479,6 +479,13 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
         mine = conn.execute(select(st.charges.c.release_id, st.charges.c.rows, st.charges.c.sampling_rate)
                             .where(st.charges.c.person_key == top)).all()
         mech = {r.id: r.mechanism for r in conn.execute(select(st.releases.c.id, st.releases.c.mechanism))}
+    other = sorted({mech[c.release_id] for c in mine
+                    if not {"noise_multiplier", "steps"} <= set(params[c.release_id])})
+    if other:
+        # PMixED and private selection charge Rényi curves that are no sampled-Gaussian event
+        return {"max_epsilon": None, "delta": b.delta,
+                "label": f"no PLD estimate: the most-charged person has releases ({', '.join(other)}) that are not a "
+                         "sampled Gaussian; the guarantee is the Rényi filter's budget"}
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
     for c in mine:
         p = params[c.release_id]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 
 FACTS_FILE = "veil_base.json"
+_LOAD_LOCK = threading.RLock()
 FACTS_SCHEMA = "veil.base/1"
 
 
@@ -272,7 +274,10 @@ def load_base(path: str | Path, device: str = "cpu"):
     except Exception as e:  # noqa: BLE001
         raise VeilError(f"{p}: no usable tokenizer in the model directory ({type(e).__name__}: {e})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch.float32)
+        # transformers builds the model on the meta device under a process-wide context: two threads
+        # loading at once (a study's or an ensemble's thread/Dask-thread workers) leave one on meta
+        with _LOAD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001
         raise VeilError(f"{p}: cannot load a causal LM (model_type '{getattr(config, 'model_type', '?')}'): "
                         f"{type(e).__name__}: {e}") from None
@@ -307,5 +312,6 @@ def load_finetuned(base_dir: str | Path, *, adapter_dir: str | Path | None = Non
         a = Path(adapter_dir).expanduser()
         if not (a / "adapter_config.json").is_file():
             raise VeilError(f"{a}: not a peft adapter directory (no adapter_config.json)")
-        model = PeftModel.from_pretrained(model, str(a)).eval()
+        with _LOAD_LOCK:
+            model = PeftModel.from_pretrained(model, str(a)).eval()
     return model, tokenizer

@@ -15,8 +15,8 @@ catalog_app = typer.Typer(help="Inspect the catalog: statistics, snapshots, quar
 
 
 def ingest(
-    source: Path = typer.Argument(..., help="file (jsonl, csv, parquet, mbox) or directory (maildir, git)"),
-    fmt: str = typer.Option(..., "--format", "-f", help="jsonl | csv | parquet | mbox | maildir | git"),
+    source: Path = typer.Argument(..., help="file (jsonl, csv, parquet, mbox) or directory (maildir, git, debian-changelog)"),
+    fmt: str = typer.Option(..., "--format", "-f", help="jsonl | csv | parquet | mbox | maildir | git | debian-changelog"),
     user_field: str = typer.Option("user", "--user-field", help="field holding the user (jsonl/csv/parquet)"),
     text_field: str = typer.Option("text", "--text-field", help="field holding the text (jsonl/csv/parquet)"),
     id_field: Optional[str] = typer.Option(None, "--id-field", help="the source's own record id (kept in metadata)"),
