@@ -35,13 +35,20 @@ from pathlib import Path
 import yaml
 
 from components.core.errors import VeilError
+from components.mechanisms import get as get_mechanism
+from components.mechanisms import names as mechanism_names
 
-MECHANISMS = ("uls", "els", "group", "record", "non-private")
+NON_PRIVATE = "non-private"   # a grid keyword: the ULS plan trained with the `nonprivate` mechanism
+# Registered mechanisms a study can compare on perplexity against ε: an (ε, δ) guarantee of clipped
+# DP-SGD (secret protection has γ per secret, filtered ULS a τ-scaled noise: not on one ε axis).
+MECHANISMS = (*(n for n in mechanism_names(plannable=True)
+                if get_mechanism(n).has_epsilon and get_mechanism(n).clipped), NON_PRIVATE)
 SELECTIONS = ("random", "longest", "shortest", "ppl-high", "ppl-low", "random-chunk")
 AXES = ("mechanism", "epsilon", "selection", "k", "lora")
 TOP = ("name", "description", "axes", "points", "training", "eval", "private_selection")
 TRAINING_KEYS = ("steps", "expected_batch_size", "clip_norm", "learning_rate", "seq_len", "micro_batch_size", "seed",
                  "lora_r")
+NON_PRIVATE_PLAN = "uls"        # what a non-private point plans as (same people trained and evaluated)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
@@ -113,7 +120,7 @@ def _point(raw: dict, where: str) -> Point:
     sel = raw.get("selection")
     if sel is not None and sel not in SELECTIONS:
         raise _bad(f"{where}.selection", f"{sel!r} is not one of {', '.join(SELECTIONS)}")
-    if sel == "random-chunk" and mech not in ("uls", "non-private"):
+    if sel == "random-chunk" and mech != NON_PRIVATE and not get_mechanism(mech).per_user_clip:
         raise _bad(f"{where}.selection", f"random-chunk works with uls only, not {mech}")
     k = raw.get("k")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -239,12 +246,8 @@ def point_policy(base_policy: str | Path, point: Point, training: dict, out_path
     doc = yaml.safe_load(src.read_bytes())
     spec = copy.deepcopy(doc.get("spec") or {})
     mech = point.mechanism
-    if mech == "record":
-        spec["privacy_unit"] = "record"
-        spec["mechanism"] = "record"
-    else:
-        spec["privacy_unit"] = "user"
-        spec["mechanism"] = "uls" if mech == "non-private" else mech
+    spec["mechanism"] = NON_PRIVATE_PLAN if mech == NON_PRIVATE else mech
+    spec["privacy_unit"] = get_mechanism(spec["mechanism"]).privacy_unit
     if point.epsilon is not None:
         tgt = dict(spec.get("target") or {})
         tgt["epsilon"] = float(point.epsilon)
@@ -258,7 +261,7 @@ def point_policy(base_policy: str | Path, point: Point, training: dict, out_path
         contrib["selection"] = point.selection
     if point.k is not None:
         contrib["max_records_per_user"] = int(point.k)
-    if contrib.get("selection") == "random-chunk" and spec["mechanism"] != "uls":
+    if contrib.get("selection") == "random-chunk" and not get_mechanism(spec["mechanism"]).per_user_clip:
         contrib["selection"] = "random"
     spec["contribution"] = contrib
     tr = dict(spec.get("training") or {})
