@@ -42,11 +42,12 @@ def _glob(pattern: str) -> re.Pattern:
 
 def _people(people) -> dict:
     if people is None:
-        return {"exclude": [], "aliases": [], "ownership": "author"}
+        return {"exclude": [], "aliases": [], "ownership": "author", "multi_owner_order": "fewest-owners"}
     if hasattr(people, "model_dump"):
         people = people.model_dump()
     return {"exclude": list(people.get("exclude") or []), "aliases": [list(a) for a in people.get("aliases") or []],
-            "ownership": people.get("ownership", "author")}
+            "ownership": people.get("ownership", "author"),
+            "multi_owner_order": people.get("multi_owner_order", "fewest-owners")}
 
 
 def _accounts(records: pa.Table) -> list[tuple[str, list[str]]]:

@@ -276,7 +276,13 @@ class People(_Strict):
     ownership: Literal["author", "all-participants"] = Field(
         default="author",
         description="'author': a record belongs to its writer (mail: the sender). 'all-participants': also "
-                    "to every recipient (mail To/Cc), each of whom it can reveal something about.")
+                    "to every recipient (mail To/Cc), each of whom it can reveal something about; every owner "
+                    "then counts the record against their contribution bound k (docs/privacy/multi-owner.md).")
+    multi_owner_order: Literal["fewest-owners", "random"] = Field(
+        default="fewest-owners",
+        description="Under 'all-participants', the keyed order in which records compete for their owners' "
+                    "budgets: 'fewest-owners' first (a mail to fifty people does not use up fifty budgets "
+                    "before a two-person thread is seen) or 'random'.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "People":
@@ -330,6 +336,12 @@ class Spec(_Strict):
         if self.contribution.selection == "random-chunk" and self.mechanism not in ("uls", "auto"):
             raise ValueError("@contribution.selection@ selection 'random-chunk' works with mechanism 'uls' only (ELS/group need "
                              "fixed records)")
+        if self.people.ownership == "all-participants" and (
+                self.privacy_unit != "user" or self.mechanism not in ("els", "group", "auto")):
+            raise ValueError("@people.ownership@ ownership 'all-participants' bounds each person's records across "
+                             "every record they own; it needs privacy_unit 'user' with mechanism els, group or auto "
+                             f"(got {self.privacy_unit}/{self.mechanism}: uls samples whole users, and a shared "
+                             "record belongs to several)")
         if self.lifetime_budget is not None and self.target is not None:
             if self.lifetime_budget.epsilon < self.target.epsilon:
                 raise ValueError(f"@lifetime_budget.epsilon@ lifetime_budget epsilon ({self.lifetime_budget.epsilon:g}) is below the "
