@@ -26,6 +26,8 @@ PRIVATE_KEYS = frozenset({
     "held_out_users", "canary_users", "train_records_file", "train_records_sha256", "attacker_records_file",
     "attacker_records_sha256", "canary_records_file", "canary_records_sha256", "n_train_users", "n_train_records",
     "n_attacker_records", "n_audit_eligible_users", "candidates", "user_grad_ratio", "salt",
+    # counts of persons from the policy's `people` section (components.planning.people.people_sections)
+    "n_accounts", "n_people", "n_merged_accounts", "n_people_records", "n_records_several_owners",
 })
 
 
