@@ -2,8 +2,8 @@
 
     report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
 
-A connector streams RAW batches (catalog/schemas.py) from a reader thread, which also validates and
-hashes each in one DuckDB query (with the tagger's RE2 candidate test). Its bookkeeping goes to
+A connector streams RAW batches (catalog/schemas.py) from a reader thread; a second thread validates and
+hashes each in one DuckDB query and runs the tagger's RE2 candidate test (Arrow). Its bookkeeping goes to
 a staging table, its new records stream into the new snapshot (catalog/dedup.py decides which are
 new), its secret spans to a span staging table. The merge into the catalog is one transaction:
 
@@ -201,8 +201,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
                      user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
                      max_record_bytes, with_source_id=bool(id_field) and has_meta_cols,
-                     with_path=bool(path_field) and has_meta_cols,
-                     candidate=tagger.candidate_sql("text", "path"))
+                     with_path=bool(path_field) and has_meta_cols)
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
@@ -297,7 +296,10 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
             read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
-                for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql)):
+                # Two background threads: one parses (pyarrow, numpy), one validates and hashes
+                # (DuckDB); the main thread stages and tags. Each stage releases the GIL in its C++
+                # part, so on two cores they overlap instead of taking turns.
+                for batch, out in _prefetch(_prefetch(conn.batches()), transform=_Normalizer(sql, tagger)):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
@@ -324,8 +326,9 @@ class _Normalizer:
     """Validates and hashes a batch with the stage query, on a private in-memory DuckDB owned by the
     reader thread (the query reads only the batch), so that work overlaps the main thread's."""
 
-    def __init__(self, sql: str):
+    def __init__(self, sql: str, tagger: Tagger):
         self.sql = sql
+        self.tagger = tagger
         self.con: duckdb.DuckDBPyConnection | None = None
 
     def __call__(self, batch: pa.Table):
@@ -334,15 +337,31 @@ class _Normalizer:
         if self.con is None:
             self.con = duckdb.connect()
             self.con.execute("SET TimeZone = 'UTC'")
-        batch = self._fix_timestamps(batch)
-        self.con.register("batch", batch)
-        try:
-            out = self.con.sql(self.sql).to_arrow_table()
-        finally:
-            self.con.unregister("batch")
+        out = self._stage(batch)
+        # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
+        # are they rewritten (catalog/dates.py) and the batch staged again.
+        if pc.any(pc.fill_null(pc.starts_with(out.column("reason"), "bad timestamp"), False)).as_py():
+            fixed = self._fix_timestamps(batch)
+            if fixed is not batch:
+                batch, out = fixed, self._stage(fixed)
         if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
             raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
+        # The tagger's candidate test (one RE2 alternation), run by Arrow: the same RE2 engine as
+        # DuckDB's regexp_matches, a third cheaper on this scan, and it releases the GIL.
+        paths = batch.column("path")
+        paths = None if pa.types.is_null(paths.type) else paths
+        texts = batch.column("text")
+        texts = texts.cast(pa.string()) if pa.types.is_null(texts.type) else texts
+        cand = pc.and_(self.tagger.candidate_mask(texts, paths), pc.is_null(out.column("reason")))
+        out = out.set_column(out.schema.get_field_index("candidate"), "candidate", pc.fill_null(cand, False))
         return batch, out
+
+    def _stage(self, batch: pa.Table) -> pa.Table:
+        self.con.register("batch", batch)
+        try:
+            return self.con.sql(self.sql).to_arrow_table()
+        finally:
+            self.con.unregister("batch")
 
     def _fix_timestamps(self, batch: pa.Table) -> pa.Table:
         """Values DuckDB's cast cannot read (RFC 2822 and other common forms, catalog/dates.py) are

@@ -321,6 +321,25 @@ class Tagger:
         for ms in fams.values():
             alt = "|".join("(?:" + m.prefilter + ")" for m in ms)
             self._groups.append((alt if len(ms) > 1 and _re2_ok(alt) else None, ms))
+        # One RE2 set of every filtered matcher's prefilter, in the groups' order: one pass over a
+        # candidate row names the matchers to run (Arrow's per-pattern scans recompile each pattern
+        # for every batch, which cost more than the scans). A set whose DFA runs out of memory
+        # answers "no match", so a row it names nothing for goes the per-pattern way instead.
+        self._set_matchers = [m for _, ms in self._groups for m in ms]
+        self._set = None
+        if self._set_matchers:
+            try:
+                import re2 as _re2
+
+                opts = _re2.Options()
+                opts.max_mem = 64 << 20
+                st = _re2.Set.SearchSet(opts)
+                for m in self._set_matchers:
+                    st.Add(m.prefilter)
+                st.Compile()
+                self._set = st
+            except Exception:  # pragma: no cover - each prefilter compiles alone; then scan per pattern
+                self._set = None
         self._glob_prefilter = "|".join("(?:" + g[3].pattern + ")" for g in self._globs) or None
         if self._glob_prefilter and any(not _rule_case(r) for r in self.rules if r.get("kind") == "path_glob"):
             self._glob_prefilter = "(?i)" + self._glob_prefilter  # looser: fine for a prefilter
@@ -433,19 +452,21 @@ class Tagger:
         if len(idx):
             cand = texts.take(idx)
             rows = idx.to_pylist()
-            per_row: list[list[_Matcher]] = [[] for _ in rows]
-            for group_filter, ms in self._groups:
-                sub, back = cand, None
-                if group_filter is not None:
-                    g = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, group_filter), False))
-                    if len(g) == 0:
-                        continue
-                    sub, back = cand.take(g), g.to_pylist()
-                for m in ms:
-                    hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(sub, m.prefilter), False))
-                    for j in hit.to_pylist():
-                        per_row[j if back is None else back[j]].append(m)
             ctexts = cand.to_pylist()
+            per_row: list[list[_Matcher]] = [[] for _ in rows]
+            rest = list(range(len(rows)))
+            if self._set is not None:
+                rest = []
+                for j, t in enumerate(ctexts):
+                    hits = self._set.Match(t) if t else None
+                    if hits is None:
+                        rest.append(j)   # nothing named (or the set's DFA gave up): scan per pattern
+                    else:
+                        per_row[j] = [self._set_matchers[h] for h in sorted(hits)]
+            if rest:
+                sub_rows = cand if len(rest) == len(rows) else cand.take(pa.array(rest, pa.int64()))
+                for j, ms in zip(rest, self._per_pattern(sub_rows)):
+                    per_row[j] = ms
             cpaths = paths.take(idx).to_pylist() if paths is not None else [None] * len(rows)
             for j, row in enumerate(rows):
                 if ctexts[j] and (per_row[j] or cpaths[j]):
@@ -456,6 +477,22 @@ class Tagger:
                     out.extend(self.spans_of(row, text, None, matchers=self._unfiltered, globs=False))
             out.sort(key=lambda s: s.row)
         return out
+
+    def _per_pattern(self, cand: pa.Array) -> list[list[_Matcher]]:
+        """For each text, the matchers whose prefilter matches it (Arrow scans, family by family)."""
+        per_row: list[list[_Matcher]] = [[] for _ in range(len(cand))]
+        for group_filter, ms in self._groups:
+            sub, back = cand, None
+            if group_filter is not None:
+                g = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, group_filter), False))
+                if len(g) == 0:
+                    continue
+                sub, back = cand.take(g), g.to_pylist()
+            for m in ms:
+                hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(sub, m.prefilter), False))
+                for j in hit.to_pylist():
+                    per_row[j if back is None else back[j]].append(m)
+        return per_row
 
     def tag_all(self, texts: Iterable[str], paths: Iterable[str | None] | None = None) -> list[Span]:
         """Exact pass on every row, no prefilter (the reference the tests compare against)."""
