@@ -68,6 +68,7 @@ class IngestReport:
     # names under several account ids in the snapshot (git/mail): likely one person each; the list
     # names people, so it goes to settings.private_dir/people/likely-duplicates.json, not here
     likely_duplicate_people: int = 0
+    ner: str = ""             # the NER pass: "on: <model> (<version>)" or "off: …" (catalog/ner.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -180,9 +181,12 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
                   text_field: str = "text", id_field: str | None = None, time_field: str | None = None,
                   metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
                   progress: bool = False, source_field: str | None = "source", path_field: str | None = "path",
-                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, keep_duplicates: bool = False) -> IngestReport:
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, keep_duplicates: bool = False,
+                  ner: str | Path | None = None) -> IngestReport:
     """Read `source` (format `fmt`), tag secrets with `rules` (a list of rule dicts, a policy path, or
-    None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot."""
+    None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot.
+    `ner`: a local token-classification model directory for names and places (default: the
+    `VEIL_NER_MODEL` environment variable; neither: the pass is off, and `report.ner` says so)."""
     t0 = time.perf_counter()
     source = Path(source)
     if fmt not in FORMATS:
@@ -195,7 +199,10 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         raise VeilError(f"{source}: {fmt} source must be a directory")
     fields = FieldMap(user=user_field, text=text_field, id=id_field, time=time_field, source=source_field,
                       path=path_field, metadata=tuple(metadata_fields))
-    tagger = Tagger(rules)
+    from catalog.ner import load_ner
+
+    ner_plugin, ner_status = load_ner(ner)
+    tagger = Tagger(rules, ner=ner_plugin)
     conn = _connector(source, fmt, fields, max_record_bytes)
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
@@ -222,6 +229,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         found = likely_same_person(settings.snapshots_dir / report.snapshot_id / "records.parquet")
         report.likely_duplicate_people = len(found)
         write_likely_duplicates(settings.private_dir, found, str(source))
+    report.ner = ner_status
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -241,9 +241,13 @@ def load_rules(rules: Sequence[dict] | str | Path | None) -> list[dict]:
 class Tagger:
     """Compiled tagging rules. `tag(texts, paths)` returns the spans of one batch."""
 
-    def __init__(self, rules: Sequence[dict] | str | Path | None = None):
+    def __init__(self, rules: Sequence[dict] | str | Path | None = None, *, ner=None):
         self.rules = load_rules(rules)
-        self.rules_sha256 = sha256_json(self.rules)
+        # An NER plug-in (catalog/ner.py) is part of what the tags mean: its version joins the hash,
+        # so re-ingesting under a new model re-tags instead of counting as "already ingested".
+        self.ner = ner
+        self.rules_sha256 = (sha256_json(self.rules) if ner is None else
+                             sha256_json({"rules": self.rules, "ner": ner.version}))
         self._matchers: list[_Matcher] = []
         self._globs: list[tuple[str, str, str, re.Pattern]] = []  # (class, glob, version, regex)
         # A class whose detectors are all of one kind normalizes its regex matches that way too
@@ -476,7 +480,29 @@ class Tagger:
                 if text:
                     out.extend(self.spans_of(row, text, None, matchers=self._unfiltered, globs=False))
             out.sort(key=lambda s: s.row)
+        if self.ner is not None:  # a model sees every record: names have no prefilter
+            out.extend(self._ner_spans(texts))
+            out.sort(key=lambda s: s.row)
         return out
+
+    def _ner_spans(self, texts: pa.Array) -> list[Span]:
+        from catalog import ner as _ner
+
+        vals = texts.to_pylist()
+        rows = [i for i, t in enumerate(vals) if t]
+        spans: list[Span] = []
+        for row, ents in zip(rows, self.ner.find([vals[i] for i in rows])):
+            seen = set()
+            for start, end, label, score in ents:
+                cls = _ner.secret_class(label)
+                if cls is None or score < _ner.MIN_SCORE or not 0 <= start < end <= len(vals[row]):
+                    continue
+                value = _ner.normalize(vals[row][start:end])
+                if not value or (start, end, cls) in seen:
+                    continue
+                seen.add((start, end, cls))
+                spans.append(Span(row, f"{cls}:{value}", cls, f"ner.{cls}", self.ner.version, start, end))
+        return spans
 
     def _per_pattern(self, cand: pa.Array) -> list[list[_Matcher]]:
         """For each text, the matchers whose prefilter matches it (Arrow scans, family by family)."""
