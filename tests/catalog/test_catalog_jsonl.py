@@ -318,3 +318,22 @@ def test_wrong_field_mapping_is_named_not_quarantined(settings, tmp_path):
         ingest_source(src, "jsonl", settings=settings)
     rep = ingest_source(src, "jsonl", settings=settings, user_field="author", text_field="body")
     assert rep.accepted == 1 and rep.duplicates == 2
+
+
+def test_blank_line_test_matches_the_byte_scan():
+    """The '{'-first shortcut for blank lines agrees with scanning every byte (few and many odd lines)."""
+    import random
+
+    import numpy as np
+
+    from catalog.connectors.jsonl import _blank_lines
+
+    rng = random.Random(1)
+    for trial in range(200):
+        lines = [rng.choice([b"", b" ", b"\t \r", b'{"a":1}', b' {"a":1}', b"\r", b"x", b"{}  ", b"  \t{"])
+                 for _ in range(rng.randint(1, 400 if trial % 2 else 40))]
+        arr = np.frombuffer(b"\n".join(lines) + b"\n", dtype=np.uint8)
+        ends = np.flatnonzero(arr == 10)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        solid = (arr != 32) & (arr != 9) & (arr != 13) & (arr != 10)
+        assert (_blank_lines(arr, starts, ends) == ~np.logical_or.reduceat(solid, starts)).all()
