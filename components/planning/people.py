@@ -94,10 +94,13 @@ def _person_of(pid: str, pats, alias) -> str | None:
     return alias.get(pid.strip().lower(), pid.strip().lower())
 
 
-def owners_column(records: pa.Table, user_ids: pa.Array, people) -> tuple[pa.Array, dict]:
+def owners_column(records: pa.Table, user_ids: pa.Array, people,
+                  mapping: dict[str, str | None] | None = None) -> tuple[pa.Array, dict]:
     """Each record's owners: its writer first, then (ownership 'all-participants') every To/Cc
     recipient in `metadata`, each mapped through aliases and exclusions like a writer. Bcc never
-    reaches the catalog, so it never owns. Rows with a null writer (excluded) get null."""
+    reaches the catalog, so it never owns. Rows with a null writer (excluded) get null.
+    `mapping` (account → person, from `plan_accounts`): a recipient who is also a writer gets the
+    writer's person id whatever the case of the address — one person, one budget."""
     p = _people(people)
     authors = user_ids.to_pylist()
     if p["ownership"] != "all-participants":
@@ -116,6 +119,7 @@ def owners_column(records: pa.Table, user_ids: pa.Array, people) -> tuple[pa.Arr
     finally:
         con.close()
     owners: list = [None if a is None else [a] for a in authors]
+    known = {acct.strip().lower(): person for acct, person in (mapping or {}).items()}
     cache: dict[str, str | None] = {}
     several = 0
     for i, who in rows:
@@ -124,7 +128,8 @@ def owners_column(records: pa.Table, user_ids: pa.Array, people) -> tuple[pa.Arr
         extra = []
         for w in who:
             if w not in cache:
-                cache[w] = _person_of(w, pats, alias)
+                lw = w.strip().lower()
+                cache[w] = known[lw] if lw in known else _person_of(w, pats, alias)
             q = cache[w]
             if q is not None and q != authors[i] and q not in extra:
                 extra.append(q)
@@ -150,7 +155,7 @@ def apply_people(records: pa.Table, people) -> tuple[pa.Table, dict]:
     report["records"] = len(records) - report["excluded_records"]
     new_users = new_users.cast(pa.string())
     owners, orep = owners_column(records, new_users.combine_chunks() if isinstance(new_users, pa.ChunkedArray)
-                                 else new_users, people)
+                                 else new_users, people, mapping)
     report.update(orep)
     out = records.set_column(records.schema.get_field_index("user_id"), records.schema.field("user_id"), new_users)
     out = out.append_column("owners", owners).filter(keep)

@@ -67,3 +67,15 @@ def test_person_counts_are_refused_in_a_public_plan():
     for key, value in annex.items():
         with pytest.raises(VeilError, match="private"):
             assert_public({"data": {"people": {key: value}}})
+
+
+def test_a_recipient_who_writes_too_is_one_owner_whatever_the_case():
+    """Dee writes as 'Dee@Corp.example' and receives as 'dee@corp.example': one person, so one
+    budget — two owner ids would let her contribute 2k records."""
+    rows = [("Dee@Corp.example", "Dee", []), ("bob@corp.example", "Bob", ["DEE@corp.example", "ann.lee@gmail.com"]),
+            ("bob@corp.example", "Bob", ["cy@home.example", "new@corp.example"])]
+    out, _ = apply_people(_table(rows), PEOPLE)
+    owners = out.column("owners").to_pylist()
+    assert owners[0] == ["Dee@Corp.example"]
+    assert owners[1] == ["bob@corp.example", "Dee@Corp.example", "ann@corp.example"]
+    assert owners[2] == ["bob@corp.example", "cy@corp.example", "new@corp.example"]
