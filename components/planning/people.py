@@ -194,3 +194,14 @@ def people_sections(report: dict) -> tuple[dict, dict]:
         "n_records_several_owners": int(report.get("records_with_several_owners", 0)),
     }
     return public, annex
+
+
+def people_for_plan(records: pa.Table, people) -> tuple[pa.Table, dict, dict]:
+    """What planning reads: `records` with the policy's people section applied (bots out, aliases
+    merged into one `user_id` per person), and the report split into its public and annex parts.
+    The `owners` column is kept only under ownership 'all-participants'."""
+    out, report = apply_people(records, people)
+    if report.get("ownership") != "all-participants":
+        out = out.drop_columns(["owners"])
+    public, annex = people_sections(report)
+    return out, public, annex
