@@ -307,7 +307,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 # Two background threads: one parses (pyarrow, numpy), one validates and hashes
                 # (DuckDB); the main thread stages and tags. Each stage releases the GIL in its C++
                 # part, so on two cores they overlap instead of taking turns.
-                for batch, out in _prefetch(_prefetch(conn.batches()), transform=_Normalizer(sql, tagger)):
+                for batch, out in _prefetch(_prefetch(conn.batches(), depth=1), transform=_Normalizer(sql, tagger)):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
