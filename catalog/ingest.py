@@ -114,7 +114,7 @@ def _ident(s: str) -> str:
 _STAGE_DDL = """
 CREATE OR REPLACE TEMP TABLE stage (
     seq BIGINT, line BIGINT, byte_offset BIGINT, locator VARCHAR, user_id VARCHAR, reason VARCHAR,
-    record_id VARCHAR, raw BLOB);
+    record_id VARCHAR, raw BLOB, chars BIGINT, created_at TIMESTAMPTZ);
 CREATE OR REPLACE TEMP TABLE span_stage (
     seq BIGINT, record_id VARCHAR, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR,
     detector_version VARCHAR, "start" BIGINT, "end" BIGINT);
@@ -159,6 +159,7 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
                 "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END AS raw,
            coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
            cts::TIMESTAMPTZ AS created_at, {meta} AS metadata,
+           CASE WHEN reason IS NULL THEN length(text) END AS chars,
            CASE WHEN reason IS NULL THEN {candidate} ELSE false END AS candidate
     FROM v
     """
@@ -405,7 +406,8 @@ def _stage_batch(con, batch: pa.Table, out: pa.Table, tagger: Tagger, staged: pq
                  dedup: OnlineDedup | None, builder) -> None:
     """Keep a normalized batch's bookkeeping in `stage`; its new records go to the snapshot being built
     (online) or its valid rows to the staged file (exact); secret spans of valid rows go to `span_stage`."""
-    con.register("o", out.select(["seq", "line", "byte_offset", "locator", "user_id", "reason", "record_id", "raw"]))
+    con.register("o", out.select(["seq", "line", "byte_offset", "locator", "user_id", "reason", "record_id", "raw",
+                                  "chars", "created_at"]))
     try:
         con.execute("INSERT INTO stage SELECT * FROM o")
     finally:
@@ -430,6 +432,27 @@ def _stage_batch(con, batch: pa.Table, out: pa.Table, tagger: Tagger, staged: pq
             con.execute("INSERT INTO span_stage SELECT * FROM sp")
         finally:
             con.unregister("sp")
+
+
+def _update_users(con, *, parent_records: int) -> None:
+    """Per-user counts over the new snapshot: the parent's table plus this ingest's new records (their
+    lengths were measured while staging), so the merge does not read every text again. A users table
+    that does not add up to the parent snapshot is rebuilt from the records instead."""
+    have = _one(con, "SELECT coalesce(sum(records), 0) FROM users")
+    if have != parent_records:
+        con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
+            sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
+            FROM records GROUP BY user_id ORDER BY user_id""")
+        return
+    con.execute("""CREATE OR REPLACE TABLE users AS
+        WITH n AS (SELECT s.user_id, count(*) AS records, sum(s.chars) AS chars, min(s.created_at) AS f,
+                          max(s.created_at) AS l
+                   FROM stage s JOIN fresh USING (seq) GROUP BY s.user_id)
+        SELECT coalesce(u.user_id, n.user_id) AS user_id,
+               coalesce(u.records, 0) + coalesce(n.records, 0) AS records,
+               (coalesce(u.chars, 0) + coalesce(n.chars, 0))::HUGEINT AS chars,
+               least(u.first_created_at, n.f) AS first_created_at, greatest(u.last_created_at, n.l) AS last_created_at
+        FROM users u FULL OUTER JOIN n ON u.user_id = n.user_id ORDER BY user_id""")
 
 
 def _fresh_rows(con, staged_path: Path):
@@ -572,9 +595,8 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             snap = builder.finish(con)
             store.point_records_view(con, settings, snap["snapshot_id"])
             if new:
-                con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
-                    sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
-                    FROM records GROUP BY user_id ORDER BY user_id""")
+                _update_users(con, parent_records=0 if latest is None else
+                              _one(con, f"SELECT records FROM snapshots WHERE snapshot_id = {_q(latest[0])}"))
         else:
             builder.abort()
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
