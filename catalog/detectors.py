@@ -184,18 +184,36 @@ def credential_patterns() -> list[Pattern]:
 
 # -- phones ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=65_536)
-def _phone_parse(value: str) -> tuple[bool, bool, str | None]:
-    """(valid, possible, E.164) by libphonenumber, region US for national forms; cached: the same
-    number recurs (signatures) and parsing is the costly part of tagging phones."""
+def _phone_number(value: str):
+    """libphonenumber's parse (region US for national forms), or None; cached: the same number recurs
+    (signatures) and parsing is the costly part of tagging phones."""
     import phonenumbers
 
     try:
-        n = phonenumbers.parse(value, "US")
+        return phonenumbers.parse(value, "US")
     except phonenumbers.NumberParseException:
-        return False, False, None
-    possible = phonenumbers.is_possible_number(n)
-    return (phonenumbers.is_valid_number(n), possible,
-            phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.E164) if possible else None)
+        return None
+
+
+@functools.lru_cache(maxsize=65_536)
+def _phone_possible(value: str) -> tuple[bool, str | None]:
+    """(possible, E.164 when possible)."""
+    import phonenumbers
+
+    n = _phone_number(value)
+    if n is None or not phonenumbers.is_possible_number(n):
+        return False, None
+    return True, phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.E164)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _phone_valid(value: str) -> bool:
+    """Valid in some region: the costly test (it walks every region of the country code, 25 for +1),
+    so it is asked only where a plain possible number is not enough."""
+    import phonenumbers
+
+    n = _phone_number(value)
+    return n is not None and phonenumbers.is_valid_number(n)
 
 
 def _phone_check(value: str, text: str, start: int, end: int) -> bool:
@@ -205,14 +223,15 @@ def _phone_check(value: str, text: str, start: int, end: int) -> bool:
     digits = sum(c.isdigit() for c in value)
     if not 7 <= digits <= 15:
         return False
-    valid, possible, _ = _phone_parse(value)
     # With an explicit +country code the writer meant a phone number: a possible one is enough.
-    return possible if value.lstrip().startswith("+") else valid
+    if value.lstrip().startswith("+"):
+        return _phone_possible(value)[0]
+    return _phone_valid(value)
 
 
 def norm_phone(value: str) -> str:
     """E.164 when libphonenumber can parse it (region US for national forms), else '+'/digits."""
-    e164 = _phone_parse(value)[2]
+    e164 = _phone_possible(value)[1]
     if e164:
         return e164
     digits = re.sub(r"\D", "", value)

@@ -3,7 +3,7 @@
     report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
 
 A connector streams RAW batches (catalog/schemas.py) from a reader thread, which also validates and
-hashes each in one DuckDB query (with the tagger's RE2 candidate test). Its bookkeeping goes to
+hashes each in one DuckDB query and runs the tagger's RE2 candidate test (Arrow). Its bookkeeping goes to
 a staging table, its new records stream into the new snapshot (catalog/dedup.py decides which are
 new), its secret spans to a span staging table. The merge into the catalog is one transaction:
 
@@ -68,6 +68,7 @@ class IngestReport:
     # names under several account ids in the snapshot (git/mail): likely one person each; the list
     # names people, so it goes to settings.private_dir/people/likely-duplicates.json, not here
     likely_duplicate_people: int = 0
+    ner: str = ""             # the NER pass: "on: <model> (<version>)" or "off: …" (catalog/ner.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -117,7 +118,7 @@ def _ident(s: str) -> str:
 _STAGE_DDL = """
 CREATE OR REPLACE TEMP TABLE stage (
     seq BIGINT, line BIGINT, byte_offset BIGINT, locator VARCHAR, user_id VARCHAR, reason VARCHAR,
-    record_id VARCHAR, raw BLOB);
+    record_id VARCHAR, raw BLOB, chars BIGINT, created_at TIMESTAMPTZ);
 CREATE OR REPLACE TEMP TABLE span_stage (
     seq BIGINT, record_id VARCHAR, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR,
     detector_version VARCHAR, "start" BIGINT, "end" BIGINT);
@@ -162,6 +163,7 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
                 "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END AS raw,
            coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
            cts::TIMESTAMPTZ AS created_at, {meta} AS metadata,
+           CASE WHEN reason IS NULL THEN length(text) END AS chars,
            CASE WHEN reason IS NULL THEN {candidate} ELSE false END AS candidate
     FROM v
     """
@@ -184,9 +186,12 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
                   text_field: str = "text", id_field: str | None = None, time_field: str | None = None,
                   metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
                   progress: bool = False, source_field: str | None = "source", path_field: str | None = "path",
-                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, keep_duplicates: bool = False) -> IngestReport:
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, keep_duplicates: bool = False,
+                  ner: str | Path | None = None) -> IngestReport:
     """Read `source` (format `fmt`), tag secrets with `rules` (a list of rule dicts, a policy path, or
-    None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot."""
+    None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot.
+    `ner`: a local token-classification model directory for names and places (default: the
+    `VEIL_NER_MODEL` environment variable; neither: the pass is off, and `report.ner` says so)."""
     t0 = time.perf_counter()
     source = Path(source)
     if fmt not in FORMATS:
@@ -199,14 +204,16 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         raise VeilError(f"{source}: {fmt} source must be a directory")
     fields = FieldMap(user=user_field, text=text_field, id=id_field, time=time_field, source=source_field,
                       path=path_field, metadata=tuple(metadata_fields))
-    tagger = Tagger(rules)
+    from catalog.ner import load_ner
+
+    ner_plugin, ner_status = load_ner(ner)
+    tagger = Tagger(rules, ner=ner_plugin)
     conn = _connector(source, fmt, fields, max_record_bytes)
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
                      user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
                      max_record_bytes, with_source_id=bool(id_field) and has_meta_cols,
-                     with_path=bool(path_field) and has_meta_cols,
-                     candidate=tagger.candidate_sql("text", "path"))
+                     with_path=bool(path_field) and has_meta_cols)
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
@@ -227,6 +234,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         found = likely_same_person(settings.snapshots_dir / report.snapshot_id / "records.parquet")
         report.likely_duplicate_people = len(found)
         write_likely_duplicates(settings.private_dir, found, str(source))
+    report.ner = ner_status
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -301,7 +309,9 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
             read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
-                for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql)):
+                # (A separate parse thread ahead of validation was tried: on this 2-core machine it
+                # bought no measurable time and cost ~40-80 MiB at peak.)
+                for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql, tagger)):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
@@ -328,8 +338,9 @@ class _Normalizer:
     """Validates and hashes a batch with the stage query, on a private in-memory DuckDB owned by the
     reader thread (the query reads only the batch), so that work overlaps the main thread's."""
 
-    def __init__(self, sql: str):
+    def __init__(self, sql: str, tagger: Tagger):
         self.sql = sql
+        self.tagger = tagger
         self.con: duckdb.DuckDBPyConnection | None = None
 
     def __call__(self, batch: pa.Table):
@@ -338,15 +349,31 @@ class _Normalizer:
         if self.con is None:
             self.con = duckdb.connect()
             self.con.execute("SET TimeZone = 'UTC'")
-        batch = self._fix_timestamps(batch)
-        self.con.register("batch", batch)
-        try:
-            out = self.con.sql(self.sql).to_arrow_table()
-        finally:
-            self.con.unregister("batch")
+        out = self._stage(batch)
+        # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
+        # are they rewritten (catalog/dates.py) and the batch staged again.
+        if pc.any(pc.fill_null(pc.starts_with(out.column("reason"), "bad timestamp"), False)).as_py():
+            fixed = self._fix_timestamps(batch)
+            if fixed is not batch:
+                batch, out = fixed, self._stage(fixed)
         if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
             raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
+        # The tagger's candidate test (one RE2 alternation), run by Arrow: the same RE2 engine as
+        # DuckDB's regexp_matches, a third cheaper on this scan, and it releases the GIL.
+        paths = batch.column("path")
+        paths = None if pa.types.is_null(paths.type) else paths
+        texts = batch.column("text")
+        texts = texts.cast(pa.string()) if pa.types.is_null(texts.type) else texts
+        cand = pc.and_(self.tagger.candidate_mask(texts, paths), pc.is_null(out.column("reason")))
+        out = out.set_column(out.schema.get_field_index("candidate"), "candidate", pc.fill_null(cand, False))
         return batch, out
+
+    def _stage(self, batch: pa.Table) -> pa.Table:
+        self.con.register("batch", batch)
+        try:
+            return self.con.sql(self.sql).to_arrow_table()
+        finally:
+            self.con.unregister("batch")
 
     def _fix_timestamps(self, batch: pa.Table) -> pa.Table:
         """Values DuckDB's cast cannot read (RFC 2822 and other common forms, catalog/dates.py) are
@@ -382,7 +409,8 @@ def _stage_batch(con, batch: pa.Table, out: pa.Table, tagger: Tagger, staged: pq
                  dedup: OnlineDedup | None, builder) -> None:
     """Keep a normalized batch's bookkeeping in `stage`; its new records go to the snapshot being built
     (online) or its valid rows to the staged file (exact); secret spans of valid rows go to `span_stage`."""
-    con.register("o", out.select(["seq", "line", "byte_offset", "locator", "user_id", "reason", "record_id", "raw"]))
+    con.register("o", out.select(["seq", "line", "byte_offset", "locator", "user_id", "reason", "record_id", "raw",
+                                  "chars", "created_at"]))
     try:
         con.execute("INSERT INTO stage SELECT * FROM o")
     finally:
@@ -407,6 +435,27 @@ def _stage_batch(con, batch: pa.Table, out: pa.Table, tagger: Tagger, staged: pq
             con.execute("INSERT INTO span_stage SELECT * FROM sp")
         finally:
             con.unregister("sp")
+
+
+def _update_users(con, *, parent_records: int) -> None:
+    """Per-user counts over the new snapshot: the parent's table plus this ingest's new records (their
+    lengths were measured while staging), so the merge does not read every text again. A users table
+    that does not add up to the parent snapshot is rebuilt from the records instead."""
+    have = _one(con, "SELECT coalesce(sum(records), 0) FROM users")
+    if have != parent_records:
+        con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
+            sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
+            FROM records GROUP BY user_id ORDER BY user_id""")
+        return
+    con.execute("""CREATE OR REPLACE TABLE users AS
+        WITH n AS (SELECT s.user_id, count(*) AS records, sum(s.chars) AS chars, min(s.created_at) AS f,
+                          max(s.created_at) AS l
+                   FROM stage s JOIN fresh USING (seq) GROUP BY s.user_id)
+        SELECT coalesce(u.user_id, n.user_id) AS user_id,
+               coalesce(u.records, 0) + coalesce(n.records, 0) AS records,
+               (coalesce(u.chars, 0) + coalesce(n.chars, 0))::HUGEINT AS chars,
+               least(u.first_created_at, n.f) AS first_created_at, greatest(u.last_created_at, n.l) AS last_created_at
+        FROM users u FULL OUTER JOIN n ON u.user_id = n.user_id ORDER BY user_id""")
 
 
 def _fresh_rows(con, staged_path: Path):
@@ -549,9 +598,8 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             snap = builder.finish(con)
             store.point_records_view(con, settings, snap["snapshot_id"])
             if new:
-                con.execute("""CREATE OR REPLACE TABLE users AS SELECT user_id, count(*) AS records,
-                    sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
-                    FROM records GROUP BY user_id ORDER BY user_id""")
+                _update_users(con, parent_records=0 if latest is None else
+                              _one(con, f"SELECT records FROM snapshots WHERE snapshot_id = {_q(latest[0])}"))
         else:
             builder.abort()
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}

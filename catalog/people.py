@@ -1,6 +1,6 @@
 """Who is a person: a policy's `spec.people` applied to a snapshot's records.
 
-    records, report = apply_people(snap.records, policy.people())
+    records, report = apply_people(snap.records, policy.people())   # components.planning.people
 
 - **exclude** — accounts that are not people (bots, service users) are dropped, with their records:
   globs on the account id (`user_id`) and on the author's name (`metadata.author_name` for git,
@@ -26,139 +26,11 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from components.core.errors import VeilError
-
-_NAME_SQL = ("coalesce(json_extract_string(metadata, '$.author_name'), "
-             "json_extract_string(metadata, '$.from_name'))")
-
-
-def _glob(pattern: str) -> re.Pattern:
-    """`*` any run, `?` one character, everything else literal (brackets included); case-insensitive."""
-    out = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.strip())
-    return re.compile(out, re.IGNORECASE | re.DOTALL)
-
-
-def _people(people) -> dict:
-    if people is None:
-        return {"exclude": [], "aliases": [], "ownership": "author"}
-    if hasattr(people, "model_dump"):
-        people = people.model_dump()
-    return {"exclude": list(people.get("exclude") or []), "aliases": [list(a) for a in people.get("aliases") or []],
-            "ownership": people.get("ownership", "author")}
-
-
-def _accounts(records: pa.Table) -> list[tuple[str, list[str]]]:
-    """(user_id, its distinct author names) for every account in `records`."""
-    con = duckdb.connect()
-    try:
-        con.register("r", records.select(["user_id", "metadata"]))
-        rows = con.sql(f"SELECT user_id, list(DISTINCT {_NAME_SQL}) FILTER (WHERE {_NAME_SQL} IS NOT NULL) "
-                       "FROM r GROUP BY user_id ORDER BY user_id").fetchall()
-    finally:
-        con.close()
-    return [(u, [n for n in (names or []) if n]) for u, names in rows]
-
-
-def plan_accounts(records: pa.Table, people) -> tuple[dict[str, str | None], dict]:
-    """user_id → the person's id (None: excluded), and the counts report."""
-    p = _people(people)
-    pats = [(x, _glob(x)) for x in p["exclude"]]
-    alias = {}
-    for group in p["aliases"]:
-        canon = group[0].strip().lower()
-        for a in group:
-            alias[a.strip().lower()] = canon
-    mapping: dict[str, str | None] = {}
-    per_pattern = {x: 0 for x, _ in pats}
-    for user, names in _accounts(records):
-        hit = next((x for x, rx in pats if rx.fullmatch(user) or any(rx.fullmatch(n) for n in names)), None)
-        if hit is not None:
-            mapping[user] = None
-            per_pattern[hit] += 1
-        else:
-            mapping[user] = alias.get(user.strip().lower(), user)
-    report = {
-        "accounts": len(mapping),
-        "excluded_accounts": sum(1 for v in mapping.values() if v is None),
-        "excluded_accounts_by_pattern": per_pattern,
-        "merged_accounts": sum(1 for u, v in mapping.items() if v is not None and v != u),
-        "people": len({v for v in mapping.values() if v is not None}),
-        "ownership": p["ownership"],
-    }
-    return mapping, report
-
-
-def _person_of(pid: str, pats, alias) -> str | None:
-    """An identity that wrote nothing (a recipient): excluded by its id, else its alias or itself."""
-    if any(rx.fullmatch(pid) for _, rx in pats):
-        return None
-    return alias.get(pid.strip().lower(), pid.strip().lower())
-
-
-def owners_column(records: pa.Table, user_ids: pa.Array, people) -> tuple[pa.Array, dict]:
-    """Each record's owners: its writer first, then (ownership 'all-participants') every To/Cc
-    recipient in `metadata`, each mapped through aliases and exclusions like a writer. Bcc never
-    reaches the catalog, so it never owns. Rows with a null writer (excluded) get null."""
-    p = _people(people)
-    authors = user_ids.to_pylist()
-    if p["ownership"] != "all-participants":
-        return pa.array([None if a is None else [a] for a in authors], pa.list_(pa.string())), \
-            {"records_with_several_owners": 0}
-    pats = [(x, _glob(x)) for x in p["exclude"]]
-    alias = {a.strip().lower(): g[0].strip().lower() for g in p["aliases"] for a in g}
-    con = duckdb.connect()
-    try:
-        con.register("r", pa.table({"i": pa.array(range(len(records)), pa.int64()),
-                                    "metadata": records.column("metadata")}))
-        rows = con.sql("""SELECT i, list_concat(
-                coalesce(TRY_CAST(json_extract(metadata, '$.to') AS VARCHAR[]), []),
-                coalesce(TRY_CAST(json_extract(metadata, '$.cc') AS VARCHAR[]), [])) AS who
-            FROM r WHERE json_exists(metadata, '$.to') OR json_exists(metadata, '$.cc')""").fetchall()
-    finally:
-        con.close()
-    owners: list = [None if a is None else [a] for a in authors]
-    cache: dict[str, str | None] = {}
-    several = 0
-    for i, who in rows:
-        if authors[i] is None or not who:
-            continue
-        extra = []
-        for w in who:
-            if w not in cache:
-                cache[w] = _person_of(w, pats, alias)
-            q = cache[w]
-            if q is not None and q != authors[i] and q not in extra:
-                extra.append(q)
-        if extra:
-            owners[i] = [authors[i]] + sorted(extra)
-            several += 1
-    return pa.array(owners, pa.list_(pa.string())), {"records_with_several_owners": several}
-
-
-def apply_people(records: pa.Table, people) -> tuple[pa.Table, dict]:
-    """`records` without excluded accounts and with aliases merged, an `owners` column (the writer,
-    plus every To/Cc participant under ownership 'all-participants'), and a counts-only report
-    (`excluded_records`, `excluded_accounts`, per pattern, `merged_accounts`, `people`,
-    `records_with_several_owners`)."""
-    mapping, report = plan_accounts(records, people)
-    users = records.column("user_id")
-    keys = pa.array(list(mapping.keys()), pa.string())
-    vals = pa.array(list(mapping.values()), pa.string())
-    idx = pc.index_in(users, value_set=keys)
-    new_users = pc.take(vals, idx)
-    keep = pc.is_valid(new_users)
-    report["excluded_records"] = len(records) - (pc.sum(keep).as_py() or 0)
-    report["records"] = len(records) - report["excluded_records"]
-    new_users = new_users.cast(pa.string())
-    owners, orep = owners_column(records, new_users.combine_chunks() if isinstance(new_users, pa.ChunkedArray)
-                                 else new_users, people)
-    report.update(orep)
-    out = records.set_column(records.schema.get_field_index("user_id"), records.schema.field("user_id"), new_users)
-    out = out.append_column("owners", owners).filter(keep)
-    return out, report
-
+# The pure part lives in components (planning applies it); re-exported for the catalog's callers.
+from components.planning.people import (_NAME_SQL, _people, apply_people, owners_column,  # noqa: F401
+                                        people_sections, plan_accounts)
 
 def _name_key(name: str) -> str:
     s = unicodedata.normalize("NFKD", name)

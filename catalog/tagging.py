@@ -241,9 +241,13 @@ def load_rules(rules: Sequence[dict] | str | Path | None) -> list[dict]:
 class Tagger:
     """Compiled tagging rules. `tag(texts, paths)` returns the spans of one batch."""
 
-    def __init__(self, rules: Sequence[dict] | str | Path | None = None):
+    def __init__(self, rules: Sequence[dict] | str | Path | None = None, *, ner=None):
         self.rules = load_rules(rules)
-        self.rules_sha256 = sha256_json(self.rules)
+        # An NER plug-in (catalog/ner.py) is part of what the tags mean: its version joins the hash,
+        # so re-ingesting under a new model re-tags instead of counting as "already ingested".
+        self.ner = ner
+        self.rules_sha256 = (sha256_json(self.rules) if ner is None else
+                             sha256_json({"rules": self.rules, "ner": ner.version}))
         self._matchers: list[_Matcher] = []
         self._globs: list[tuple[str, str, str, re.Pattern]] = []  # (class, glob, version, regex)
         # A class whose detectors are all of one kind normalizes its regex matches that way too
@@ -321,6 +325,25 @@ class Tagger:
         for ms in fams.values():
             alt = "|".join("(?:" + m.prefilter + ")" for m in ms)
             self._groups.append((alt if len(ms) > 1 and _re2_ok(alt) else None, ms))
+        # One RE2 set of every filtered matcher's prefilter, in the groups' order: one pass over a
+        # candidate row names the matchers to run (Arrow's per-pattern scans recompile each pattern
+        # for every batch, which cost more than the scans). A set whose DFA runs out of memory
+        # answers "no match", so a row it names nothing for goes the per-pattern way instead.
+        self._set_matchers = [m for _, ms in self._groups for m in ms]
+        self._set = None
+        if self._set_matchers:
+            try:
+                import re2 as _re2
+
+                opts = _re2.Options()
+                opts.max_mem = 64 << 20
+                st = _re2.Set.SearchSet(opts)
+                for m in self._set_matchers:
+                    st.Add(m.prefilter)
+                st.Compile()
+                self._set = st
+            except Exception:  # pragma: no cover - each prefilter compiles alone; then scan per pattern
+                self._set = None
         self._glob_prefilter = "|".join("(?:" + g[3].pattern + ")" for g in self._globs) or None
         if self._glob_prefilter and any(not _rule_case(r) for r in self.rules if r.get("kind") == "path_glob"):
             self._glob_prefilter = "(?i)" + self._glob_prefilter  # looser: fine for a prefilter
@@ -433,19 +456,21 @@ class Tagger:
         if len(idx):
             cand = texts.take(idx)
             rows = idx.to_pylist()
-            per_row: list[list[_Matcher]] = [[] for _ in rows]
-            for group_filter, ms in self._groups:
-                sub, back = cand, None
-                if group_filter is not None:
-                    g = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, group_filter), False))
-                    if len(g) == 0:
-                        continue
-                    sub, back = cand.take(g), g.to_pylist()
-                for m in ms:
-                    hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(sub, m.prefilter), False))
-                    for j in hit.to_pylist():
-                        per_row[j if back is None else back[j]].append(m)
             ctexts = cand.to_pylist()
+            per_row: list[list[_Matcher]] = [[] for _ in rows]
+            rest = list(range(len(rows)))
+            if self._set is not None:
+                rest = []
+                for j, t in enumerate(ctexts):
+                    hits = self._set.Match(t) if t else None
+                    if hits is None:
+                        rest.append(j)   # nothing named (or the set's DFA gave up): scan per pattern
+                    else:
+                        per_row[j] = [self._set_matchers[h] for h in sorted(hits)]
+            if rest:
+                sub_rows = cand if len(rest) == len(rows) else cand.take(pa.array(rest, pa.int64()))
+                for j, ms in zip(rest, self._per_pattern(sub_rows)):
+                    per_row[j] = ms
             cpaths = paths.take(idx).to_pylist() if paths is not None else [None] * len(rows)
             for j, row in enumerate(rows):
                 if ctexts[j] and (per_row[j] or cpaths[j]):
@@ -455,7 +480,45 @@ class Tagger:
                 if text:
                     out.extend(self.spans_of(row, text, None, matchers=self._unfiltered, globs=False))
             out.sort(key=lambda s: s.row)
+        if self.ner is not None:  # a model sees every record: names have no prefilter
+            out.extend(self._ner_spans(texts))
+            out.sort(key=lambda s: s.row)
         return out
+
+    def _ner_spans(self, texts: pa.Array) -> list[Span]:
+        from catalog import ner as _ner
+
+        vals = texts.to_pylist()
+        rows = [i for i, t in enumerate(vals) if t]
+        spans: list[Span] = []
+        for row, ents in zip(rows, self.ner.find([vals[i] for i in rows])):
+            seen = set()
+            for start, end, label, score in ents:
+                cls = _ner.secret_class(label)
+                if cls is None or score < _ner.MIN_SCORE or not 0 <= start < end <= len(vals[row]):
+                    continue
+                value = _ner.normalize(vals[row][start:end])
+                if not value or (start, end, cls) in seen:
+                    continue
+                seen.add((start, end, cls))
+                spans.append(Span(row, f"{cls}:{value}", cls, f"ner.{cls}", self.ner.version, start, end))
+        return spans
+
+    def _per_pattern(self, cand: pa.Array) -> list[list[_Matcher]]:
+        """For each text, the matchers whose prefilter matches it (Arrow scans, family by family)."""
+        per_row: list[list[_Matcher]] = [[] for _ in range(len(cand))]
+        for group_filter, ms in self._groups:
+            sub, back = cand, None
+            if group_filter is not None:
+                g = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(cand, group_filter), False))
+                if len(g) == 0:
+                    continue
+                sub, back = cand.take(g), g.to_pylist()
+            for m in ms:
+                hit = pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(sub, m.prefilter), False))
+                for j in hit.to_pylist():
+                    per_row[j if back is None else back[j]].append(m)
+        return per_row
 
     def tag_all(self, texts: Iterable[str], paths: Iterable[str | None] | None = None) -> list[Span]:
         """Exact pass on every row, no prefilter (the reference the tests compare against)."""

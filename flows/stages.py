@@ -100,7 +100,21 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     from components.policy import load_policy
 
     pol = load_policy(policy)
+    people = pol.spec.people
+    if people.ownership == "all-participants":
+        # The bound exists (components/planning/owners.py, docs/privacy/multi-owner.md) but the planner
+        # does not apply it yet: planning on writers alone would under-count every recipient.
+        raise VeilError(f"{policy}: people.ownership 'all-participants' is not wired into planning yet "
+                        "(multi-owner bounding, docs/privacy/multi-owner.md); use 'author'")
     snap = load_snapshot(settings, snapshot_id)
+    if people.exclude or people.aliases:
+        # Bots out, a person's identities merged into one user id, before any per-person decision:
+        # otherwise a person with two addresses is two units and gets twice the contribution.
+        # (Hook for make_plan: publish `public` in plan["data"]["people"] and keep `annex` in the annex.)
+        from components.planning.people import people_for_plan
+
+        records, _public, _annex = people_for_plan(snap.records, pol.people())
+        snap.__dict__["records"] = records      # Snapshot.records is a cached_property: this is its value
     scorer, compute = planning_aids(pol, base_dir)
     # the public part goes to plans/, the annex (membership, exact counts) to the private area.
     # The plan's date is its snapshot's: the same snapshot, policy and base give the same plan (and

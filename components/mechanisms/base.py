@@ -98,6 +98,7 @@ class Mechanism:
     secret_targets: ClassVar[bool] = False      # certificate and ledger need the plan's per-secret targets
     has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
     ledger_curve: ClassVar[bool] = True         # has a Rényi curve the per-person ledger can charge
+    multi_owner: ClassVar[bool] = False         # a record may count against several owners' bounds (records sampled)
     clipped: ClassVar[bool] = True              # noise is σ·C on clipped unit gradients (the utility forecast's model)
 
     # --- policy → plan ---------------------------------------------------------------------------

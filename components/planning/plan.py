@@ -27,6 +27,8 @@ PRIVATE_KEYS = frozenset({
     "attacker_records_sha256", "canary_records_file", "canary_records_sha256", "n_train_users", "n_train_records",
     "n_attacker_records", "n_audit_eligible_users", "candidates", "user_grad_ratio", "salt",
     "eval_users", "eval_records_file", "eval_records_sha256", "n_eval_users", "n_eval_records",
+    # counts of persons from the policy's `people` section (components.planning.people.people_sections)
+    "n_accounts", "n_people", "n_merged_accounts", "n_people_records", "n_records_several_owners",
 })
 
 

@@ -309,7 +309,13 @@ class People(_Strict):
     ownership: Literal["author", "all-participants"] = Field(
         default="author",
         description="'author': a record belongs to its writer (mail: the sender). 'all-participants': also "
-                    "to every recipient (mail To/Cc), each of whom it can reveal something about.")
+                    "to every recipient (mail To/Cc), each of whom it can reveal something about; every owner "
+                    "then counts the record against their contribution bound k (docs/privacy/multi-owner.md).")
+    multi_owner_order: Literal["fewest-owners", "random"] = Field(
+        default="fewest-owners",
+        description="Under 'all-participants', the keyed order in which records compete for their owners' "
+                    "budgets: 'fewest-owners' first (a mail to fifty people does not use up fifty budgets "
+                    "before a two-person thread is seen) or 'random'.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "People":
@@ -364,6 +370,14 @@ class Spec(_Strict):
         elif self.filter is not None:
             takers = "' or '".join(n for n in mechanism_names(plannable=True) if get_mechanism(n).takes_filter)
             raise ValueError(f"@filter@ filter is set but mechanism is 'auto'; it needs '{takers}'")
+        if self.people.ownership == "all-participants" and (self.privacy_unit != "user" or (
+                self.mechanism != "auto" and not get_mechanism(self.mechanism).multi_owner)):
+            owners_ok = ", ".join(n for n in mechanism_names(unit="user", plannable=True)
+                                  if get_mechanism(n).multi_owner)
+            raise ValueError("@people.ownership@ ownership 'all-participants' bounds each person's records across "
+                             f"every record they own; it needs privacy_unit 'user' with mechanism {owners_ok} or auto "
+                             f"(got {self.privacy_unit}/{self.mechanism}: user-sampled mechanisms sample whole users, "
+                             "and a shared record belongs to several)")
         if self.lifetime_budget is not None and self.target is not None:
             if self.lifetime_budget.epsilon < self.target.epsilon:
                 raise ValueError(f"@lifetime_budget.epsilon@ lifetime_budget epsilon ({self.lifetime_budget.epsilon:g}) is below the "

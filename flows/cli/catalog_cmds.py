@@ -57,6 +57,7 @@ def ingest(
     t.add_row("tagged", f"{rep.tagged_records:,}", f"records with a secret · {rep.new_spans:,} new spans")
     t.add_row("snapshot", rep.snapshot_id, f"{rep.records:,} records · {rep.snapshot_users:,} users · "
                                            f"sha256 {rep.sha256[:12]}…")
+    t.add_row("names/places", rep.ner.split(":")[0], rep.ner.split(": ", 1)[-1])
     t.add_row("time", f"{rep.seconds:.2f} s", f"{d['records_per_second'] or 0:,.0f} records/s")
     out.print(t)
     if rep.likely_duplicate_people:

@@ -318,3 +318,52 @@ def test_wrong_field_mapping_is_named_not_quarantined(settings, tmp_path):
         ingest_source(src, "jsonl", settings=settings)
     rep = ingest_source(src, "jsonl", settings=settings, user_field="author", text_field="body")
     assert rep.accepted == 1 and rep.duplicates == 2
+
+
+def test_blank_line_test_matches_the_byte_scan():
+    """The '{'-first shortcut for blank lines agrees with scanning every byte (few and many odd lines)."""
+    import random
+
+    import numpy as np
+
+    from catalog.connectors.jsonl import _blank_lines
+
+    rng = random.Random(1)
+    for trial in range(200):
+        lines = [rng.choice([b"", b" ", b"\t \r", b'{"a":1}', b' {"a":1}', b"\r", b"x", b"{}  ", b"  \t{"])
+                 for _ in range(rng.randint(1, 400 if trial % 2 else 40))]
+        arr = np.frombuffer(b"\n".join(lines) + b"\n", dtype=np.uint8)
+        ends = np.flatnonzero(arr == 10)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        solid = (arr != 32) & (arr != 9) & (arr != 13) & (arr != 10)
+        assert (_blank_lines(arr, starts, ends) == ~np.logical_or.reduceat(solid, starts)).all()
+
+
+def test_users_table_is_the_parents_plus_the_new_records(settings, tmp_path):
+    """The merge updates per-user counts from the parent's table and the staged lengths; it must equal
+    a recount over the snapshot's records (duplicates, a returning user, a new user, unicode)."""
+    import duckdb
+
+    a = tmp_path / "a.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"user": "u1", "text": "héllo wörld", "ts": "2024-01-02T03:04:05Z"},
+        {"user": "u1", "text": "héllo wörld", "ts": "2024-01-02T03:04:05Z"},     # duplicate
+        {"user": "u2", "text": "x" * 40, "ts": "2023-05-06T00:00:00Z"}]))
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"user": "u1", "text": "again, later", "ts": "2025-01-01T00:00:00Z"},
+        {"user": "u1", "text": "héllo wörld", "ts": "2024-01-02T03:04:05Z"},     # already in the catalog
+        {"user": "u3", "text": "🙂 new person"}]))
+    for src in (a, b):
+        ingest_source(src, "jsonl", settings=settings, time_field="ts")
+        con = duckdb.connect(str(settings.catalog_path), read_only=True)
+        try:
+            got = con.sql("SELECT * FROM users ORDER BY user_id").fetchall()
+            recs = load_snapshot(settings).records
+            con.register("r", recs)
+            want = con.sql("SELECT user_id, count(*), sum(length(text)), min(created_at), max(created_at) "
+                           "FROM r GROUP BY user_id ORDER BY user_id").fetchall()
+        finally:
+            con.close()
+        assert got == want
+    assert [g[:3] for g in got] == [("u1", 2, 23), ("u2", 1, 40), ("u3", 1, 12)]

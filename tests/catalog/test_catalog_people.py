@@ -52,9 +52,14 @@ def test_exclusion_matches_names_too():
 def test_policy_people_section_validates():
     text = DEMO.read_text()
     assert "people:" not in text
-    ok = parse_policy(text.rstrip("\n") + "\n  people:\n    exclude: ['*[bot]@*']\n"
+    els = text.replace("mechanism: uls", "mechanism: els")
+    ok = parse_policy(els.rstrip("\n") + "\n  people:\n    exclude: ['*[bot]@*']\n"
                       "    aliases: [[ann@x.example, ann@y.example]]\n    ownership: all-participants\n")
     assert ok.people()["ownership"] == "all-participants"
+    assert ok.people()["multi_owner_order"] == "fewest-owners"
+    # uls samples whole users; a record owned by several people has no one user to sample with
+    with pytest.raises(PolicyError, match="all-participants"):
+        parse_policy(text.rstrip("\n") + "\n  people:\n    ownership: all-participants\n")
     for bad, why in [("    aliases: [[ann@x.example]]\n", "at least two"),
                      ("    aliases: [[a@x, b@x], [b@x, c@x]]\n", "also in alias list"),
                      ("    exclude: ['*']\n", "every account")]:
