@@ -107,13 +107,14 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
         raise VeilError(f"{policy}: people.ownership 'all-participants' is not wired into planning yet "
                         "(multi-owner bounding, docs/privacy/multi-owner.md); use 'author'")
     snap = load_snapshot(settings, snapshot_id)
+    people_sections = None
     if people.exclude or people.aliases:
         # Bots out, a person's identities merged into one user id, before any per-person decision:
         # otherwise a person with two addresses is two units and gets twice the contribution.
-        # (Hook for make_plan: publish `public` in plan["data"]["people"] and keep `annex` in the annex.)
         from components.planning.people import people_for_plan
 
-        records, _public, _annex = people_for_plan(snap.records, pol.people())
+        records, people_public, people_annex = people_for_plan(snap.records, pol.people())
+        people_sections = (people_public, people_annex)
         snap.__dict__["records"] = records      # Snapshot.records is a cached_property: this is its value
     scorer, compute = planning_aids(pol, base_dir)
     # the public part goes to plans/, the annex (membership, exact counts) to the private area.
@@ -121,7 +122,8 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     # sha256), so a run killed mid-training and started again resumes under its own plan, checkpoint
     # and ledger reservation instead of starting (and paying) again under a new one.
     p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
-                  cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"))
+                  cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
+                  people=people_sections)
     path = save_plan(p, settings.plans_dir)
     return {"plan_path": str(path), "plan": p.to_dict()}
 

@@ -145,7 +145,8 @@ def _load_records(snapshot) -> pa.Table:
 
 def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | dict | None = None,
               scorer: Scorer | None = None, created_at: str | None = None,
-              cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None) -> Plan:
+              cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
+              people: tuple[dict, dict] | None = None) -> Plan:
     """Turn a policy and a snapshot into a sealed public plan and its private annex.
 
     The annex (held-out users, canary ids, the train/attacker/canary Parquet files and their sha256,
@@ -153,7 +154,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     (`components.planning.annex`); the returned plan holds public values and commitments only.
     `snapshot` needs `.snapshot_id`, `.sha256`, `.records` (record_id, user_id, text, …) and
     `.secret_spans` (record_id, secret_id, secret_class, …). `scorer` gives base-model perplexities
-    for the ppl selection strategies. Deterministic: the same inputs (and `created_at`, and the same
+    for the ppl selection strategies. `people`: (public, annex) sections of the policy's people rules
+    already applied to the records (components.planning.people.people_for_plan). Deterministic: the same inputs (and `created_at`, and the same
     private key) give the same plan and the same sha256.
     """
     say = progress or (lambda _msg: None)
@@ -193,7 +195,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
                                                   lambda t, stem: _write_parquet(_sorted(t), out_dir, stem))
     # The private annex: everything that names a person or a record, and every exact private count.
     annex, annex_commitment = seal_annex(key, {**_annex_body(policy, snapshot, split, canaries, files, bounded,
-                                                             train_tbl, cal, chosen), **eval_annex})
+                                                             train_tbl, cal, chosen), **eval_annex,
+                                            **({"people": people[1]} if people else {})})
     caveats = [*BASE_CAVEATS, *chosen.caveats, *bounded.caveats, *cal.caveats]
     if canaries is not None:
         caveats.append(f"{len(canaries.users)} synthetic canary users (seed 003 App. D.2) are part of the training "
@@ -201,6 +204,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     body = _public_body(policy, snapshot, mech, ctx, bounded, cal, chosen, caveats,
                         commitment(annex["salt"], files["train_records"][1]), annex, annex_commitment, created_at)
     body["evaluation"] = eval_public
+    if people:
+        body["data"]["people"] = people[0]      # policy-named exclusions only; person counts stay in the annex
     body["utility_forecast"] = plan_forecast(body, comp.trainable_parameters)  # public fields (and d) only
     plan = Plan(seal(body))
     save_annex(private_dir, plan.sha256, annex)

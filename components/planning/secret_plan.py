@@ -89,7 +89,10 @@ def plan_secret_rates(policy, train: pa.Table, secret_spans: pa.Table, *, expect
     lp = solve_for_policy(policy, st)
     rates = sampling_rates(lp.weights, expected_batch_size)
     keep = np.flatnonzero(rates > 0)
-    section = {**lp.summary(), "untagged_records": policy.spec.secrets.untagged_records,
+    # the solver's wall time is not part of the plan: the plan's identity (its sha256) must depend on
+    # its inputs alone, or a resumed retraining would re-plan under a new identity
+    summary = {k: v for k, v in lp.summary().items() if k != "seconds"}
+    section = {**summary, "untagged_records": policy.spec.secrets.untagged_records,
                "classes": _class_table(st, lp, policy),
                "ignored_classes": list(st.ignored_classes),
                "rates": "per-record Poisson rates p_i = B·w_i/Σw in the train records file ('rate' column); "
