@@ -92,13 +92,19 @@ class PrefectServer:
         return self.log.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
+    """One server for every flow test (starting one costs ~25 s on 2 cores): tests tell their runs
+    apart by parameters (model name, VEIL_HOME), never by counting all of the server's runs."""
     server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
     try:
         yield server
     finally:
-        _drain_prefect_workers()
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        # pointed at the test's server: with no URL the drain would start an ephemeral one (~15 s)
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            _drain_prefect_workers()
         server.stop()
 
 
