@@ -49,8 +49,9 @@ def base_model_task(home, public_corpus, base_model_dir):
 
 
 @task(name="plan", **_task)
-def plan_task(home, policy, snapshot_id, base_dir):
-    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id, base_dir=base_dir)
+def plan_task(home, policy, snapshot_id, base_dir, exclude_people=None):
+    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id, base_dir=base_dir,
+                       exclude_people=exclude_people)
 
 
 @task(name="train", **_task)

@@ -226,8 +226,27 @@ def train_or_resume_task(home: str, plan_path: str, base_dir: str) -> dict:
     return done if done is not None else stages.train(settings, plan_path, base_dir)
 
 
+def planning_exclusions(settings: Settings, key: str, pol, snapshot_id: str, content: str,
+                        base_sha: str) -> list[str]:
+    """Who this release line's plan leaves out for lack of budget (`stages.exhausted_people`),
+    decided once per (snapshot content, base) and kept privately: a run killed after its reservation
+    (which charged the same people) plans again with the same exclusions, so the same plan, and
+    resumes instead of retiring the people it is training."""
+    from catalog.snapshots import load_snapshot
+
+    name = f"{key}.planning"
+    saved = load_state(settings, name)
+    if saved and saved.get("snapshot_content_sha256") == content and saved.get("base_sha256") == base_sha:
+        return list(saved["excluded"])
+    users = load_snapshot(settings, snapshot_id, verify=False).records.column("user_id").to_pylist()
+    excluded = sorted(stages.exhausted_people(settings, pol, users))
+    save_state(settings, name, {"snapshot_content_sha256": content, "base_sha256": base_sha, "excluded": excluded})
+    return excluded
+
+
 def _people(settings: Settings, plan_doc: dict, reg: dict) -> tuple[int | None, int]:
-    """Exact counts, from the ledger's record of this release (private: see `veil retrain`)."""
+    """Exact counts, from the ledger's record of this release (private: see `veil retrain`): trained,
+    and retired by the reservation's filter (people excluded before planning are added by the caller)."""
     life = reg.get("lifetime")
     if life:
         return int(life["admitted"]), int(life["retired"])
@@ -270,9 +289,11 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
         log.info("skipped: %s", reason)
         return _skip(reason, last.get("model_uri"))
 
-    planned = plan_task(home, policy, ing["snapshot_id"], base)
-    plan_doc = planned["plan"]
     try:
+        # plan only with people who have budget left (N̂, q and the audit split are the trainable's)
+        excluded = planning_exclusions(settings, key, pol, ing["snapshot_id"], content, base_sha)
+        planned = plan_task(home, policy, ing["snapshot_id"], base, exclude_people=excluded)
+        plan_doc = planned["plan"]
         trained = train_or_resume_task(home, planned["plan_path"], base)
     except VeilError as e:
         if "spent their lifetime budget" in str(e):
@@ -301,6 +322,7 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"], required, alias, approval)
     log.info("%s: %s", "promoted" if gate["promoted"] else "not promoted", gate["reason"])
     trained_n, retired_n = _people(settings, plan_doc, reg)
+    retired_n += int(planned.get("excluded_people") or 0)  # out before planning + retired at the reservation
     public_approval = None if approval is None else {k: approval[k] for k in ("approved", "by", "at", "refused")}
     return {"action": "trained", "reason": gate["reason"], "model_uri": reg["model_uri"],
             "promoted": gate["promoted"], "approval": public_approval,

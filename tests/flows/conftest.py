@@ -45,6 +45,8 @@ class PrefectServer:
             # seconds, not the default minute: a schedule's runs appear while the test waits
             "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
             "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "1",
+            # a run waiting for the deployment's concurrency slot retries in 2 s, not 30
+            "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
             # services the tests do not need cost CPU on 2 shared cores
             "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
             "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
