@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 
 class PrefectServer:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, **env: str):
         self.home = home
         self.port = _free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
@@ -53,6 +53,7 @@ class PrefectServer:
             "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": "false",
             "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_ENABLED": "false",
         })
+        self.env.update(env)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> "PrefectServer":
