@@ -61,6 +61,13 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
                      "people_retired": 0, "approval": None, "reason": again["reason"]}
     assert "did not change" in again["reason"] and "no budget spent" in again["reason"]
     assert _releases(veil_home) == 1  # no spend
+    # the same base model at another path is the same base (compared by content): still skipped
+    import shutil
+
+    moved = tmp_path / "moved-base"
+    shutil.copytree(org["base"], moved)
+    assert _retrain(policy, {**org, "base": moved}, capsys)["action"] == "skipped"
+    assert _releases(veil_home) == 1
 
     with open(org["source"], "a") as f:
         f.writelines(l + "\n" for l in org["late"])
