@@ -332,8 +332,35 @@ def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_co
         raise typer.Exit(128 + got)
 
 
+def approve(flow_run_id: str = typer.Argument(..., help="the paused veil-retrain run (its id, in its log line)"),
+            promoter: str = typer.Option(..., "--promoter", help="your name as listed in release.promoters"),
+            reject: bool = typer.Option(False, "--reject", help="reject the release instead")) -> None:
+    """Answer a retraining paused for a promoter's approval (the Prefect UI's Resume form does the same).
+    A name not in the policy's release.promoters is refused by the run, which waits on."""
+    from uuid import UUID
+
+    from prefect.exceptions import FlowPauseTimeout, ObjectNotFound
+    from prefect.flow_runs import NotPausedError, resume_flow_run
+
+    _settings()
+    try:
+        run_id = UUID(flow_run_id)
+    except ValueError:
+        raise VeilError(f"{flow_run_id!r}: not a flow run id") from None
+    try:
+        resume_flow_run(run_id, run_input={"promoter": promoter, "approve": not reject})
+    except NotPausedError:
+        raise VeilError(f"flow run {run_id} is not paused for approval") from None
+    except FlowPauseTimeout:
+        raise VeilError(f"flow run {run_id}: its approval window has closed") from None
+    except ObjectNotFound:
+        raise VeilError(f"flow run {run_id}: no such run on this Prefect server") from None
+    out.print(f"sent {'rejection' if reject else 'approval'} as {promoter} to flow run {run_id}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
+    app.command("approve")(approve)
     app.command("demo-data")(demo_data)
     app.command("base-model")(base_model)
     app.command("run")(run)

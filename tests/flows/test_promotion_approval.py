@@ -74,8 +74,11 @@ def test_promoter_approves_non_promoter_is_refused(api, veil_home, tmp_path, org
     t, box = _start(api, policy, org, veil_home, "appr")
     run = _paused_run(api, t, box)
     assert _alias(veil_home, "appr") is None
-    # a name that is not a promoter: refused, production does not move, the run pauses again
-    resume_flow_run(run["id"], run_input={"promoter": "mallory@acme.example"})
+    # a name that is not a promoter (sent with `veil approve`): refused, production does not move,
+    # the run pauses again
+    from flows.cli import app
+
+    app(["approve", run["id"], "--promoter", "mallory@acme.example"], standalone_mode=False)
     again = _paused_run(api, t, box, seen={run["state"]["id"]})
     assert again["id"] == run["id"]
     assert _alias(veil_home, "appr") is None
