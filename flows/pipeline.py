@@ -49,8 +49,9 @@ def base_model_task(home, public_corpus, base_model_dir):
 
 
 @task(name="plan", **_task)
-def plan_task(home, policy, snapshot_id, base_dir):
-    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id, base_dir=base_dir)
+def plan_task(home, policy, snapshot_id, base_dir, exclude_people=None):
+    return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id, base_dir=base_dir,
+                       exclude_people=exclude_people)
 
 
 @task(name="train", **_task)
@@ -116,15 +117,38 @@ def demo_flow(home: str | None = None, audit: bool = True) -> dict:
                          audit=audit, truth=org["truth"])
 
 
-def serve_retraining(policy: str, source: str, fmt: str, cron: str, *, home: str | None = None,
-                     base_model_dir: str | None = None, public_corpus: str | None = None,
-                     model_name: str = "veil") -> None:  # pragma: no cover - long-running server loop
+def serve_retraining(policy: str, source: str, fmt: str, cron: str, *, timezone: str = "UTC",
+                     home: str | None = None, base_model_dir: str | None = None, public_corpus: str | None = None,
+                     model_name: str = "veil", mapping: dict | None = None) -> int | None:
     """Scheduled retraining without a work pool: serve `retrain_flow` (skips unchanged data, promotes
-    only on a passed audit) on a cron schedule; needs a Prefect server (prefect.yaml is the deployment
-    with a work pool)."""
+    only on a passed audit and a promoter's approval) on a cron schedule in `timezone`, one run at a
+    time; needs a Prefect server (prefect.yaml is the deployment with a work pool).
+
+    Blocks until SIGINT or SIGTERM, then stops the runner (its schedule is paused on the server) and
+    returns that signal's number; returns None if the runner stopped by itself."""
+    import signal
+
+    from prefect.schedules import Cron
+
     from flows.retrain import retrain_flow
 
-    retrain_flow.serve(name=f"retrain-{model_name}", cron=cron,
-                        parameters={"policy": str(Path(policy).resolve()), "source": str(Path(source).resolve()),
-                                    "fmt": fmt, "home": home, "base_model_dir": base_model_dir,
-                                    "public_corpus": public_corpus, "model_name": model_name})
+    got: list[int] = []
+
+    def stop(signum, _frame):
+        got.append(signum)
+        raise KeyboardInterrupt  # Prefect's serve() stops its runner on this
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        retrain_flow.serve(name=f"retrain-{model_name}", schedules=[Cron(cron, timezone=timezone)], limit=1,
+                           print_starting_message=False,
+                           parameters={"policy": str(Path(policy).resolve()), "source": str(Path(source).resolve()),
+                                       "fmt": fmt, "home": home, "base_model_dir": base_model_dir,
+                                       "public_corpus": public_corpus, "model_name": model_name,
+                                       "mapping": mapping or {}})
+    except KeyboardInterrupt:  # a signal that arrived outside the runner's own loop
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return got[0] if got else None

@@ -2,22 +2,27 @@
 
 ingest → unchanged data? stop, no spend → plan → train (ledger reservation first) → certify →
 register → audit → promote (the `production` alias moves only on a passed audit and a certificate
-carrying the policy's required fields).
+carrying the policy's required fields, and — when the policy names `release.promoters` — once one of
+them approved it: the run pauses on the Prefect server for their input).
 
 What a release line last trained on is kept per (policy, source, model name) in the private area:
 the snapshot's content hash (records and secret spans: everything training reads) and the base
-model. The file names a source path and a model URI, nothing about a person, but it sits with the
+model's content hash (its files, not its path: a base replaced in place is a new base). The file names a source path and a model URI, nothing about a person, but it sits with the
 ledger because it decides spend.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.input import RunInput
 
 from components.core.errors import VeilError
 from components.core.settings import Settings, load_settings, private_umask
@@ -65,7 +70,27 @@ def training_content(settings: Settings, snapshot_id: str) -> str:
     return load_snapshot(settings, snapshot_id, verify=False).manifest["content_sha256"]
 
 
+def base_content(base_dir: str) -> str:
+    """The base model directory's content hash (every file; the certificate's `run.base_model`)."""
+    from components.core.fingerprints import directory_fingerprint
+
+    return directory_fingerprint(base_dir)["sha256"]
+
+
+# The flat names policies use for certificate fields that live in a section of the certificate
+# (`veil.certificate/v1`): without them `policy_sha256` — in every shipped policy — is never found.
+FIELD_PATHS = {"policy_sha256": "policy.sha256", "policy_name": "policy.name",
+               "snapshot_sha256": "dataset.snapshot_sha256", "snapshot_id": "dataset.snapshot_id",
+               "train_records_commitment": "dataset.train_records_commitment",
+               "device": "run.device", "precision": "run.precision"}
+
+
 def _field(cert: dict, path: str):
+    found = _at(cert, path)
+    return found if found is not None or path not in FIELD_PATHS else _at(cert, FIELD_PATHS[path])
+
+
+def _at(cert: dict, path: str):
     node = cert
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -87,18 +112,98 @@ def promotion_gate(cert: dict, audit_summary: dict | None, required: list[str]) 
     return True, f"audit passed and the certificate has every required field ({', '.join(required)})"
 
 
+class PromotionApproval(RunInput):
+    """What a promoter sends to resume a retraining paused for approval (Prefect UI form, `veil approve`,
+    or `prefect.flow_runs.resume_flow_run(id, run_input={"promoter": …})`)."""
+    promoter: str
+    approve: bool = True
+
+
+def _api_server() -> str | None:
+    """The Prefect API the run reports to, or None on the ephemeral in-process API (nobody can
+    reach a run paused there to approve it)."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url or None
+
+
+def _back_to_running() -> None:
+    """After an unanswered pause the run is still PAUSED on the server: mark it running again so it
+    can finish (and report `not promoted`) instead of being failed by Prefect."""
+    from prefect import get_client
+    from prefect.context import FlowRunContext
+    from prefect.states import Running
+
+    ctx = FlowRunContext.get()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(ctx.flow_run.id, Running(), force=True)
+
+
+def await_approval(promoters: list[str], timeout_s: int, model_uri: str, *, poll_s: int = 5) -> dict:
+    """One of `promoters` approves through a Prefect pause-for-input step. Returns {"approved",
+    "by", "at", "reason", "refused"}: `refused` lists the names that answered but are not promoters
+    (their answer is ignored and the run waits on, up to the same deadline). The name is who the
+    answer says it is from: the Prefect API's own access control decides who may answer at all."""
+    from prefect.exceptions import FlowPauseTimeout
+    from prefect.flow_runs import pause_flow_run
+
+    log = get_run_logger()
+    if not promoters:
+        return {"approved": True, "by": None, "at": None, "refused": [],
+                "reason": "the policy names no promoters: promoted on its gates"}
+    if _api_server() is None:
+        return {"approved": False, "by": None, "at": None, "refused": [],
+                "reason": "the policy's promoters approve through a Prefect server, and this run has none "
+                          "(set PREFECT_API_URL): awaiting no one"}
+    deadline, refused = time.monotonic() + timeout_s, []
+    allowed = {p.strip() for p in promoters}
+    while (left := math.ceil(deadline - time.monotonic())) > 0:
+        log.info("%s passed its gates: waiting up to %d s for one of release.promoters (%s) to approve "
+                 "(resume this run with input {\"promoter\": NAME, \"approve\": true|false})",
+                 model_uri, left, ", ".join(promoters))
+        try:
+            got = pause_flow_run(wait_for_input=PromotionApproval, timeout=left, poll_interval=max(1, min(poll_s, left)))
+        except FlowPauseTimeout:
+            _back_to_running()
+            break
+        name, at = got.promoter.strip(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if name not in allowed:
+            refused.append(name)
+            log.warning("refused: %r is not one of release.promoters; %s stays unpromoted and the run waits on",
+                        name, model_uri)
+            continue
+        if not got.approve:
+            return {"approved": False, "by": name, "at": at, "refused": refused,
+                    "reason": f"rejected by promoter {name} at {at}"}
+        return {"approved": True, "by": name, "at": at, "refused": refused,
+                "reason": f"approved by promoter {name} at {at}"}
+    return {"approved": False, "by": None, "at": None, "refused": refused,
+            "reason": f"no promoter approved within {timeout_s} s"}
+
+
 @task(name="promote", cache_policy=NO_CACHE, retries=0)
 def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | None, required: list[str],
-                 alias: str) -> dict:
+                 alias: str, approval: dict | None = None) -> dict:
+    """Move `alias` when the gates pass and (when asked for) a promoter approved; tag the version with
+    the decision and, when there was one, who approved or rejected it and when."""
     from components.registry.mlflow_registry import _client
 
     settings = load_settings(home)
     ok, why = promotion_gate(cert, audit_summary, required)
+    if ok and approval is not None and not approval["approved"]:
+        ok, why = False, f"{why}, but {approval['reason']}"
+    elif ok and approval is not None:
+        why = f"{why}; {approval['reason']}"
     name, version = model_uri[len("models:/"):].split("/", 1)
     client = _client(settings)
     # latest-certified: the newest version whose audit did not fail (it moves after the audit now)
     if (audit_summary or {}).get("verdict") != "failed":
         client.set_registered_model_alias(name, LATEST, version)
+    if approval is not None and approval.get("by"):
+        client.set_model_version_tag(name, version, "veil.approval.by", approval["by"])
+        client.set_model_version_tag(name, version, "veil.approval.at", approval["at"])
+        client.set_model_version_tag(name, version, "veil.approval.decision",
+                                     "approved" if approval["approved"] else "rejected")
     if ok:
         client.set_registered_model_alias(name, alias, version)
         client.set_model_version_tag(name, version, "veil.promotion", f"{alias}: {why}")
@@ -121,8 +226,27 @@ def train_or_resume_task(home: str, plan_path: str, base_dir: str) -> dict:
     return done if done is not None else stages.train(settings, plan_path, base_dir)
 
 
+def planning_exclusions(settings: Settings, key: str, pol, snapshot_id: str, content: str,
+                        base_sha: str) -> list[str]:
+    """Who this release line's plan leaves out for lack of budget (`stages.exhausted_people`),
+    decided once per (snapshot content, base) and kept privately: a run killed after its reservation
+    (which charged the same people) plans again with the same exclusions, so the same plan, and
+    resumes instead of retiring the people it is training."""
+    from catalog.snapshots import load_snapshot
+
+    name = f"{key}.planning"
+    saved = load_state(settings, name)
+    if saved and saved.get("snapshot_content_sha256") == content and saved.get("base_sha256") == base_sha:
+        return list(saved["excluded"])
+    users = load_snapshot(settings, snapshot_id, verify=False).records.column("user_id").to_pylist()
+    excluded = sorted(stages.exhausted_people(settings, pol, users))
+    save_state(settings, name, {"snapshot_content_sha256": content, "base_sha256": base_sha, "excluded": excluded})
+    return excluded
+
+
 def _people(settings: Settings, plan_doc: dict, reg: dict) -> tuple[int | None, int]:
-    """Exact counts, from the ledger's record of this release (private: see `veil retrain`)."""
+    """Exact counts, from the ledger's record of this release (private: see `veil retrain`): trained,
+    and retired by the reservation's filter (people excluded before planning are added by the caller)."""
     life = reg.get("lifetime")
     if life:
         return int(life["admitted"]), int(life["retired"])
@@ -134,15 +258,16 @@ def _people(settings: Settings, plan_doc: dict, reg: dict) -> tuple[int | None, 
 
 def _skip(reason: str, model_uri: str | None = None) -> dict:
     return {"action": "skipped", "reason": reason, "model_uri": model_uri, "promoted": False,
-            "people_trained": 0, "people_retired": 0}
+            "approval": None, "people_trained": 0, "people_retired": 0}
 
 
 @flow(name="veil-retrain", log_prints=True)
 def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                  base_model_dir: str | None = None, public_corpus: str | None = None,
                  model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
-                 alias: str = PRODUCTION) -> dict:
-    """One retraining. Returns {action, reason, model_uri, promoted, people_trained, people_retired};
+                 alias: str = PRODUCTION, approval_poll_s: int = 5) -> dict:
+    """One retraining. Returns {action, reason, model_uri, promoted, approval, people_trained,
+    people_retired} (approval: who approved or rejected it and when, None when nobody was asked);
     the people counts are exact and private: they are returned to the caller, never logged."""
     from components.policy import load_policy
 
@@ -157,15 +282,18 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     content = training_content(settings, ing["snapshot_id"])
     key = line_key(pol.sha256, source, model_name)
     last = load_state(settings, key)
-    if last and last.get("snapshot_content_sha256") == content and last.get("base_dir") == base:
+    base_sha = base_content(base)
+    if last and last.get("snapshot_content_sha256") == content and last.get("base_sha256") == base_sha:
         reason = (f"the data eligible for training did not change since {last['model_uri']} "
                   f"(snapshot {ing['snapshot_id']}, same base model): nothing trained, no budget spent")
         log.info("skipped: %s", reason)
         return _skip(reason, last.get("model_uri"))
 
-    planned = plan_task(home, policy, ing["snapshot_id"], base)
-    plan_doc = planned["plan"]
     try:
+        # plan only with people who have budget left (N̂, q and the audit split are the trainable's)
+        excluded = planning_exclusions(settings, key, pol, ing["snapshot_id"], content, base_sha)
+        planned = plan_task(home, policy, ing["snapshot_id"], base, exclude_people=excluded)
+        plan_doc = planned["plan"]
         trained = train_or_resume_task(home, planned["plan_path"], base)
     except VeilError as e:
         if "spent their lifetime budget" in str(e):
@@ -179,14 +307,23 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     # Recorded before the audit: the release exists and was charged, so the same data must not be
     # trained (and charged) again even if the audit below fails.
     state = {"snapshot_id": ing["snapshot_id"], "snapshot_content_sha256": content, "base_dir": base,
+             "base_sha256": base_sha,
              "model_uri": reg["model_uri"], "plan_sha256": plan_doc["sha256"], "source": str(Path(source).resolve()),
              "policy_sha256": pol.sha256}
     save_state(settings, key, state)
     aud = audit_task(home, reg["model_uri"], policy, truth)
     final_cert = aud["certificate"]
-    gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"],
-                        list(pol.spec.release.required_certificate_fields), alias)
+    required = list(pol.spec.release.required_certificate_fields)
+    approval = None
+    if promotion_gate(final_cert, aud["summary"], required)[0]:
+        # only a release that passed its gates is put to the promoters (the flow pauses, not a task)
+        approval = await_approval(list(pol.spec.release.promoters), pol.spec.release.approval_timeout_seconds,
+                                  reg["model_uri"], poll_s=approval_poll_s)
+    gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"], required, alias, approval)
     log.info("%s: %s", "promoted" if gate["promoted"] else "not promoted", gate["reason"])
     trained_n, retired_n = _people(settings, plan_doc, reg)
+    retired_n += int(planned.get("excluded_people") or 0)  # out before planning + retired at the reservation
+    public_approval = None if approval is None else {k: approval[k] for k in ("approved", "by", "at", "refused")}
     return {"action": "trained", "reason": gate["reason"], "model_uri": reg["model_uri"],
-            "promoted": gate["promoted"], "people_trained": trained_n, "people_retired": retired_n}
+            "promoted": gate["promoted"], "approval": public_approval,
+            "people_trained": trained_n, "people_retired": retired_n}

@@ -93,8 +93,63 @@ def planning_aids(pol, base_dir: str | Path | None):
     return scorer, compute
 
 
+def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
+    """The people this policy's release cannot admit whatever the plan: even its smallest part, the
+    ε_N of the population estimate N̂ (target ε × population.epsilon_fraction, public, Laplace: its
+    Rényi curve `pure_dp_rdp(ε_N)` is below every release's cost), would take them past their
+    lifetime budget at every order. The reservation's filter would retire them anyway; left out
+    before planning, N̂, q and the audit split are those of people who can be trained.
+
+    One person's answer reads only that person's ledger row, the ledger's budget and the policy
+    (public). Empty when there is no lifetime budget or no population estimate to price."""
+    import numpy as np
+
+    from components.ledger import Ledger
+    from components.ledger.ledger import Budget
+    from components.ledger.release import pure_dp_rdp
+
+    target = pol.spec.target.epsilon
+    if target is None or pol.spec.mechanism in ("secret", "uls-filtered"):
+        return set()  # no Laplace N̂ (their counts are public): nothing to price before planning
+    eps_n = float(target) * float(pol.spec.population.epsilon_fraction)
+    led = Ledger.open(settings)
+    try:
+        budget = led.budget() or Budget.parse(pol.spec.lifetime_budget.model_dump()
+                                              if pol.spec.lifetime_budget is not None else None)
+        if budget is None or eps_n <= 0:
+            return set()
+        cap = led.rdp_budget(budget)
+        floor = pure_dp_rdp(eps_n, led.orders)
+        spend = led.spend(sorted({str(u) for u in user_ids}))
+    finally:
+        led.dispose()
+    return {u for u, row in spend.items() if not bool(np.any(np.asarray(row, dtype=float) + floor <= cap))}
+
+
+def _without_people(snap, people: set[str]):
+    """The snapshot as the planner sees it, less these people's records and their secret spans
+    (same id and sha256: the plan still names the snapshot it was drawn from)."""
+    import pyarrow.compute as pc
+
+    from catalog.snapshots import Snapshot
+
+    out = Snapshot(snap.snapshot_id, snap.sha256, snap.path, snap.manifest)
+    keep = pc.invert(pc.is_in(snap.records["user_id"], pa.array(sorted(people), pa.string())))
+    records = snap.records.filter(keep)
+    spans = snap.secret_spans
+    if records.num_rows == 0:
+        raise VeilError("ledger: every person of this snapshot has spent their lifetime budget: nothing to plan "
+                        "(the policy's lifetime_budget is the governance team's call)")
+    out.__dict__["records"] = records  # cached_property: the instance's value wins
+    out.__dict__["secret_spans"] = spans.filter(pc.is_in(spans["record_id"], records["record_id"]))
+    return out
+
+
 def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = None,
-         base_dir: str | Path | None = None, progress=None) -> dict:
+         base_dir: str | Path | None = None, progress=None, exclude_people=None) -> dict:
+    """Plan a release, leaving `exclude_people` (ids; retraining passes `exhausted_people`) out of
+    the snapshot the planner sees. Returns {"plan_path", "plan", "excluded_people"} (that count is
+    exact and private: never logged or published)."""
     from catalog.snapshots import load_snapshot
     from components.planning import make_plan, save_plan
     from components.policy import load_policy
@@ -116,6 +171,10 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
         records, people_public, people_annex = people_for_plan(snap.records, pol.people())
         people_sections = (people_public, people_annex)
         snap.__dict__["records"] = records      # Snapshot.records is a cached_property: this is its value
+    # then the people the ledger retired (ids as the plan sees them: after aliases are merged)
+    excluded = set(exclude_people or ())
+    if excluded:
+        snap = _without_people(snap, excluded)
     scorer, compute = planning_aids(pol, base_dir)
     # the public part goes to plans/, the annex (membership, exact counts) to the private area.
     # The plan's date is its snapshot's: the same snapshot, policy and base give the same plan (and
@@ -125,7 +184,7 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
                   cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
                   people=people_sections)
     path = save_plan(p, settings.plans_dir)
-    return {"plan_path": str(path), "plan": p.to_dict()}
+    return {"plan_path": str(path), "plan": p.to_dict(), "excluded_people": len(excluded)}
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:

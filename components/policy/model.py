@@ -292,6 +292,10 @@ class Release(_Strict):
     required_certificate_fields: list[str] = Field(
         default_factory=lambda: ["epsilon", "delta", "privacy_unit", "mechanism", "policy_sha256"])
     promoters: list[str] = Field(default_factory=list, description="Who may promote a model to production.")
+    approval_timeout_seconds: int = Field(
+        default=86400, ge=1,
+        description="How long a retraining waits (paused, on the Prefect server) for one of `promoters` to "
+                    "approve a release that passed its gates; past it the release is not promoted.")
 
 
 class People(_Strict):

@@ -38,7 +38,9 @@ def _experiment(settings: Settings, name: str) -> str:
     if exp is not None:
         return exp.experiment_id
     location = None
-    if settings.mlflow_tracking_uri.startswith("sqlite:"):
+    # a database store (sqlite, or a team's PostgreSQL) has no artifact server: without a location
+    # MLflow writes artifacts to ./mlruns under whatever the working directory is
+    if not settings.mlflow_tracking_uri.startswith(("http:", "https:", "databricks")):
         location = (settings.mlflow_artifacts_dir / name).as_uri()
     return mlflow.create_experiment(name, artifact_location=location)
 

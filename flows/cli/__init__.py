@@ -23,7 +23,22 @@ class _VeilGroup(TyperGroup):
             return super().invoke(ctx)
         except VeilError as e:
             click.echo(f"error: {e}", err=True)
+            _release_native_objects(e)
             raise typer.Exit(2) from None
+
+
+def _release_native_objects(e: BaseException) -> None:
+    """A failed flow keeps the exception (and, through its traceback, the frames holding DuckDB
+    connections) in Prefect's state objects; freed only at interpreter exit, nanobind prints a
+    "leaked instances" dump over the user's one-line error. Drop the frames and collect now."""
+    import gc
+    import traceback
+
+    tb = e.__traceback__
+    if tb is not None:
+        traceback.clear_frames(tb)
+    e.__traceback__ = None
+    gc.collect()
 
 
 app = typer.Typer(
@@ -50,4 +65,5 @@ def main() -> None:
         app()
     except VeilError as e:  # raised outside a command (e.g. while loading settings)
         print(f"error: {e}", file=sys.stderr)
+        _release_native_objects(e)
         sys.exit(2)

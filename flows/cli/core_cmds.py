@@ -274,16 +274,26 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
             base_model: Optional[Path] = typer.Option(None, "--base-model", help="local HF causal-LM directory"),
             public_corpus: Optional[Path] = typer.Option(None, "--public-corpus", help="pretrain a base on this"),
             name: str = typer.Option("veil", "--name", help="registered model name"),
-            json_out: bool = typer.Option(False, "--json")) -> None:
+            json_out: bool = typer.Option(False, "--json"),
+            serve: bool = typer.Option(False, "--serve", help="serve the retraining on --cron until Ctrl-C "
+                                       "(needs PREFECT_API_URL; prefect.yaml is the work-pool deployment)"),
+            cron: str = typer.Option("0 3 * * 0", "--cron", help="with --serve: the schedule"),
+            timezone: str = typer.Option("UTC", "--timezone", help="with --serve: the schedule's timezone")) -> None:
     """One retraining, through the flow the schedule runs: skipped (no spend) when the data eligible for
     training did not change; else train, certify, register, audit, and promote to `production` only on a
-    passed audit.
+    passed audit (and, when the policy names release.promoters, once one of them approved the paused run).
+
+    With --serve, the same flow is served on a cron schedule until SIGINT/SIGTERM (exit 130/143).
 
     people_trained / people_retired are exact counts from the per-person ledger. They are printed
     because whoever runs this holds VEIL_HOME (its private area, the ledger: `veil ledger` shows the
     same counts): they are an administrator. The flow never logs them to the Prefect server."""
     _check_inputs(policy, source, base_model, public_corpus)
     quiet_third_party()
+    if serve:
+        _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name,
+                          _mapping(user_field, text_field, id_field, time_field, meta))
+        return
     from flows.retrain import retrain_flow
 
     s = _settings()
@@ -301,8 +311,65 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
                   + ("promoted" if result["promoted"] else "not promoted") + f": {result['reason']}")
 
 
+def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name, mapping) -> None:
+    import os
+    import signal
+
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    from flows.cli.common import err
+    from flows.pipeline import serve_retraining
+
+    try:  # Prefect's own check of the schedule, before anything is registered
+        CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as e:
+        why = e.errors()[0].get("msg", "invalid")
+        raise VeilError(f"--cron {cron!r} --timezone {timezone!r}: {why}") from None
+    s = _settings()
+    if not os.environ.get("PREFECT_API_URL"):
+        raise VeilError("--serve needs a Prefect server: set PREFECT_API_URL (or prefect_api_url in veil.toml)")
+    err.print(f"serving veil-retrain/retrain-{name} on '{cron}' ({timezone}) at {os.environ['PREFECT_API_URL']}; "
+              "Ctrl-C stops", soft_wrap=True)
+    got = serve_retraining(str(policy.resolve()), str(source.resolve()), fmt, cron, timezone=timezone,
+                           home=str(s.home), base_model_dir=str(base_model.resolve()) if base_model else None,
+                           public_corpus=str(public_corpus.resolve()) if public_corpus else None,
+                           model_name=name, mapping=mapping)
+    if got is not None:
+        err.print(f"stopped serving veil-retrain/retrain-{name} ({signal.Signals(got).name}); its schedule is "
+                  "paused on the server", soft_wrap=True)
+        raise typer.Exit(128 + got)
+
+
+def approve(flow_run_id: str = typer.Argument(..., help="the paused veil-retrain run (its id, in its log line)"),
+            promoter: str = typer.Option(..., "--promoter", help="your name as listed in release.promoters"),
+            reject: bool = typer.Option(False, "--reject", help="reject the release instead")) -> None:
+    """Answer a retraining paused for a promoter's approval (the Prefect UI's Resume form does the same).
+    A name not in the policy's release.promoters is refused by the run, which waits on."""
+    from uuid import UUID
+
+    from prefect.exceptions import FlowPauseTimeout, ObjectNotFound
+    from prefect.flow_runs import NotPausedError, resume_flow_run
+
+    _settings()
+    try:
+        run_id = UUID(flow_run_id)
+    except ValueError:
+        raise VeilError(f"{flow_run_id!r}: not a flow run id") from None
+    try:
+        resume_flow_run(run_id, run_input={"promoter": promoter, "approve": not reject})
+    except NotPausedError:
+        raise VeilError(f"flow run {run_id} is not paused for approval") from None
+    except FlowPauseTimeout:
+        raise VeilError(f"flow run {run_id}: its approval window has closed") from None
+    except ObjectNotFound:
+        raise VeilError(f"flow run {run_id}: no such run on this Prefect server") from None
+    out.print(f"sent {'rejection' if reject else 'approval'} as {promoter} to flow run {run_id}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
+    app.command("approve")(approve)
     app.command("demo-data")(demo_data)
     app.command("base-model")(base_model)
     app.command("run")(run)

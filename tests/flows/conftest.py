@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 
 class PrefectServer:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, **env: str):
         self.home = home
         self.port = _free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
@@ -45,12 +45,15 @@ class PrefectServer:
             # seconds, not the default minute: a schedule's runs appear while the test waits
             "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
             "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "1",
+            # a run waiting for the deployment's concurrency slot retries in 2 s, not 30
+            "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
             # services the tests do not need cost CPU on 2 shared cores
             "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
             "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
             "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": "false",
             "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_ENABLED": "false",
         })
+        self.env.update(env)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> "PrefectServer":
@@ -92,13 +95,19 @@ class PrefectServer:
         return self.log.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
+    """One server for every flow test (starting one costs ~25 s on 2 cores): tests tell their runs
+    apart by parameters (model name, VEIL_HOME), never by counting all of the server's runs."""
     server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
     try:
         yield server
     finally:
-        _drain_prefect_workers()
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        # pointed at the test's server: with no URL the drain would start an ephemeral one (~15 s)
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            _drain_prefect_workers()
         server.stop()
 
 
@@ -143,3 +152,64 @@ def _prefect_console_on_live_stream():
     _console_handlers_to(sys.stderr)
     yield
     _console_handlers_to(sys.__stderr__)
+
+
+# --- a tiny organization and policy for the retraining tests ----------------------------------------
+
+MAPPING = ["--id-field", "id", "--time-field", "ts", "--meta", "team", "--meta", "path"]
+
+
+@pytest.fixture
+def api(prefect_server, monkeypatch):
+    """This process' flows report to the test's real server."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server.api_url)
+    with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
+        yield prefect_server
+
+
+def tiny_policy(tmp_path, steps=4, *, promoters=(), approval_timeout=None, passable=False, name="tiny"):
+    """The demo policy, sized to train in seconds. `passable`: audit thresholds a tiny model passes
+    (AUROC ceiling 0.999, no secret classes), so the promotion path past the audit is exercised."""
+    import yaml
+
+    from flows import stages
+
+    doc = yaml.safe_load(stages.DEMO_POLICY.read_text())
+    doc["metadata"]["name"] = "retrain-tiny"
+    doc["spec"]["training"].update(steps=steps, expected_batch_size=8, seq_len=64, micro_batch_size=8)
+    doc["spec"]["audit"]["attacker_samples_per_user"] = 2
+    doc["spec"]["release"]["promoters"] = list(promoters)
+    if approval_timeout is not None:
+        doc["spec"]["release"]["approval_timeout_seconds"] = approval_timeout
+    if passable:
+        doc["spec"]["audit"].update(max_user_inference_auroc=0.999, max_secret_exposure=1000.0)
+        doc["spec"]["secrets"]["classes"] = []
+    path = tmp_path / f"{name}-{steps}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def build_org(tmp_path, settings):
+    import json
+
+    from components.modeling import build_base_model
+    from flows import stages
+
+    org = stages.demo_data(settings)
+    texts = [json.loads(l)["text"] for l in open(org["public"])][:400]
+    base = build_base_model(texts, tmp_path / "base", vocab_size=512, n_layer=1, n_embd=32, n_head=2,
+                            n_positions=64, steps=4, seq_len=64, batch_size=8, progress=False)
+    lines = open(org["messages"]).read().splitlines()
+    users = sorted({json.loads(l)["user"] for l in lines})
+    late = set(users[: len(users) // 5])  # these people's text arrives later
+    src = tmp_path / "messages.jsonl"
+    src.write_text("".join(l + "\n" for l in lines if json.loads(l)["user"] not in late))
+    rest = [l for l in lines if json.loads(l)["user"] in late]
+    return {"source": src, "late": rest, "base": base, "n_late": len(late)}
+
+
+@pytest.fixture
+def org(tmp_path, settings):
+    return build_org(tmp_path, settings)

@@ -19,7 +19,8 @@ def test_prefect_yaml_deploys(prefect_server):
     for cmd in ([PREFECT, "work-pool", "create", "veil-cpu", "--type", "process"],
                 [PREFECT, "--no-prompt", "deploy", "--name", "veil-retrain"]):
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        # the session's server is shared: the worker test may have created the pool already
+        assert r.returncode == 0 or "already exists" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     deps = prefect_server.api("POST", "/deployments/filter", json={})
     d = next(x for x in deps if x["name"] == "veil-retrain")
     assert d["entrypoint"] == "flows/retrain.py:retrain_flow" and d["work_pool_name"] == "veil-cpu"

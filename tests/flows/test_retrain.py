@@ -18,46 +18,9 @@ import yaml
 from components.core.settings import load_settings
 from flows import stages
 
+from conftest import MAPPING, tiny_policy as _policy
+
 pytestmark = pytest.mark.slow
-
-MAPPING = ["--id-field", "id", "--time-field", "ts", "--meta", "team", "--meta", "path"]
-
-
-@pytest.fixture
-def api(prefect_server, monkeypatch):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    monkeypatch.setenv("PREFECT_API_URL", prefect_server.api_url)
-    with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
-        yield prefect_server
-
-
-def _policy(tmp_path, steps=4):
-    doc = yaml.safe_load(stages.DEMO_POLICY.read_text())
-    doc["metadata"]["name"] = "retrain-tiny"
-    doc["spec"]["training"].update(steps=steps, expected_batch_size=8, seq_len=64, micro_batch_size=8)
-    doc["spec"]["audit"]["attacker_samples_per_user"] = 2
-    path = tmp_path / f"tiny-{steps}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-@pytest.fixture
-def org(tmp_path, settings):
-    from components.modeling import build_base_model
-
-    org = stages.demo_data(settings)
-    texts = [json.loads(l)["text"] for l in open(org["public"])][:400]
-    base = build_base_model(texts, tmp_path / "base", vocab_size=512, n_layer=1, n_embd=32, n_head=2,
-                            n_positions=64, steps=4, seq_len=64, batch_size=8, progress=False)
-    lines = open(org["messages"]).read().splitlines()
-    users = sorted({json.loads(l)["user"] for l in lines})
-    late = set(users[: len(users) // 5])  # these people's text arrives later
-    src = tmp_path / "messages.jsonl"
-    src.write_text("".join(l + "\n" for l in lines if json.loads(l)["user"] not in late))
-    rest = [l for l in lines if json.loads(l)["user"] in late]
-    return {"source": src, "late": rest, "base": base, "n_late": len(late)}
-
 
 def _retrain(policy, org, capsys, name="rt"):
     """`veil retrain … --json` in this process (CliRunner's and capsys' swapped streams are closed after
@@ -95,9 +58,16 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
 
     again = _retrain(policy, org, capsys)
     assert again == {"action": "skipped", "model_uri": "models:/rt/1", "promoted": False, "people_trained": 0,
-                     "people_retired": 0, "reason": again["reason"]}
+                     "people_retired": 0, "approval": None, "reason": again["reason"]}
     assert "did not change" in again["reason"] and "no budget spent" in again["reason"]
     assert _releases(veil_home) == 1  # no spend
+    # the same base model at another path is the same base (compared by content): still skipped
+    import shutil
+
+    moved = tmp_path / "moved-base"
+    shutil.copytree(org["base"], moved)
+    assert _retrain(policy, {**org, "base": moved}, capsys)["action"] == "skipped"
+    assert _releases(veil_home) == 1
 
     with open(org["source"], "a") as f:
         f.writelines(l + "\n" for l in org["late"])
@@ -108,7 +78,8 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
 
     # the flow ran on the server: its runs are recorded there, completed
     runs = api.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["veil-retrain"]}}})
-    assert len(runs) == 3 and {r["state"]["type"] for r in runs} == {"COMPLETED"}
+    runs = [r for r in runs if r["parameters"].get("home") == str(veil_home)]
+    assert len(runs) == 4 and {r["state"]["type"] for r in runs} == {"COMPLETED"}  # train, skip, skip (moved base), train
 
 
 def test_promotion_gate(api, veil_home, tmp_path, org, capsys):

@@ -1,0 +1,93 @@
+"""What `veil retrain` / `veil run` print: a user error raised inside the flow is one line on stderr
+(exit 2) — not Prefect's three copies of it, no traceback, no native leak dump — and a successful
+retraining prints Veil's own output, no third-party warning."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MAPPING, tiny_policy
+
+pytestmark = pytest.mark.slow
+CLI = [sys.executable, "-c", "from flows.cli import main; main()"]
+
+
+def _veil(args, env, timeout=300):
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def env(prefect_server, veil_home):
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "VEIL_"))}
+    return {**keep, "PYTHONPATH": os.getcwd(), "VEIL_HOME": str(veil_home), "PREFECT_API_URL": prefect_server.api_url}
+
+
+@pytest.mark.parametrize("command", ["retrain", "run"])
+def test_user_error_inside_the_flow_is_one_line(env, tmp_path, org, command):
+    policy = tiny_policy(tmp_path)
+    r = _veil([command, "--policy", str(policy), "--source", str(org["source"]), "--user-field", "nope",
+               "--base-model", str(org["base"])], env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr  # ingest failed inside the flow: said once, by Veil
+    assert lines[0].startswith("error: ") and "'nope'" in lines[0] and "--user-field" in lines[0]
+    assert "warning" not in r.stderr.lower() and r.stdout == ""
+
+
+def test_retrain_prints_no_third_party_warnings(env, tmp_path, org):
+    r = _veil(["retrain", "--policy", str(tiny_policy(tmp_path)), "--source", str(org["source"]), *MAPPING,
+               "--base-model", str(org["base"]), "--name", "quiet", "--json"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["action"] == "trained" and doc["model_uri"] == "models:/quiet/1"
+    low = r.stderr.lower()
+    for noise in ("warning", "deprecat", "traceback", "leaked", "cloudpickle", "type hint", "attention_mask",
+                  "downloading artifacts", "loading weights", "beginning flow run", "finished in state"):
+        assert noise not in low, f"{noise!r} in stderr:\n{r.stderr[-3000:]}"
+
+
+def test_sigint_stops_a_served_retraining(env, prefect_server, tmp_path, org):
+    """`veil retrain --serve`: SIGINT stops it promptly, one line, exit 130, no traceback; its
+    schedule is paused on the server (no run comes due for a runner that is gone)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([*CLI, "retrain", "--policy", str(tiny_policy(tmp_path)), "--source", str(org["source"]),
+                             *MAPPING, "--base-model", str(org["base"]), "--name", "served", "--serve",
+                             "--cron", "0 3 * * 0", "--timezone", "Europe/Paris"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, dep = time.monotonic() + 120, None
+        while time.monotonic() < deadline and dep is None and proc.poll() is None:
+            deps = prefect_server.api("POST", "/deployments/filter", json={})
+            dep = next((d for d in deps if d["name"] == "retrain-served"), None)
+            time.sleep(0.5)
+        assert dep is not None, proc.communicate(timeout=30)
+        (sched,) = dep["schedules"]
+        assert sched["schedule"]["cron"] == "0 3 * * 0" and sched["schedule"]["timezone"] == "Europe/Paris"
+        time.sleep(1)  # the runner is polling
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, err
+    assert took < 15, took
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("serving veil-retrain/retrain-served on '0 3 * * 0' (Europe/Paris)"), err
+    assert len(lines) == 2 and lines[1].startswith("stopped serving veil-retrain/retrain-served (SIGINT)"), err
+    assert "Traceback" not in err and out == ""
+    assert prefect_server.api("GET", f"/deployments/{dep['id']}")["paused"] is True
+
+
+def test_serve_refuses_a_bad_schedule(env, tmp_path, org):
+    r = _veil(["retrain", "--policy", str(tiny_policy(tmp_path)), "--source", str(org["source"]),
+               "--base-model", str(org["base"]), "--serve", "--cron", "99 * * * *"], env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cron '99 * * * *'" in r.stderr, r.stderr
