@@ -108,10 +108,13 @@ def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
     from components.ledger.ledger import Budget
     from components.ledger.release import pure_dp_rdp
 
-    target = pol.spec.target.epsilon
-    if target is None or pol.spec.mechanism in ("secret", "uls-filtered"):
-        return set()  # no Laplace N̂ (their counts are public): nothing to price before planning
-    eps_n = float(target) * float(pol.spec.population.epsilon_fraction)
+    from components.mechanisms.auto import default_for
+
+    spec = pol.spec
+    mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
+    if spec.target is None or not mech.population_estimate:
+        return set()  # no Laplace N̂ (the count is public under its relation): nothing to price before planning
+    eps_n = float(spec.target.epsilon) * float(spec.population.epsilon_fraction)
     led = Ledger.open(settings)
     try:
         budget = led.budget() or Budget.parse(pol.spec.lifetime_budget.model_dump()

@@ -82,7 +82,7 @@ def choose_mechanism(policy, train: pa.Table, *, steps: int, expected_batch_size
     """Compare ULS, ELS and group privacy for this data, budget and target; see the module docstring."""
     spec = policy.spec
     if spec.privacy_unit != "user":
-        only = _default_for(spec.privacy_unit)
+        only = default_for(spec.privacy_unit)
         return MechanismChoice(only.name, expected_batch_size, 1,
                                f"privacy_unit '{spec.privacy_unit}' has one mechanism")
     if spec.target is None:
@@ -171,7 +171,7 @@ def choose_mechanism(policy, train: pa.Table, *, steps: int, expected_batch_size
                            assumption=assumption)
 
 
-def _default_for(unit: str):
+def default_for(unit: str):
     picks = [get(n) for n in names(unit=unit, plannable=True) if get(n).auto_default]
     if len(picks) != 1:
         raise VeilError(f"mechanism auto: privacy_unit {unit!r} has no single default mechanism")

@@ -99,6 +99,7 @@ class Mechanism:
     has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
     ledger_curve: ClassVar[bool] = True         # has a Rényi curve the per-person ledger can charge
     multi_owner: ClassVar[bool] = False         # a record may count against several owners' bounds (records sampled)
+    population_estimate: ClassVar[bool] = False  # q divides by a Laplace estimate N̂ paid from ε (add/remove)
     clipped: ClassVar[bool] = True              # noise is σ·C on clipped unit gradients (the utility forecast's model)
 
     # --- policy → plan ---------------------------------------------------------------------------

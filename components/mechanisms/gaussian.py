@@ -64,6 +64,7 @@ class SubsampledGaussian(Mechanism):
     """Poisson sampling at q = B/N̂, clipped unit gradients, Gaussian noise σC once per step."""
 
     accounting_model: ClassVar[str]
+    population_estimate = True
     contribution_kind: ClassVar[str] = "records per user"
 
     # --- planning -------------------------------------------------------------------------------

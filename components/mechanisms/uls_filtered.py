@@ -20,6 +20,7 @@ class FilteredULS(ULS):
     accounting_model = None          # sparse vector + full-batch Gaussian: no single PLD model
     takes_filter = True
     may_halt = True
+    population_estimate = False      # replace-one: the user count is public
     clipped = False                  # noise ∝ τ on unclipped means
     ledger_curve = False             # (ε, δ) through a sparse vector: no Rényi curve to charge
     per_user_clip = False            # no clipping at all: random-chunk has nothing to bound

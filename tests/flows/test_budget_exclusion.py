@@ -85,3 +85,14 @@ def test_retrain_reports_people_left_out_and_publishes_no_count(api, veil_home, 
     run = client.get_run(mv.run_id)
     published = {**mv.tags, **run.data.tags, **{k: str(v) for k, v in run.data.metrics.items()}}
     assert not [k for k in published if "retired" in k.lower() or "admitted" in k.lower()], sorted(published)
+
+
+def test_policies_without_a_population_estimate_exclude_no_one_before_planning(settings):
+    """Secret protection has no (ε, δ) target and filtered ULS no Laplace N̂: nothing to price, no crash."""
+    from pathlib import Path
+
+    from components.policy import load_policy
+
+    root = Path(__file__).resolve().parents[2]
+    for name in ("code-team-secrets.yaml", "filtered-research.yaml"):
+        assert stages.exhausted_people(settings, load_policy(root / "policies" / name), ["a@x", "b@x"]) == set()
