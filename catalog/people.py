@@ -1,21 +1,9 @@
-"""Who is a person: a policy's `spec.people` applied to a snapshot's records.
+"""Who is a person, catalog side: `likely_same_person(records)` lists names that appear under several
+account ids — what an operator should look at before writing a policy's `people.aliases`; it names
+people, so it goes to `settings.private_dir`.
 
-    records, report = apply_people(snap.records, policy.people())   # components.planning.people
-
-- **exclude** — accounts that are not people (bots, service users) are dropped, with their records:
-  globs on the account id (`user_id`) and on the author's name (`metadata.author_name` for git,
-  `metadata.from_name` for mail), case-insensitive, where only `*` and `?` are special, so
-  `*[bot]@*` means a literal "[bot]" (GitHub's bot addresses: `49699333+dependabot[bot]@users.noreply…`).
-- **aliases** — each list is one person's identities; every record of any of them gets the first
-  one as `user_id`, so a per-user bound covers the person, not each address. `record_id` is kept
-  (it names the record's content, and spans point at it).
-
-The report holds counts only (accounts, records, per pattern) — it is published with plans and
-certificates, and which accounts were excluded or merged would say who is in the data. Each decision
-depends on that account alone (its id and its name).
-
-`likely_same_person(records)` lists names that appear under several account ids — what an operator
-should look at before writing `aliases`; it names people, so it goes to `settings.private_dir`.
+Applying `spec.people` (exclude, aliases, owners) is pure and lives in `components.planning.people`,
+which planning uses; it is re-exported here for the catalog's callers.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from components.core.errors import VeilError
-from components.mechanisms.base import Bounded, Calibrated, PlanContext, register  # noqa: F401
+from components.mechanisms.base import Bounded, Calibrated, PlainStep, PlanContext, register
 from components.mechanisms.gaussian import accounting_section
 from components.mechanisms.uls import ULS
 
@@ -172,13 +172,13 @@ class FilteredULS(ULS):
                         "be released against a lifetime ledger (use uls, els or group)")
 
 
-class _FilteredRunner:
+class _FilteredRunner(PlainStep):
     """FilteredStep as a step runner: halts (no update) the first time the sparse-vector test fails."""
 
     def __init__(self, step, spec):
-        self.step, self.spec = step, spec
+        super().__init__(step)
+        self.spec = spec
         self.kept: list[float] = []
-        self.halted_at: int | None = None
 
     def __call__(self, step: int, units, ids, lengths) -> tuple[float, int, bool]:
         loss_sum, n_rec, passed, kept = self.step(step, units, ids, lengths)
@@ -191,21 +191,10 @@ class _FilteredRunner:
     def sigma(self) -> float:
         return float(self.spec.noise_multiplier)
 
-    @property
-    def per_unit(self):
-        return self.step.per_unit
-
-    @property
-    def nonfinite_units(self) -> int:
-        return int(self.step.nonfinite_units)
-
     def result_extra(self) -> dict:
         return {"filter": dict(self.spec.filter), "noise_std_on_mean": self.step.noise_std,
                 "normalisation": "mean of the users kept by the filter + N(0, std²) on the mean (Alg. 3)",
                 "kept_users_mean": float(np.mean(self.kept)) if self.kept else None}
-
-    def close(self) -> None:
-        self.step.close()
 
 
 register(FilteredULS)
