@@ -112,6 +112,8 @@ def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
 
     spec = pol.spec
     mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
+    if spec.people.ownership == "all-participants" and mech.owners_variant:
+        mech = get_mechanism(mech.owners_variant)
     if spec.target is None or not mech.population_estimate:
         return set()  # no Laplace N̂ (the count is public under its relation): nothing to price before planning
     eps_n = float(spec.target.epsilon) * float(spec.population.epsilon_fraction)
@@ -138,6 +140,8 @@ def _without_people(snap, people: set[str]):
 
     out = Snapshot(snap.snapshot_id, snap.sha256, snap.path, snap.manifest)
     keep = pc.invert(pc.is_in(snap.records["user_id"], pa.array(sorted(people), pa.string())))
+    if "owners" in snap.records.column_names:      # multi-owner: a record goes with any of its owners
+        keep = pc.and_(keep, pa.array([not (set(o or ()) & people) for o in snap.records["owners"].to_pylist()]))
     records = snap.records.filter(keep)
     spans = snap.secret_spans
     if records.num_rows == 0:
@@ -159,14 +163,9 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
 
     pol = load_policy(policy)
     people = pol.spec.people
-    if people.ownership == "all-participants":
-        # The bound exists (components/planning/owners.py, docs/privacy/multi-owner.md) but the planner
-        # does not apply it yet: planning on writers alone would under-count every recipient.
-        raise VeilError(f"{policy}: people.ownership 'all-participants' is not wired into planning yet "
-                        "(multi-owner bounding, docs/privacy/multi-owner.md); use 'author'")
     snap = load_snapshot(settings, snapshot_id)
     people_sections = None
-    if people.exclude or people.aliases:
+    if people.exclude or people.aliases or people.ownership == "all-participants":
         # Bots out, a person's identities merged into one user id, before any per-person decision:
         # otherwise a person with two addresses is two units and gets twice the contribution.
         from components.planning.people import people_for_plan
@@ -316,6 +315,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     from components.modeling import load_base
     from components.planning import load_plan
     from components.planning.annex import commitment
+    from components.planning.data import train_rows
     from components.training import TrainSpec, train as run_training
 
     plan_doc = load_plan(plan_path).to_dict()
@@ -331,6 +331,13 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
         # The per-secret filter's decision reads only the ledger and that secret: its records go.
         data = training_data(settings, plan_doc, annex, drop_records=reservation["dropped_records"])
     retired = sorted(set(reservation["retired"] if reservation else ()) | {str(u) for u in drop_users})
+    rows = train_rows(annex)
+    if retired and "owners" in rows.column_names:
+        # multi-owner: a retired person's records go wherever they are an owner (recipients too)
+        out = set(retired)
+        shared = [r for r, o in zip(rows["record_id"].to_pylist(), rows["owners"].to_pylist()) if set(o or ()) & out]
+        data = training_data(settings, plan_doc, annex,
+                             drop_records=sorted(set(shared) | set((reservation or {}).get("dropped_records") or ())))
     if retired:
         # The filter's decision about a person reads only the ledger and that person: their rows go.
         meta = data.schema.metadata

@@ -131,7 +131,7 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
 
 _EPSILON_CACHE: dict[str, float] = {}
 _ACCOUNTED = ("mechanism", "privacy_unit", "accountant", "sampling_rate", "noise_multiplier", "steps", "delta",
-              "contribution_bound", "filter")
+              "contribution_bound", "filter", "group_guarantee")
 
 
 def _cached_epsilon(cert: Mapping[str, Any], compute) -> float:

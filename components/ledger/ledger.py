@@ -186,12 +186,17 @@ class Ledger:
                 raise VeilError(f"ledger: its lifetime budget is ε={have.epsilon:g}, δ={have.delta:g} (fixed when "
                                 f"it was first set); this release asks ε={asked.epsilon:g}, δ={asked.delta:g}. A "
                                 "filter's budget cannot change: make the policy's lifetime_budget match")
-            spend = st.spend_of(conn, pkeys, n)
-            spent = np.array([spend.get(k, np.zeros(n)) for k in pkeys]).reshape(len(pkeys), n)
+            by = st.spend_by_mechanism(conn, pkeys, n)
+            new_replace = relation_of(mechanism) == "replace"
+            spent, charged = np.zeros((len(pkeys), n)), cost_mat.copy()
+            for j, k in enumerate(pkeys):
+                spent[j], replace = effective_spend(by.get(k, {}), self.orders, replace=new_replace)
+                if replace and not new_replace:     # an add/remove release, read under the replace relation
+                    charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
             if have is None:
                 ok = np.ones(len(pkeys), dtype=bool)
             else:
-                ok = _rdp.admits_many(spent, cost_mat, _rdp.rdp_budget(have.epsilon, have.delta, self.orders))
+                ok = _rdp.admits_many(spent, charged, _rdp.rdp_budget(have.epsilon, have.delta, self.orders))
             at = st.now()
             rid = conn.execute(st.releases.insert().values(
                 kind=kind, mechanism=mechanism, plan_sha256=plan_sha256,
@@ -253,11 +258,23 @@ class Ledger:
     # --- reading spend ----------------------------------------------------------------------------------
 
     def spend(self, person_ids: list[str]) -> dict[str, np.ndarray]:
-        """RDP spend per person id (zeros for someone never charged). Private."""
+        """RDP spend per person id under the relation their releases need (`effective_spend`; zeros for
+        someone never charged). Private."""
         with st.read_only(self.engine) as conn:
             keys = [self.person_key(i) for i in person_ids]
-            s = st.spend_of(conn, keys, len(self.orders))
-        return {i: s.get(k, np.zeros(len(self.orders))) for i, k in zip(person_ids, keys)}
+            by = st.spend_by_mechanism(conn, keys, len(self.orders))
+        return {i: effective_spend(by.get(k, {}), self.orders)[0] for i, k in zip(person_ids, keys)}
+
+    def _spend_rows(self, people: list[str], rel, ch) -> np.ndarray:
+        """people × orders effective spend from every charge (`effective_spend`)."""
+        mech = {r.id: r.mechanism for r in rel}
+        by: dict[str, dict[str, np.ndarray]] = {}
+        for r in ch:
+            d = by.setdefault(r.person_key, {})
+            m = mech[r.release_id]
+            d[m] = d.get(m, 0.0) + np.asarray(json.loads(r.rdp), dtype=float)
+        n = len(self.orders)
+        return np.array([effective_spend(by.get(k, {}), self.orders)[0] for k in people]).reshape(len(people), n)
 
     def _all(self):
         with st.read_only(self.engine) as conn:
@@ -278,10 +295,9 @@ class Ledger:
         delta = b.delta if b else None
         idx = {k: j for j, k in enumerate(people)}
         n = len(self.orders)
-        spend = np.zeros((len(people), n))
+        spend = self._spend_rows(people, rel, ch)
         count = np.zeros(len(people), dtype=int)
         for r in ch:
-            spend[idx[r.person_key]] += np.asarray(json.loads(r.rdp), dtype=float)
             count[idx[r.person_key]] += 1
         retired = np.zeros(len(people), dtype=int)
         for r in ex:
@@ -370,15 +386,23 @@ class Ledger:
         by_release: dict[int, list] = {}
         for r in ch:
             by_release.setdefault(r.release_id, []).append(r)
-        spend = np.zeros((len(people), len(self.orders)))
+        n = len(self.orders)
+        ar, rep = np.zeros((len(people), n)), np.zeros((len(people), n))
+        has_rep = np.zeros(len(people), dtype=bool)
         firsts = np.array([first[k] for k in people]) if people else np.zeros(0)
         retired_by: dict[int, int] = {}
         for r in ex:
             retired_by[r.release_id] = retired_by.get(r.release_id, 0) + 1
         out = []
         for r in rel:
+            replace = relation_of(r.mechanism) == "replace"
             for c in by_release.get(r.id, []):
-                spend[idx[c.person_key]] += np.asarray(json.loads(c.rdp), dtype=float)
+                j = idx[c.person_key]
+                (rep if replace else ar)[j] += np.asarray(json.loads(c.rdp), dtype=float)
+                has_rep[j] |= replace
+            spend = ar.copy()
+            if has_rep.any():
+                spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
             known = firsts <= r.id
             e = _rdp.epsilon_of_spend(spend[known], b.delta, self.orders) if known.any() else np.zeros(0)
             out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
@@ -386,6 +410,39 @@ class Ledger:
                         "max_epsilon": float(np.max(e)) if len(e) else 0.0,
                         "median_epsilon": float(np.median(e)) if len(e) else 0.0})
         return out
+
+
+def relation_of(mechanism: str) -> str:
+    """The relation a release's charges are under: its mechanism's `ledger_relation` (a mechanism this
+    build does not know is read as add/remove, what every mechanism before multi-owner records was)."""
+    from components.mechanisms import get as get_mechanism
+
+    try:
+        return get_mechanism(mechanism).ledger_relation
+    except VeilError:
+        return "add_remove"
+
+
+def effective_spend(by_mechanism: Mapping[str, np.ndarray], orders, *, replace: bool = False
+                    ) -> tuple[np.ndarray, bool]:
+    """A person's spend, and whether it is read under the replace relation.
+
+    While every charge is under add/remove (and the new release is too: `replace` False), the spend is
+    their sum — the filter's add/remove guarantee. Once a person is on a release under the fixed-graph
+    replace relation (multi-owner records, docs/privacy/multi-owner.md), no add/remove statement exists
+    for them; their guarantee is under the replace relation, where each add/remove release costs at
+    most its weak-triangle conversion (`rdp.replace_of_add_remove`, linear in the spend, so it applies
+    to the sum): spend = Σ replace charges + convert(Σ add/remove charges)."""
+    n = len(orders)
+    ar, rep, has_rep = np.zeros(n), np.zeros(n), False
+    for m, v in by_mechanism.items():
+        if relation_of(m) == "replace":
+            rep, has_rep = rep + np.asarray(v, dtype=float), True
+        else:
+            ar = ar + np.asarray(v, dtype=float)
+    if not (has_rep or replace):
+        return ar, False
+    return rep + _rdp.replace_of_add_remove(ar, orders), True
 
 
 def _check_secrets(secrets: Sequence[SecretCost]) -> list[SecretCost]:

@@ -88,6 +88,41 @@ def rows_rdp(rates: Sequence[float], noise_multiplier: float, steps: int,
     return sampled_gaussian_rdp(min(1.0, q_any), float(noise_multiplier) / n, steps, orders)
 
 
+def replace_rows_rdp(rates: Sequence[float], noise_multiplier: float, steps: int,
+                     orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """A person's cost when the *content* of their rows is replaced (the rows stay, same rates): the
+    multi-owner relation (docs/privacy/multi-owner.md). By the weak triangle inequality of Rényi
+    divergence (Mironov 2017, Prop. 11 with p = 2), through Q = the release without the person's rows,
+        D_α(P‖R) ≤ (α − ½)/(α − 1) · D_{2α}(P‖Q) + D_{2α−1}(Q‖R),
+    and both terms are add/remove costs of the rows (`rows_rdp`, valid in both directions), evaluated
+    at the exact orders 2α and 2α − 1."""
+    a = _check_orders(orders)
+    return (a - 0.5) / (a - 1.0) * rows_rdp(rates, noise_multiplier, steps, 2.0 * a) \
+        + rows_rdp(rates, noise_multiplier, steps, 2.0 * a - 1.0)
+
+
+def replace_of_add_remove(spend: np.ndarray, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """An upper bound on the replace-relation RDP of releases whose add/remove spend is `spend` (one
+    curve or a people × orders matrix on the grid): the same weak triangle inequality, with D at 2α and
+    2α − 1 bounded by the spend at the next grid order up (a Rényi divergence does not decrease with
+    its order; the composed divergence is below the composed spend at every grid order). Beyond the
+    grid's largest order nothing is known: +∞ there (that order is unusable), unless the spend is 0."""
+    a = _check_orders(orders)
+    if np.any(np.diff(a) <= 0):
+        raise VeilError("ledger orders: the grid must be increasing")
+    s = np.asarray(spend, dtype=float)
+
+    def at(b: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(a, b - 1e-12, side="left")
+        inside = idx < len(a)
+        vals = np.take(s, np.minimum(idx, len(a) - 1), axis=-1)
+        return np.where(inside, vals, np.inf)
+
+    out = (a - 0.5) / (a - 1.0) * at(2.0 * a) + at(2.0 * a - 1.0)
+    zero = np.all(s == 0, axis=-1, keepdims=True)
+    return np.where(zero, 0.0, out)
+
+
 def rdp_budget(epsilon: float, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
     """B_α = ε − log(|A|/δ)/(α−1): the per-order budget of the filter (negative: order unusable)."""
     e, d = float(epsilon), float(delta)

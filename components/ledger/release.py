@@ -36,11 +36,14 @@ def person_rates(persons, default_rate: float) -> dict[str, list[float]]:
             raise VeilError("ledger: the training rows have no 'user_id' column")
         users = persons.column("user_id").to_pylist()
         rates = persons.column("rate").to_pylist() if "rate" in persons.column_names else [default_rate] * len(users)
+        # multi-owner rows (components.planning.owners): a row is every owner's row, recipients included
+        owners = persons.column("owners").to_pylist() if "owners" in persons.column_names else [None] * len(users)
         out: dict[str, list[float]] = {}
-        for u, r in zip(users, rates):
+        for u, r, o in zip(users, rates, owners):
             if u is None:
                 raise VeilError("ledger: a training row has no user_id")
-            out.setdefault(str(u), []).append(float(default_rate if r is None else r))
+            for who in sorted({str(u), *(str(x) for x in (o or ()) if x is not None and str(x) != "")}):
+                out.setdefault(who, []).append(float(default_rate if r is None else r))
         return out
     if not isinstance(persons, Mapping):
         raise VeilError("ledger: persons must be a table of training rows or a mapping person → rows")

@@ -205,16 +205,19 @@ def insert_ignore(conn: Connection, table: Table, rows: list[dict]) -> None:
         conn.execute(insert(table).on_conflict_do_nothing(), rows[i:i + _CHUNK])
 
 
-def spend_of(conn: Connection, keys: list[str], n_orders: int) -> dict[str, np.ndarray]:
-    """Each person's RDP spend: the sum of every charge ever inserted for them."""
-    out: dict[str, np.ndarray] = {}
+def spend_by_mechanism(conn: Connection, keys: list[str], n_orders: int) -> dict[str, dict[str, np.ndarray]]:
+    """Each person's RDP spend per release mechanism (the relation a charge is under is its mechanism's)."""
+    out: dict[str, dict[str, np.ndarray]] = {}
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i:i + _CHUNK]
-        for r in conn.execute(select(charges.c.person_key, charges.c.rdp).where(charges.c.person_key.in_(chunk))):
+        q = (select(charges.c.person_key, charges.c.rdp, releases.c.mechanism)
+             .join(releases, releases.c.id == charges.c.release_id).where(charges.c.person_key.in_(chunk)))
+        for r in conn.execute(q):
             v = np.asarray(json.loads(r.rdp), dtype=float)
             if v.shape != (n_orders,):
                 raise VeilError("ledger: a charge is not on the ledger's order grid; the database was edited")
-            out[r.person_key] = out.get(r.person_key, 0.0) + v
+            d = out.setdefault(r.person_key, {})
+            d[r.mechanism] = d.get(r.mechanism, 0.0) + v
     return out
 
 

@@ -1,7 +1,7 @@
 """Privacy mechanisms as registered objects: one module per mechanism, one interface (`base.Mechanism`).
 
     from components.mechanisms import get
-    mech = get(plan["mechanism"])          # uls, els, group, record, secret, uls-filtered, nonprivate
+    mech = get(plan["mechanism"])          # uls, els, els-owners, group, record, secret, uls-filtered, nonprivate
     mech.bound(ctx, train) / mech.calibrate(ctx, bounded)        planning
     mech.unit_rates(...) / mech.batch_mode(spec) / mech.make_step(...)   the engine
     mech.certify(plan, result, ...) / mech.recompute_epsilon(doc)      the certificate
@@ -24,7 +24,7 @@ from components.mechanisms.base import (
 
 # The built-in mechanisms register themselves on import, in this order (the policy schema lists
 # them so).
-from components.mechanisms import uls, uls_filtered, els, group, record, secret, nonprivate, pmixed  # noqa: E402,F401,I001
+from components.mechanisms import uls, uls_filtered, els, els_owners, group, record, secret, nonprivate, pmixed  # noqa: E402,F401,I001
 
 __all__ = ["Bounded", "Calibrated", "Mechanism", "PlainStep", "PlanContext", "get", "names", "register",
            "unregister"]

@@ -198,6 +198,8 @@ def resolve(policy, train: pa.Table, *, steps: int, batch: int, user_grad_ratio=
     spec = policy.spec
     k, selection = int(spec.contribution.max_records_per_user), spec.contribution.selection
     decision: dict = {"requested": spec.mechanism}
+    if spec.people.ownership == "all-participants":
+        return _owners_variant(spec, batch, k, decision)
     if spec.mechanism != "auto":
         decision.update({"mechanism": spec.mechanism, "reason": f"the policy names '{spec.mechanism}'"})
         return Resolved(spec.mechanism, batch, k, selection, decision, None, [])
@@ -232,3 +234,17 @@ def resolve(policy, train: pa.Table, *, steps: int, batch: int, user_grad_ratio=
     if selection in REDRAWN_PER_VISIT and not mech.per_user_clip:
         selection = "random"
     return Resolved(mech.name, int(batch), int(k), selection, decision, private, [caveat])
+
+
+def _owners_variant(spec, batch: int, k: int, decision: dict) -> Resolved:
+    """Records owned by every participant: the named mechanism's multi-owner variant, or for `auto` the
+    first user-level mechanism that has one (a choice from the policy alone: no private statistic)."""
+    name = spec.mechanism
+    if name == "auto":
+        name = next((n for n in names(unit=spec.privacy_unit, plannable=True) if get(n).owners_variant), None)
+        if name is None:
+            raise VeilError("people.ownership 'all-participants': no registered mechanism has a multi-owner variant")
+    variant = get(get(name).owners_variant)
+    decision.update({"mechanism": variant.name,
+                     "reason": f"people.ownership 'all-participants': '{name}' over records owned by every participant"})
+    return Resolved(variant.name, int(batch), int(k), spec.contribution.selection, decision, None, [])

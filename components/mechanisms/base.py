@@ -41,6 +41,7 @@ class PlanContext:
     seed: int = 0                    # the policy's training seed (deterministic selection strategies)
     scorer: Any = None
     cache_dir: str | Path | None = None
+    owners: pa.Table | None = None   # record_id, owners (list): every record's owners where the policy says so
     say: Callable[[str], None] = lambda _m: None
 
     @property
@@ -58,6 +59,7 @@ class Bounded:
     rates: np.ndarray | None = None   # per-row Poisson rates when they differ per row (secret)
     extra: dict = field(default_factory=dict)      # plan sections of this mechanism (e.g. secret_lp)
     caveats: list[str] = field(default_factory=list)
+    owners: pa.Array | None = None    # each chosen row's owners (multi-owner): the ledger charges every one
 
 
 @dataclass
@@ -98,7 +100,9 @@ class Mechanism:
     secret_targets: ClassVar[bool] = False      # certificate and ledger need the plan's per-secret targets
     has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
     ledger_curve: ClassVar[bool] = True         # has a Rényi curve the per-person ledger can charge
-    multi_owner: ClassVar[bool] = False         # a record may count against several owners' bounds (records sampled)
+    multi_owner: ClassVar[bool] = False         # bounds each person across every record they own (sender or recipient)
+    owners_variant: ClassVar[str | None] = None  # the registered mechanism that runs this one when every participant owns
+    ledger_relation: ClassVar[str] = "add_remove"  # the relation its ledger curve is under ("add_remove" or "replace")
     population_estimate: ClassVar[bool] = False  # q divides by a Laplace estimate N̂ paid from ε (add/remove)
     clipped: ClassVar[bool] = True              # noise is σ·C on clipped unit gradients (the utility forecast's model)
 

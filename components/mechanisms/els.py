@@ -11,6 +11,7 @@ class ELS(UserBounded):
     name = "els"
     description = "user-level DP-SGD over ≤ k records per user, per-record clipping"
     accounting_model = "els"
+    owners_variant = "els-owners"    # people.ownership: all-participants (components/mechanisms/els_owners.py)
 
     def population_sensitivity(self, k: int) -> tuple[str, int, str]:
         return "records", k, (f"N counts the bounded records Σ min(n_u, k); one person adds or removes at most "

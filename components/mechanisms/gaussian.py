@@ -189,7 +189,6 @@ class UserBounded(SubsampledGaussian):
     privacy_unit = "user"
     neighbouring = "add_remove_user"
     bounds_records = True
-    multi_owner = True               # records are the Poisson unit: a shared record can count for every owner
     exactly_k: ClassVar[bool] = False
 
     def accounting_k(self, records_per_user) -> int:

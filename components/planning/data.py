@@ -78,6 +78,8 @@ def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, 
 
         chosen = chosen.filter(pc.invert(pc.is_in(chosen["record_id"],
                                                   pa.array(sorted(set(drop_records)), chosen["record_id"].type))))
+    # the trainer reads the writer and the text; a multi-owner file's `owners` is the ledger's
+    chosen = chosen.select([c for c in chosen.column_names if c != "owners"])
     chosen = chosen.append_column("_row", pa.array(range(chosen.num_rows), pa.int64()))
     joined = chosen.join(plan_texts(annex, snapshot_records), keys="record_id", join_type="inner")
     if joined.num_rows != chosen.num_rows:

@@ -149,7 +149,11 @@ def plan_forecast(plan: Mapping[str, Any], trainable_parameters: int | None, *, 
            "signal_norm_bound": c, "per_step_ratio": per_step, "run_ratio": run, "verdict": verdict(run)}
     acc = plan.get("accounting") or {}
     mech = acc.get("mechanism")
-    if out["verdict"] == "hopeless" and with_hints and mech in HINTABLE and plan["target"].get("epsilon"):
+    if out["verdict"] == "hopeless" and mechanism.ledger_relation == "replace":
+        # the hints' accountant assumes add/remove; a replace-relation plan pays ε/2 per group of k
+        out["hints"] = {"see": "more records per step (a larger batch), more steps or a smaller k: σ is "
+                               "calibrated for a group of k at ε/2 under the fixed-graph replace relation"}
+    elif out["verdict"] == "hopeless" and with_hints and mech in HINTABLE and plan["target"].get("epsilon"):
         pop = (plan.get("data") or {}).get("population") or {}
         n_hat = pop.get("estimate")                 # the DP estimate N̂: never the exact count
         k = max(1, mechanism.accounting_k(plan.get("records_per_user")))

@@ -106,13 +106,16 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
 
-def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Table | None = None
-                  ) -> tuple[AuditSplit, _Canaries | None]:
+def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Table | None = None,
+                  per_record: bool = False) -> tuple[AuditSplit, _Canaries | None]:
     """The audit split of `records` (record_id, user_id, text) under the policy's unit, canaries merged.
 
-    Every decision about a unit depends on that unit alone (see audit_split); tests/privacy checks it."""
+    Every decision about a unit depends on that unit alone (see audit_split); tests/privacy checks it.
+    `per_record`: records with several owners — attacker samples are drawn per record, never from a
+    count of a person's texts (a recipient's content would move their writer's choice; see
+    docs/privacy/multi-owner.md)."""
     spec = policy.spec
-    unit = spec.privacy_unit
+    unit = "record" if per_record else spec.privacy_unit
     # secret units: decisions must not move when a secret's value is substituted — compare masked texts
     content = masked_texts(records, secret_spans) if unit == "secret" else None
     split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
@@ -143,6 +146,12 @@ def _load_records(snapshot) -> pa.Table:
     return records
 
 
+def _load_owners(snapshot) -> pa.Table | None:
+    """(record_id, owners) where the people rules made every participant an owner, else None."""
+    records = snapshot.records
+    return records.select(["record_id", "owners"]) if "owners" in records.column_names else None
+
+
 def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | dict | None = None,
               scorer: Scorer | None = None, created_at: str | None = None,
               cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
@@ -166,16 +175,17 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     key = plan_key(private_dir)
     out_dir = annex_dir(private_dir)
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    records = _load_records(snapshot)
+    records, owners = _load_records(snapshot), _load_owners(snapshot)
 
     say("reserving audit users and attacker samples")
-    split, canaries = reserve_audit(policy, records, key=key, secret_spans=getattr(snapshot, "secret_spans", None))
+    split, canaries = reserve_audit(policy, records, key=key, secret_spans=getattr(snapshot, "secret_spans", None),
+                                    per_record=owners is not None)
     chosen = resolve(policy, split.train, steps=steps, batch=int(comp.expected_batch_size or spec.training.expected_batch_size),
                      user_grad_ratio=comp.user_grad_ratio, base_model=comp.base_model, cache_dir=cache_dir, say=say)
     mech = get(chosen.mechanism)
     ctx = PlanContext(policy=policy, snapshot=snapshot, key=key, steps=steps, batch=chosen.batch, k=chosen.k,
                       selection=chosen.selection, seed=int(spec.training.seed), scorer=scorer,
-                      cache_dir=cache_dir, say=say)
+                      cache_dir=cache_dir, say=say, owners=owners)
 
     say(f"selecting records ({chosen.selection}, k={chosen.k})")
     bounded = mech.bound(ctx, split.train)
@@ -186,6 +196,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     train_tbl = bounded.chosen.select(["record_id", "user_id"])
     if bounded.rates is not None:
         train_tbl = train_tbl.append_column("rate", pa.array(bounded.rates, pa.float64()))
+    if bounded.owners is not None:      # the ledger charges every owner of a trained record
+        train_tbl = train_tbl.append_column("owners", bounded.owners)
     files = {"train_records": _write_parquet(_sorted(train_tbl), out_dir, "train"),
              "attacker_records": _write_parquet(_sorted(split.attacker), out_dir, "attacker")}
     if canaries is not None:
@@ -247,7 +259,7 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
     if lora is not None and lora["target_modules"] is not None:
         lora["target_modules"] = list(lora["target_modules"])
     audit = spec.audit
-    per_record = mech.privacy_unit == "record"
+    per_record = mech.privacy_unit == "record" or mech.multi_owner    # reserve_audit's per-record draws
     return {
         "schema": SCHEMA,
         "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

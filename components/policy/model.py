@@ -375,9 +375,9 @@ class Spec(_Strict):
             takers = "' or '".join(n for n in mechanism_names(plannable=True) if get_mechanism(n).takes_filter)
             raise ValueError(f"@filter@ filter is set but mechanism is 'auto'; it needs '{takers}'")
         if self.people.ownership == "all-participants" and (self.privacy_unit != "user" or (
-                self.mechanism != "auto" and not get_mechanism(self.mechanism).multi_owner)):
+                self.mechanism != "auto" and get_mechanism(self.mechanism).owners_variant is None)):
             owners_ok = ", ".join(n for n in mechanism_names(unit="user", plannable=True)
-                                  if get_mechanism(n).multi_owner)
+                                  if get_mechanism(n).owners_variant is not None)
             raise ValueError("@people.ownership@ ownership 'all-participants' bounds each person's records across "
                              f"every record they own; it needs privacy_unit 'user' with mechanism {owners_ok} or auto "
                              f"(got {self.privacy_unit}/{self.mechanism}: user-sampled mechanisms sample whole users, "

@@ -1,6 +1,6 @@
 """The plan stage applies the policy's `people` section before any per-person decision: a person
 listed with two addresses is one unit (else they would get twice the contribution bound), excluded
-bots never reach planning, and `all-participants` is refused until the planner bounds every owner."""
+bots never reach planning (all-participants: tests/privacy/test_multi_owner_*.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from catalog.ingest import ingest_source
-from components.core.errors import VeilError
 from flows import stages
 
 DEMO = Path(__file__).resolve().parents[2] / "policies" / "demo.yaml"
@@ -46,8 +45,3 @@ def test_plan_sees_people_not_accounts(settings, tmp_path, monkeypatch):
     got = sorted(zip(seen["records"].column("user_id").to_pylist(), seen["records"].column("text").to_pylist()))
     assert got == [("ann@corp.example", "from home"), ("ann@corp.example", "from work"), ("bob@corp.example", "hi")]
     assert "owners" not in seen["records"].column_names
-
-
-def test_all_participants_is_refused_until_wired(settings, tmp_path):
-    with pytest.raises(VeilError, match="not wired into planning"):
-        stages.plan(settings, _policy(tmp_path, "\n  people:\n    ownership: all-participants\n"))
