@@ -81,6 +81,12 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
         base_dir = stages.base_model(settings, base_model_dir=base_dir)
     snap = load_snapshot(settings, snapshot_id)
     recs = snap.records
+    people_public = None
+    if spec.people.exclude or spec.people.aliases:
+        # one id per person before anything is counted or partitioned (components/planning/people.py)
+        from components.planning.people import people_for_plan
+
+        recs, people_public, _annex = people_for_plan(recs, spec.people.model_dump())
     users = [str(u) for u in recs.column("user_id").to_pylist()]
     texts = recs.column("text").to_pylist()
 
@@ -119,7 +125,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     cert = make_certificate(params=params, target=spec.target.model_dump(), policy_name=pol.metadata.name,
                             policy_sha256=policy_sha, snapshot_id=snap.snapshot_id, snapshot_sha256=snap.sha256,
                             base_sha256=base_sha, commitments=commits, when_exhausted=spec.when_exhausted,
-                            ledger=ledger_facts, ensemble_id=ensemble_id)
+                            ledger=ledger_facts, ensemble_id=ensemble_id, people=people_public)
     from components.prediction.budget import TokenBudget
 
     tb = TokenBudget.open(settings)

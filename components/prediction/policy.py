@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.core.errors import VeilError
+from components.policy.model import People
 
 
 class _Strict(BaseModel):
@@ -58,6 +59,17 @@ class Spec(_Strict):
     max_tokens_per_request: int = Field(default=128, ge=1)
     task_runner: Literal["thread", "dask"] = "thread"
     training: Training = Training()
+    # Who is a person (bots out, a person's identities merged), as for training policies: the keyed
+    # partition puts one *person* in one shard, so a person with two addresses must be one id first,
+    # or they would be in two shards with twice the influence (and two ledger budgets).
+    people: People = Field(default_factory=People)
+
+    @model_validator(mode="after")
+    def _one_owner(self) -> "Spec":
+        if self.people.ownership != "author":
+            raise ValueError("people.ownership: PMixED partitions people into shards; a record with several owners "
+                             "would belong to several shards — use 'author'")
+        return self
 
 
 class PredictionPolicy(_Strict):

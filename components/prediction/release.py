@@ -44,7 +44,8 @@ def commitment(settings, adapter_sha256: str) -> str:
 
 def make_certificate(*, params: mech.MechanismParams, target: Mapping, policy_name: str, policy_sha256: str,
                      snapshot_id: str, snapshot_sha256: str, base_sha256: str, commitments: Sequence[str],
-                     when_exhausted: str, ledger: Mapping | None, ensemble_id: str) -> dict:
+                     when_exhausted: str, ledger: Mapping | None, ensemble_id: str,
+                     people: Mapping | None = None) -> dict:
     """Every number recomputed here from the public parameters by `mechanism` (tests check it independently)."""
     eps = params.epsilon()
     if eps > float(target["epsilon"]) + 1e-12:
@@ -71,7 +72,8 @@ def make_certificate(*, params: mech.MechanismParams, target: Mapping, policy_na
                      "decoding": "ancestral sampling from the mixture; temperature per model before mixing",
                      "adapter_commitments": list(commitments), "adapters_released": False},
         "public_model": {"sha256": base_sha256, "assumed_independent_of_private_data": True},
-        "dataset": {"snapshot_id": snapshot_id, "snapshot_sha256": snapshot_sha256},
+        "dataset": {"snapshot_id": snapshot_id, "snapshot_sha256": snapshot_sha256,
+                    **({"people": dict(people)} if people else {})},   # policy-named exclusions only
         "policy": {"name": policy_name, "sha256": policy_sha256},
         "ledger": dict(ledger) if ledger else None,
         "ensemble_id": ensemble_id,
