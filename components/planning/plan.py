@@ -105,7 +105,10 @@ class Plan:
             ("steps T", str(d["steps"])),
             ("expected batch", f"{d['expected_batch_size']} {get_mechanism(d['mechanism']).batch_unit()}/step"),
             ("clip norm C", f"{d['clip_norm']:g}"),
-            ("records per user", f"{d['records_per_user']} ({d['selection']})" if d["records_per_user"] else "—"),
+            ("records per user", f"{d['records_per_user']} ({d['selection']})" if d["records_per_user"] and d.get("selection")
+             else f"{d['records_per_user']} per owner, sent and received (keyed greedy, "
+                  f"{(d.get('ownership') or {}).get('order')} first)" if d.get("ownership") else
+             str(d["records_per_user"]) if d["records_per_user"] else "—"),
         ]
         if acc.get("by_class"):
             for cls, v in acc["by_class"].items():
