@@ -162,7 +162,7 @@ class JsonlSource(StreamedFile):
         bs = max(1 << 20, 2 * (longest + 1))
         return pj.read_json(
             io.BytesIO(block),
-            read_options=pj.ReadOptions(use_threads=True, block_size=bs),
+            read_options=pj.ReadOptions(use_threads=False, block_size=bs),
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected,
                                           newlines_in_values=False),
         )
