@@ -2,7 +2,7 @@
 
     report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
 
-A connector streams RAW batches (catalog/schemas.py) from a reader thread, which also validates and
+A connector streams RAW batches (catalog/schemas.py) from a parse thread to a reader thread, which validates and
 hashes each in one DuckDB query and runs the tagger's RE2 candidate test (Arrow). Its bookkeeping goes to
 a staging table, its new records stream into the new snapshot (catalog/dedup.py decides which are
 new), its secret spans to a span staging table. The merge into the catalog is one transaction:
@@ -312,9 +312,13 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
             read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
-                # (A separate parse thread ahead of validation was tried: on this 2-core machine it
-                # bought no measurable time and cost ~40-80 MiB at peak.)
-                for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql, tagger)):
+                # Four threads: parse (pyarrow.json, single-threaded: less CPU than its thread pool),
+                # validate+hash+candidate test (DuckDB on one thread, RE2), this one (staging,
+                # tagging), the snapshot writer. Measured per thread on 1M records: 2.1 / 3.4 / 3.3 /
+                # 1.3 CPU s — balanced, where one reader thread doing parse and validation was the
+                # longest at 5.4 s (docs/catalog.md, Memory and speed).
+                for batch, out in _prefetch(_prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
+                                            transform=_Normalizer(sql, tagger)):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
@@ -350,7 +354,9 @@ class _Normalizer:
         if batch.num_rows == 0:
             return batch, None
         if self.con is None:
-            self.con = duckdb.connect()
+            # One thread: a 16 MiB block is one DuckDB task anyway, and its idle workers cost
+            # ~1.3 CPU s per 1M records in hand-offs (measured); this runs on its own Python thread.
+            self.con = duckdb.connect(config={"threads": 1})
             self.con.execute("SET TimeZone = 'UTC'")
         out = self._stage(batch)
         # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
@@ -493,7 +499,7 @@ def _fresh_rows(con, staged_path: Path):
             yield t.set_column(t.schema.get_field_index("record_id"), "record_id", rid)
 
 
-def _prefetch(it, depth: int = 2, transform=None):
+def _prefetch(it, depth: int = 2, transform=None, name: str = "veil-ingest-reader"):
     """Run a connector (and `transform` on each item) in a background thread, `depth` batches ahead:
     parsing, validating and hashing (pyarrow, DuckDB, zlib, git: all release the GIL) overlap tagging
     and writing of the previous batch."""
@@ -518,7 +524,7 @@ def _prefetch(it, depth: int = 2, transform=None):
         except BaseException as e:  # handed to the consumer, raised there
             q.put(e)
 
-    t = threading.Thread(target=work, name="veil-ingest-reader", daemon=True)
+    t = threading.Thread(target=work, name=name, daemon=True)
     t.start()
     try:
         while True:
