@@ -298,6 +298,10 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     with store.writer(settings) as con:
         snap_mod.recover(con, settings)  # a crashed writer's leftovers: we hold the lock, nobody else writes
         con.execute(_STAGE_DDL)
+        threads = _one(con, "SELECT current_setting('threads')")
+        # Staging inserts one batch at a time, a single DuckDB task each: no worker threads then (their
+        # hand-offs cost CPU the other pipeline threads need); all of them again for the merge.
+        con.execute("SET threads = 1")
         latest = snap_mod.latest_in_catalog(con)
         if not exact and latest is not None:
             again = _already_ingested(con, conn, tagger, latest, ingest_id=ingest_id, source=source, fmt=fmt,
@@ -327,6 +331,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             finally:
                 if staged is not None:
                     staged.close()
+            con.execute(f"SET threads = {int(threads)}")
             source_sha = conn.sha256
             source_key = sha256_json({"source_sha256": source_sha, **options})
             return _merge(con, settings, tagger, builder, staged_path if exact else None, latest, read=read,
