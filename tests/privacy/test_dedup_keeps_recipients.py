@@ -77,3 +77,23 @@ def test_only_new_recipients_leave_a_new_snapshot(settings, tmp_path):
     rep2 = ingest_source(one, "mbox", settings=settings)
     assert (rep2.read, rep2.accepted, rep2.duplicates, rep2.recipients_merged) == (2, 1, 1, 0)
     assert rep2.snapshot_id == first.snapshot_id
+
+
+def test_exact_dedup_path_merges_the_same_recipients(settings, tmp_path, monkeypatch):
+    # The fallback taken on a 64-bit id prefix collision (forced: every prefix equal) must merge the
+    # same recipients and cut the same snapshot as the online path.
+    import numpy as np
+
+    import catalog.dedup as cd
+    from components.core.settings import load_settings
+
+    p = tmp_path / "m.mbox"
+    p.write_bytes(_mail("bob@x.example", "the merger closes friday", 2) + _mail("bob@x.example", "lunch?", 3)
+                  + _mail("carol@x.example", "the merger closes friday", 4))
+    ref = ingest_source(p, "mbox", settings=settings)
+    other = load_settings(tmp_path / "other-home").ensure()
+    monkeypatch.setattr(cd, "prefix64", lambda ids: np.zeros(len(ids), dtype=np.uint64))
+    got = ingest_source(p, "mbox", settings=other)
+    assert (got.accepted, got.duplicates, got.recipients_merged) == (ref.accepted, ref.duplicates, 1) == (2, 1, 1)
+    assert got.snapshot_id == ref.snapshot_id
+    assert _owners(other)["the merger closes friday"] == ["alice@x.example", "bob@x.example", "carol@x.example"]
