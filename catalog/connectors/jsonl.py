@@ -28,8 +28,8 @@ class JsonlSource(StreamedFile):
     format = "jsonl"
     default_source = "jsonl"
 
-    # 16 MiB blocks: at most five past the reader (one parsing, one queued, one validating, two queued;
-    # catalog/ingest.py) as parsed tables, plus the raw block being cut. 8 MiB blocks
+    # 16 MiB blocks: a few in flight as parsed tables (each pipeline thread holds one, its queue one or
+    # two more: catalog/ingest.py), plus the raw block being cut. 8 MiB blocks
     # save ~180 MB of peak RSS on 1M records but cost ~15 % more CPU (per-block fixed costs in
     # pyarrow.json and the stage query); speed is the target here (docs/catalog.md, Memory and speed).
     def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20):
