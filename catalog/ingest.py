@@ -377,7 +377,10 @@ class _Normalizer:
         # its DFA's warm-up per call and chunk (measured: a combined block costs about half).
         texts = batch.column("text")
         texts = texts.cast(pa.string()) if pa.types.is_null(texts.type) else texts
-        texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+        if isinstance(texts, pa.ChunkedArray) and texts.num_chunks != 1:
+            texts = texts.combine_chunks()
+            # the main thread's tagger gets the one array too (no second 16 MiB copy there)
+            batch = batch.set_column(batch.schema.get_field_index("text"), "text", texts)
         # The tagger's candidate test (one RE2 alternation), run by Arrow: the same RE2 engine as
         # DuckDB's regexp_matches, a third cheaper on this scan, and it releases the GIL.
         paths = batch.column("path")
@@ -635,7 +638,10 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             builder.abort()
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
         snap_id, snap_sha = snap["snapshot_id"], snap["sha256"]
-        n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
+        if "records" in snap:  # counted while the snapshot was cut: not read again in this serial step
+            n_records, n_users = snap["records"], snap["users"]
+        else:
+            n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
         con.execute(_INSERT_INGEST, [ingest_id, source_key, str(source), fmt, source_sha,
                                      json.dumps(options, sort_keys=True), tagger.rules_sha256, started,
                                      datetime.now(timezone.utc), read, accepted, new, quarantined, duplicates, users,

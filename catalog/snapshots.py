@@ -270,7 +270,7 @@ class SnapshotBuilder:
         con.execute("INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [snapshot_id, sha, manifest["content_sha256"], datetime.now(timezone.utc), str(final), c["records"],
                      c["users"], c["spans"], c["secrets"], parent, ingest_id])
-        return {"snapshot_id": snapshot_id, "sha256": sha}
+        return {"snapshot_id": snapshot_id, "sha256": sha, "records": c["records"], "users": c["users"]}
 
 
 def write_snapshot(con, settings: Settings, *, ingest_id: str, parent: str | None, new_records=None) -> dict:
