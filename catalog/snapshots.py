@@ -67,7 +67,8 @@ class Snapshot:
 
 
 class RowGroupWriter:
-    """Streams tables into one Parquet file in fixed-size row groups, so equal content gives equal bytes."""
+    """Streams tables into one Parquet file in fixed-size row groups of one chunk each, so equal content
+    gives equal bytes whatever the chunking of the tables it is handed."""
 
     def __init__(self, path: Path, schema: pa.Schema):
         self.path, self.schema = path, schema
@@ -89,14 +90,16 @@ class RowGroupWriter:
         while self._pending_rows >= _BATCH:
             tab = pa.concat_tables(self._pending)
             head, rest = tab.slice(0, _BATCH), tab.slice(_BATCH)
-            self._w.write_table(head, row_group_size=_BATCH)
+            # One array per column: Parquet cuts a page at each input chunk, so without this the bytes
+            # (and the snapshot id) would depend on how the connector happened to batch the rows.
+            self._w.write_table(head.combine_chunks(), row_group_size=_BATCH)
             self.rows += head.num_rows
             self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
 
     def close(self) -> dict:
         if self._pending:
             tab = pa.concat_tables(self._pending)
-            self._w.write_table(tab, row_group_size=_BATCH)
+            self._w.write_table(tab.combine_chunks(), row_group_size=_BATCH)
             self.rows += tab.num_rows
             self._pending = []
         self._w.close()
