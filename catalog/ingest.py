@@ -2,7 +2,7 @@
 
     report = ingest_source(Path("org/messages.jsonl"), "jsonl", settings=settings, rules=policy_rules)
 
-A connector streams RAW batches (catalog/schemas.py) from a reader thread, which also validates and
+A connector streams RAW batches (catalog/schemas.py) from a parse thread to a reader thread, which validates and
 hashes each in one DuckDB query and runs the tagger's RE2 candidate test (Arrow). Its bookkeeping goes to
 a staging table, its new records stream into the new snapshot (catalog/dedup.py decides which are
 new), its secret spans to a span staging table. The merge into the catalog is one transaction:
@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog import snapshots as snap_mod
-from catalog import store
+from catalog import recipients, store
 from catalog.connectors.base import FieldMap, meta_col
 from catalog.dedup import OnlineDedup
 from catalog.tagging import Tagger
@@ -68,6 +68,8 @@ class IngestReport:
     # names under several account ids in the snapshot (git/mail): likely one person each; the list
     # names people, so it goes to settings.private_dir/people/likely-duplicates.json, not here
     likely_duplicate_people: int = 0
+    # records whose To/Cc gained the recipients of a dropped copy (catalog/recipients.py)
+    recipients_merged: int = 0
     ner: str = ""             # the NER pass: "on: <model> (<version>)" or "off: …" (catalog/ner.py)
 
     def to_dict(self) -> dict:
@@ -122,7 +124,7 @@ CREATE OR REPLACE TEMP TABLE stage (
 CREATE OR REPLACE TEMP TABLE span_stage (
     seq BIGINT, record_id VARCHAR, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR,
     detector_version VARCHAR, "start" BIGINT, "end" BIGINT);
-"""
+""" + recipients.DDL
 _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id", pa.string()), ("text", pa.string()),
                      ("source", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")), ("metadata", pa.string())])
 
@@ -169,10 +171,11 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
     """
 
 
-def _spans_table(spans, seqs: list[int], rids: list[str]) -> pa.Table:
+def _spans_table(spans, seqs: pa.Array, rids: pa.Array) -> pa.Table:
+    """`seqs[i]` and `rids[i]` belong to `spans[i]`."""
     return pa.table({
-        "seq": pa.array([seqs[s.row] for s in spans], pa.int64()),
-        "record_id": pa.array([rids[s.row] for s in spans], pa.string()),
+        "seq": seqs.cast(pa.int64()),
+        "record_id": rids.cast(pa.string()),
         "secret_id": pa.array([s.secret_id for s in spans], pa.string()),
         "secret_class": pa.array([s.secret_class for s in spans], pa.string()),
         "detector": pa.array([s.detector for s in spans], pa.string()),
@@ -295,6 +298,10 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     with store.writer(settings) as con:
         snap_mod.recover(con, settings)  # a crashed writer's leftovers: we hold the lock, nobody else writes
         con.execute(_STAGE_DDL)
+        threads = _one(con, "SELECT current_setting('threads')")
+        # Staging inserts one batch at a time, a single DuckDB task each: no worker threads then (their
+        # hand-offs cost CPU the other pipeline threads need); all of them again for the merge.
+        con.execute("SET threads = 1")
         latest = snap_mod.latest_in_catalog(con)
         if not exact and latest is not None:
             again = _already_ingested(con, conn, tagger, latest, ingest_id=ingest_id, source=source, fmt=fmt,
@@ -309,9 +316,13 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
             read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
-                # (A separate parse thread ahead of validation was tried: on this 2-core machine it
-                # bought no measurable time and cost ~40-80 MiB at peak.)
-                for batch, out in _prefetch(conn.batches(), transform=_Normalizer(sql, tagger)):
+                # Four threads: parse (pyarrow.json, single-threaded: less CPU than its thread pool),
+                # validate+hash+candidate test (DuckDB on one thread, RE2), this one (staging,
+                # tagging), the snapshot writer. Measured per thread on 1M records: 2.1 / 3.4 / 3.3 /
+                # 1.3 CPU s — balanced, where one reader thread doing parse and validation was the
+                # longest at 5.4 s (docs/catalog.md, Memory and speed).
+                for batch, out in _prefetch(_prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
+                                            transform=_Normalizer(sql, tagger)):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, staged, dedup, builder)
@@ -320,6 +331,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             finally:
                 if staged is not None:
                     staged.close()
+            con.execute(f"SET threads = {int(threads)}")
             source_sha = conn.sha256
             source_key = sha256_json({"source_sha256": source_sha, **options})
             return _merge(con, settings, tagger, builder, staged_path if exact else None, latest, read=read,
@@ -347,7 +359,9 @@ class _Normalizer:
         if batch.num_rows == 0:
             return batch, None
         if self.con is None:
-            self.con = duckdb.connect()
+            # One thread: a 16 MiB block is one DuckDB task anyway, and its idle workers cost
+            # ~1.3 CPU s per 1M records in hand-offs (measured); this runs on its own Python thread.
+            self.con = duckdb.connect(config={"threads": 1})
             self.con.execute("SET TimeZone = 'UTC'")
         out = self._stage(batch)
         # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
@@ -358,13 +372,20 @@ class _Normalizer:
                 batch, out = fixed, self._stage(fixed)
         if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
             raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
+        valid = pc.is_null(out.column("reason"))
+        # One array per column: pyarrow.json hands over ~16 chunks a block, and Arrow's RE2 scan pays
+        # its DFA's warm-up per call and chunk (measured: a combined block costs about half).
+        texts = batch.column("text")
+        texts = texts.cast(pa.string()) if pa.types.is_null(texts.type) else texts
+        if isinstance(texts, pa.ChunkedArray) and texts.num_chunks != 1:
+            texts = texts.combine_chunks()
+            # the main thread's tagger gets the one array too (no second 16 MiB copy there)
+            batch = batch.set_column(batch.schema.get_field_index("text"), "text", texts)
         # The tagger's candidate test (one RE2 alternation), run by Arrow: the same RE2 engine as
         # DuckDB's regexp_matches, a third cheaper on this scan, and it releases the GIL.
         paths = batch.column("path")
         paths = None if pa.types.is_null(paths.type) else paths
-        texts = batch.column("text")
-        texts = texts.cast(pa.string()) if pa.types.is_null(texts.type) else texts
-        cand = pc.and_(self.tagger.candidate_mask(texts, paths), pc.is_null(out.column("reason")))
+        cand = pc.and_(self.tagger.candidate_mask(texts, paths), valid)
         out = out.set_column(out.schema.get_field_index("candidate"), "candidate", pc.fill_null(cand, False))
         return batch, out
 
@@ -416,20 +437,30 @@ def _stage_batch(con, batch: pa.Table, out: pa.Table, tagger: Tagger, staged: pq
     finally:
         con.unregister("o")
     valid = pc.is_null(out.column("reason"))
+    all_valid = out.column("reason").null_count == out.num_rows
     rows = pa.table({"seq": out.column("seq"), "record_id": out.column("record_id"), "user_id": out.column("user_id"),
                      "text": batch.column("text"), "source": out.column("source"),
                      "created_at": out.column("created_at"), "metadata": out.column("metadata")},
-                    schema=_STAGED).filter(valid)
+                    schema=_STAGED)
+    if not all_valid:  # (a filter copies every text: only when there is something to drop)
+        rows = rows.filter(valid)
     if rows.num_rows == 0:
         return
+    recipients.stage(con, rows)
     if staged is not None:
         staged.write_table(rows)
     else:
-        builder.add_records(rows.filter(pa.array(dedup.keep(rows.column("record_id")))).drop_columns(["seq"]))
-    paths = batch.column("path").filter(valid)
-    spans = tagger.tag(rows.column("text"), paths, mask=out.column("candidate").filter(valid))
+        keep = dedup.keep(rows.column("record_id"))
+        builder.add_records((rows if keep.all() else rows.filter(pa.array(keep))).drop_columns(["seq"]))
+    paths = batch.column("path")
+    cand = out.column("candidate")
+    if not all_valid:
+        paths, cand = paths.filter(valid), cand.filter(valid)
+    spans = tagger.tag(rows.column("text"), paths, mask=cand)
     if spans:
-        sp = _spans_table(spans, rows.column("seq").to_pylist(), rows.column("record_id").to_pylist())
+        # only the rows that have spans: a whole column as Python objects cost ~0.3 CPU s per 1M rows
+        at = pa.array([s.row for s in spans], pa.int64())
+        sp = _spans_table(spans, rows.column("seq").take(at), rows.column("record_id").take(at))
         con.register("sp", sp)
         try:
             con.execute("INSERT INTO span_stage SELECT * FROM sp")
@@ -476,7 +507,7 @@ def _fresh_rows(con, staged_path: Path):
             yield t.set_column(t.schema.get_field_index("record_id"), "record_id", rid)
 
 
-def _prefetch(it, depth: int = 2, transform=None):
+def _prefetch(it, depth: int = 2, transform=None, name: str = "veil-ingest-reader"):
     """Run a connector (and `transform` on each item) in a background thread, `depth` batches ahead:
     parsing, validating and hashing (pyarrow, DuckDB, zlib, git: all release the GIL) overlap tagging
     and writing of the previous batch."""
@@ -501,7 +532,7 @@ def _prefetch(it, depth: int = 2, transform=None):
         except BaseException as e:  # handed to the consumer, raised there
             q.put(e)
 
-    t = threading.Thread(target=work, name="veil-ingest-reader", daemon=True)
+    t = threading.Thread(target=work, name=name, daemon=True)
     t.start()
     try:
         while True:
@@ -591,7 +622,10 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             FROM stage s WHERE reason IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM quarantine q WHERE q.source_key = {_q(source_key)}
                 AND q.position = coalesce(s.locator, 'line ' || s.line::VARCHAR) AND q.reason = s.reason)""")
-        if new or new_spans or latest is None:
+        # A dropped copy's recipients join its kept copy's (all-participants owners; catalog/recipients.py).
+        if not options.get("keep_duplicates"):
+            builder.recipient_patches = recipients.patches(con)
+        if new or new_spans or latest is None or builder.recipient_patches:
             if staged_path is not None and new:
                 for t in _fresh_rows(con, staged_path):
                     builder.add_records(t)
@@ -604,7 +638,10 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             builder.abort()
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
         snap_id, snap_sha = snap["snapshot_id"], snap["sha256"]
-        n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
+        if "records" in snap:  # counted while the snapshot was cut: not read again in this serial step
+            n_records, n_users = snap["records"], snap["users"]
+        else:
+            n_records, n_users = con.sql("SELECT count(*), count(DISTINCT user_id) FROM records").fetchall()[0]
         con.execute(_INSERT_INGEST, [ingest_id, source_key, str(source), fmt, source_sha,
                                      json.dumps(options, sort_keys=True), tagger.rules_sha256, started,
                                      datetime.now(timezone.utc), read, accepted, new, quarantined, duplicates, users,
@@ -617,7 +654,8 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
     return IngestReport(snapshot_id=snap_id, sha256=snap_sha, read=read, accepted=accepted, quarantined=quarantined,
                         duplicates=duplicates, users=users, records=n_records, seconds=0.0, new=new,
                         snapshot_users=n_users, new_spans=new_spans, tagged_records=tagged, source=str(source),
-                        format=fmt, source_sha256=source_sha, ingest_id=ingest_id, quarantine_reasons=reasons)
+                        format=fmt, source_sha256=source_sha, ingest_id=ingest_id, quarantine_reasons=reasons,
+                        recipients_merged=builder.patched)
 
 
 class _Progress:

@@ -440,7 +440,8 @@ class Tagger:
         n = len(texts)
         if n == 0:
             return []
-        texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+        if isinstance(texts, pa.ChunkedArray):  # (combine_chunks copies even a single chunk)
+            texts = texts.chunk(0) if texts.num_chunks == 1 else texts.combine_chunks()
         if paths is not None and isinstance(paths, pa.ChunkedArray):
             paths = paths.combine_chunks()
         if pa.types.is_null(texts.type):

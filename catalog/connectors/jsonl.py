@@ -28,7 +28,8 @@ class JsonlSource(StreamedFile):
     format = "jsonl"
     default_source = "jsonl"
 
-    # 16 MiB blocks: three in flight (one parsing, two queued) plus their parsed tables. 8 MiB blocks
+    # 16 MiB blocks: a few in flight as parsed tables (each pipeline thread holds one, its queue one or
+    # two more: catalog/ingest.py), plus the raw block being cut. 8 MiB blocks
     # save ~180 MB of peak RSS on 1M records but cost ~15 % more CPU (per-block fixed costs in
     # pyarrow.json and the stage query); speed is the target here (docs/catalog.md, Memory and speed).
     def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20):
@@ -162,7 +163,7 @@ class JsonlSource(StreamedFile):
         bs = max(1 << 20, 2 * (longest + 1))
         return pj.read_json(
             io.BytesIO(block),
-            read_options=pj.ReadOptions(use_threads=True, block_size=bs),
+            read_options=pj.ReadOptions(use_threads=False, block_size=bs),
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected,
                                           newlines_in_values=False),
         )

@@ -54,6 +54,9 @@ def ingest(
     t.add_row("quarantined", f"{rep.quarantined:,}", reasons + (" (veil catalog quarantine)" if reasons else ""))
     t.add_row("duplicates", f"{rep.duplicates:,}",
               "same user, same text: dropped" if not keep_duplicates else "kept (--keep-duplicates)")
+    if rep.recipients_merged:
+        t.add_row("recipients", f"{rep.recipients_merged:,}",
+                  "records whose To/Cc gained a dropped copy's recipients")
     t.add_row("tagged", f"{rep.tagged_records:,}", f"records with a secret · {rep.new_spans:,} new spans")
     t.add_row("snapshot", rep.snapshot_id, f"{rep.records:,} records · {rep.snapshot_users:,} users · "
                                            f"sha256 {rep.sha256[:12]}…")
