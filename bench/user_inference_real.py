@@ -112,6 +112,43 @@ def nonprivate_spec(spec, rows: int, batch: int):
                    expected_batch_size=float(batch), selection=None)
 
 
+def slope_gap_std(scores, labels, x, n_boot: int, seed: int = 0) -> float:
+    """Bootstrap std of share_slope_gap: members and non-members resampled within their group."""
+    import numpy as np
+
+    from components.audit.user_inference import share_slope_gap
+
+    rng = np.random.default_rng(seed)
+    yi, yo = np.flatnonzero(labels), np.flatnonzero(~labels)
+    out = []
+    for _ in range(max(2, n_boot)):
+        idx = np.concatenate([rng.choice(yi, yi.size), rng.choice(yo, yo.size)])
+        try:
+            out.append(share_slope_gap(scores[idx], labels[idx], x[idx]))
+        except Exception:  # a resample with one distinct share on a side: skip it
+            continue
+    return float(np.std(out, ddof=1))
+
+
+def merge(paths: list[Path]) -> dict:
+    """One table from runs of this bench over disjoint --settings (same plan split, bins and eval texts:
+    checked), e.g. the DP setting run in a second process to save wall time."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    first = docs[0]
+    for d in docs[1:]:
+        for key in ("corpus", "split", "training", "eval"):
+            if d[key] != first[key] and key != "split":
+                raise SystemExit(f"--merge: {key} differs between runs: not one comparison")
+        if d["split"]["bin_edges_records"] != first["split"]["bin_edges_records"]:
+            raise SystemExit("--merge: the runs' bins differ")
+    order = {s: i for i, s in enumerate(SETTINGS)}
+    out = dict(first)
+    out["rows"] = sorted((r for d in docs for r in d["rows"]), key=lambda r: order[r["setting"]])
+    out["merged_from"] = [str(p) for p in paths]
+    out["seconds"] = round(sum(d["seconds"] for d in docs), 1)
+    return out
+
+
 def train_setting(spec, data, base_dir: Path, out_dir: Path) -> dict:
     """One run of the training engine (components.training.train) — the same engine every stage uses."""
     from components.modeling import load_base
@@ -144,7 +181,18 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="runs go here (default VEIL_HOME/bench-user-inference)")
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="combine the --json outputs of earlier runs (disjoint --settings) into one table")
     args = ap.parse_args()
+    if args.merge:
+        doc = merge(args.merge)
+        if args.plot is not None:
+            plot(doc, args.plot)
+            doc["plot"] = str(args.plot)
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str) if args.json else "", end="")
+        if not args.json:
+            print_table(doc)
+        return
     wanted = [s.strip() for s in args.settings.split(",") if s.strip()]
     bad = sorted(set(wanted) - set(SETTINGS))
     if bad:
@@ -279,6 +327,7 @@ def main() -> None:
             "auroc": rep["auroc"], "auroc_std": rep["auroc_std"], "auroc_interval": rep["auroc_interval"],
             "tpr_at_fpr": rep["tpr_at_fpr"], "users_in": rep["users_in"], "users_out": rep["users_out"],
             "bins": bins, "slope_gap": share_slope_gap(sc, y, np.log(share)),
+            "slope_gap_std": slope_gap_std(sc, y, np.log(share), args.bootstrap),
             "auroc_ceiling": ceil["auroc_ceiling"], "auroc_ceiling_pld": ceil["auroc_ceiling_pld"],
             "verdict": rep["verdict"] if dp else None, "epsilon_lower_bound": rep["epsilon_lower_bound"] if dp else None,
             "train_seconds": round(t_train, 1),
@@ -315,12 +364,14 @@ def print_table(doc: dict) -> None:
     sp = doc["split"]
     print(f"user inference (seed 003), {sp['users_in']} in / {sp['users_out']} out people, m = "
           f"{sp['attacker_samples_per_user']} fresh samples each; reference = public base")
-    print(f"{'setting':<10}{'what':<46}{'rows':>7}{'PPL':>8}{'AUROC':>8}{'± sd':>7}{'TPR@10%':>9}  AUROC per bin")
+    print(f"{'setting':<10}{'what':<46}{'rows':>7}{'PPL':>8}{'AUROC':>8}{'± sd':>7}{'TPR@10%':>9}{'slope gap':>14}"
+          "  AUROC per bin")
     for r in doc["rows"]:
         tpr = r["tpr_at_fpr"].get("0.1", r["tpr_at_fpr"].get(0.1))
         bins = "  ".join("—" if b["auroc"] is None else f"{b['auroc']:.2f}" for b in r["bins"])
         print(f"{r['setting']:<10}{r['description'][:45]:<46}{r['train_rows']:>7}{r['perplexity']:>8.1f}"
-              f"{r['auroc']:>8.3f}{r['auroc_std']:>7.3f}{tpr:>9.3f}  {bins}")
+              f"{r['auroc']:>8.3f}{r['auroc_std']:>7.3f}{tpr:>9.3f}"
+              f"{r['slope_gap']:>8.2f}±{r['slope_gap_std']:<5.2f}  {bins}")
     e = doc["split"]["bin_edges_records"]
     print("bins (records a person has for training): "
           + ", ".join(f"[{e[i]:g}, {e[i + 1]:g}{']' if i == len(e) - 2 else ')'}" for i in range(len(e) - 1)))
