@@ -300,7 +300,12 @@ def main() -> None:
                                                                scores["score"].to_pylist())))
         y = np.array([by_user[u][0] for u in users_sorted], dtype=bool)
         sc = np.array([by_user[u][1] for u in users_sorted])
-        total = float(data.num_rows)
+        if name == "dp":
+            # ULS samples people and takes ≤ G records from each: a person's share of what a step sees
+            per = Counter(data["user_id"].to_pylist())
+            total = float(sum(min(n, args.k) for n in per.values()))
+        else:
+            total = float(data.num_rows)
         share = np.array([amount[name][u] / total for u in users_sorted])
         dp = name == "dp"
         eps = float(uls_plan["accounting"]["epsilon"]) if dp else None
@@ -383,27 +388,45 @@ def print_table(doc: dict) -> None:
 
 
 def plot(doc: dict, path: Path) -> None:
+    """Left: AUROC per bin against the bin's mean share of the training rows (each setting's own
+    share); right: the same AUROCs per bin of the person's record count, settings side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for r in doc["rows"]:
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    e = doc["split"]["bin_edges_records"]
+    # edges sit between integers (k + 0.5) except the outer ones: label each bin by its whole counts
+    labels = [f"{math.ceil(e[i]):d}–{(math.floor(e[i + 1]) if i == len(e) - 2 else math.ceil(e[i + 1]) - 1):d}"
+              for i in range(len(e) - 1)]
+    n = max(1, len(doc["rows"]))
+    for j, r in enumerate(doc["rows"]):
         pts = [(b["mean_share"], b["auroc"], b.get("auroc_std") or 0.0) for b in r["bins"] if b["auroc"] is not None]
         if not pts:
             continue
-        x, y, e = zip(*pts)
-        ax.errorbar([100 * v for v in x], y, yerr=e, marker="o", capsize=3, label=f"{r['setting']}: {r['description']}")
-    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        x, y, err = zip(*pts)
+        lab = f"{r['setting']}: {r['description']} (all: {r['auroc']:.2f})"
+        ax.errorbar([100 * v for v in x], y, yerr=err, marker="o", capsize=3, label=lab)
+        xs = [i + (j - (n - 1) / 2) * 0.12 for i, b in enumerate(r["bins"]) if b["auroc"] is not None]
+        ax2.errorbar(xs, y, yerr=err, marker="o", capsize=3, label=r["setting"])
+    for a in (ax, ax2):
+        a.axhline(0.5, color="grey", lw=0.8, ls="--")
+        a.set_ylabel("user-inference AUROC, in vs out (±1 bootstrap sd)")
     ax.set_xscale("log")
     ax.set_xlabel("person's share of the training rows (%, bin mean; held-out: as if trained)")
-    ax.set_ylabel("user-inference AUROC (in vs out, per bin)")
-    ax.set_title("Seed 003 on Debian changelogs: AUROC vs a person's share")
-    ax.legend(fontsize=7, loc="best")
+    ax.set_title("AUROC vs a person's share", fontsize=10)
+    ax.legend(fontsize=6.5, loc="lower left")
+    ax2.set_xticks(range(len(labels)), labels)
+    ax2.set_xlabel("records the person has for training (bin)")
+    ax2.set_title("AUROC per bin of a person's data, by setting", fontsize=10)
+    ax2.legend(fontsize=7, loc="lower left")
+    fig.suptitle("Seed 003 on the Debian changelogs (%d in / %d out people, m = %d fresh samples)"
+                 % (doc["split"]["users_in"], doc["split"]["users_out"], doc["split"]["attacker_samples_per_user"]),
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
