@@ -175,6 +175,10 @@ def main() -> None:
     ap.add_argument("--holdout", type=float, default=0.5)
     ap.add_argument("--m", type=int, default=2, help="attacker samples per person")
     ap.add_argument("--bins", type=int, default=3, help="bins of the person's data amount (quantiles)")
+    ap.add_argument("--edges", type=float, nargs="+", default=None,
+                    help="inner bin edges in records (instead of quantiles), e.g. 5.5 20.5: same bins across splits")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="the policy's training seed, which also keys the plan's split: another seed, other people in/out")
     ap.add_argument("--bootstrap", type=int, default=200)
     ap.add_argument("--eval-records", type=int, default=600)
     ap.add_argument("--settings", default=",".join(SETTINGS))
@@ -224,6 +228,8 @@ def main() -> None:
     work.mkdir(mode=0o700, parents=True, exist_ok=True)
     base_dir = Path(stages.base_model(s, base_model_dir=args.base_model))
     training = {"steps": args.steps, "expected_batch_size": args.dp_batch}
+    if args.seed is not None:
+        training["seed"] = args.seed
     if args.lr is not None:
         training["learning_rate"] = args.lr
     lora = not args.full
@@ -262,7 +268,12 @@ def main() -> None:
     data_uls = stages.training_data(s, uls_plan, annexes["uls"])
     data_els = stages.training_data(s, plans["els"], annexes["els"])
     users_uls = data_uls["user_id"].to_pylist()
-    reps = np.array([max(1, mult.get(rid(u, t), 0)) for u, t in zip(users_uls, data_uls["text"].to_pylist())])
+    found = np.array([mult.get(rid(u, t), 0) for u, t in zip(users_uls, data_uls["text"].to_pylist())])
+    matched = float((found > 0).mean()) if found.size else 1.0
+    if matched < 0.99:  # people aliases (merged ids) or another source: the copy counts would be wrong
+        raise SystemExit(f"--source {args.source}: only {matched:.1%} of the training rows were found there; "
+                         "the nodedup setting needs the tree the corpus was ingested from (and no people aliases)")
+    reps = np.maximum(1, found)
     data_dup = data_uls.take(pa.array(np.repeat(np.arange(data_uls.num_rows), reps)))
     data_dup = data_dup.replace_schema_metadata(data_uls.schema.metadata)
     spec_uls = TrainSpec.from_plan(uls_plan)
@@ -283,8 +294,13 @@ def main() -> None:
     # bins on the person's distinct records for training (setting-independent): quantiles
     users_sorted = sorted(attacked)
     navail = np.array([n_avail[u] for u in users_sorted], dtype=float)
-    q = np.unique(np.floor(np.quantile(navail, np.linspace(0, 1, args.bins + 1)[1:-1])))
-    edges = np.concatenate([[navail.min()], q[(q > navail.min()) & (q < navail.max())] + 0.5, [navail.max()]])
+    if args.edges:
+        inner = np.array(sorted(args.edges), dtype=float)
+    else:
+        q = np.unique(np.floor(np.quantile(navail, np.linspace(0, 1, args.bins + 1)[1:-1])))
+        inner = q[(q > navail.min()) & (q < navail.max())] + 0.5
+    inner = inner[(inner > navail.min()) & (inner < navail.max())]
+    edges = np.concatenate([[navail.min()], inner, [navail.max()]])
 
     rows = []
     for name in wanted:
@@ -342,14 +358,15 @@ def main() -> None:
               f"bins {[None if b['auroc'] is None else round(b['auroc'], 3) for b in bins]}  {t_train:.0f}s",
               file=sys.stderr, flush=True)
 
-    doc = {"corpus": {"snapshot_id": uls_plan["data"]["snapshot_id"], "source": str(args.source)},
+    doc = {"corpus": {"snapshot_id": uls_plan["data"]["snapshot_id"], "source": str(args.source),
+                      "training_rows_found_in_source": matched},
            "split": {"holdout_probability": args.holdout, "attacker_samples_per_user": args.m,
                      "fresh_samples": "each scored person's m attacker records are reserved before training "
                                       "and never trained on",
                      "users_in": rows[0]["users_in"] if rows else None,
                      "users_out": rows[0]["users_out"] if rows else None,
                      "bin_edges_records": [float(e) for e in edges]},
-           "training": {"steps": args.steps, "nonprivate_records_per_step": args.batch,
+           "training": {"steps": args.steps, "seed": spec_uls.seed, "nonprivate_records_per_step": args.batch,
                         "dp_people_per_step": args.dp_batch, "k": args.k, "lora": lora,
                         "learning_rate": spec_uls.learning_rate, "seq_len": seq_len},
            "reference": "the public base model (p_ref = p_θ0)",
