@@ -192,3 +192,54 @@ def user_inference_report(scores: pa.Table, epsilon: float | None, delta: float 
         "bootstrap_seed": m["bootstrap_seed"],
         "failures": failures,
     }
+
+
+def auroc_by_share(scores, labels, share, edges, *, bootstrap: int = 0, seed: int = 0) -> list[dict]:
+    """Seed 003's claim "the attack grows with a person's share of the data", per bin of `share`.
+
+    `share` is, for each person, the quantity the bins are cut on (their share of the training rows,
+    or their count of records — for a held-out person, what it would have been had they been trained).
+    Bin i holds the people with edges[i] <= share < edges[i+1] (the last bin is closed). Each row:
+    lo, hi, users_in, users_out, mean_share and the Mann–Whitney AUROC of members against non-members
+    *of that bin* (None when one side is empty); with `bootstrap` >= 2 also its bootstrap std
+    (members and non-members resampled within the bin). Private aggregates, like `auroc_by_m`."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    x = np.asarray(share, dtype=np.float64)
+    e = np.asarray(edges, dtype=np.float64)
+    if not (s.shape == y.shape == x.shape and s.ndim == 1):
+        raise VeilError("scores, labels, share: need three 1-D arrays of the same length")
+    if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
+        raise VeilError("edges: need at least two increasing bin edges")
+    out = []
+    for i in range(e.size - 1):
+        last = i == e.size - 2
+        inside = (x >= e[i]) & ((x <= e[i + 1]) if last else (x < e[i + 1]))
+        yi = y[inside]
+        row = {"lo": float(e[i]), "hi": float(e[i + 1]), "users_in": int(yi.sum()),
+               "users_out": int((~yi).sum()), "mean_share": float(x[inside].mean()) if inside.any() else None,
+               "auroc": None}
+        if yi.any() and (~yi).any():
+            row["auroc"] = auroc_from_groups(s[inside][yi], s[inside][~yi])
+            if bootstrap >= 2:
+                row["auroc_std"] = bootstrap_metrics(s[inside], yi, n_boot=bootstrap, seed=seed)["auroc_std"]
+        out.append(row)
+    return out
+
+
+def share_slope_gap(scores, labels, log_share) -> float:
+    """How much faster members' scores rise with (log) share than non-members': slope_in − slope_out
+    of the two least-squares lines score ~ a + b·log_share. In the fully interacted regression
+    score ~ 1 + member + x + member·x this is the interaction coefficient: > 0 when the attack's
+    separation grows with a person's share. Needs two distinct x values on each side."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    x = np.asarray(log_share, dtype=np.float64)
+    slopes = []
+    for side in (y, ~y):
+        xs, ss = x[side], s[side]
+        if xs.size < 2 or np.ptp(xs) == 0:
+            raise VeilError("share_slope_gap: each side needs at least two distinct share values")
+        xc = xs - xs.mean()
+        slopes.append(float((xc * (ss - ss.mean())).sum() / (xc * xc).sum()))
+    return slopes[0] - slopes[1]
