@@ -76,7 +76,10 @@ class ELSOwners(ELS):
                 reserved[o] = held_out(ctx.key, seed, o, p_hold) or is_evaluation_person(ctx.key, seed, o, p_eval)
             return reserved[o]
 
-        keep = [i for i, t in enumerate(owners) if t and not any(is_reserved(o) for o in t)]
+        # The writer's own reservation is the audit split's (it left only trained writers' rows, and its
+        # canaries follow their own rule); the draw decides for the other owners.
+        writers = train.column("user_id").to_pylist()
+        keep = [i for i, t in enumerate(owners) if t and not any(is_reserved(o) for o in t if o != writers[i])]
         train, owners = train.take(pa.array(keep, pa.int64())), [owners[i] for i in keep]
         order = spec.people.multi_owner_order
         sel = bound_owners(owners, train.column("record_id").to_pylist(), int(ctx.k), key=ctx.key, order=order)

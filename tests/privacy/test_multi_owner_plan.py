@@ -244,3 +244,20 @@ def test_auto_takes_the_multi_owner_variant_from_the_policy_alone(tmp_path):
     pol = _policy(tmp_path, mechanism="auto")
     plan = make_plan(pol, _mail_snapshot(), private_dir=tmp_path / "private").to_dict()
     assert plan["mechanism"] == "els-owners" and "all-participants" in plan["decision"]["reason"]
+
+
+def test_canaries_keep_their_own_split_under_multi_owner(tmp_path):
+    """A trained canary (the canary split's keyed half) keeps its records: the owners' draws apply to
+    recipients only, never overriding the audit split's decision about a record's writer."""
+    pol = _policy(tmp_path)
+    text = Path(pol.path).read_text().replace("    canaries:\n      users: 0\n",
+                                              "    canaries:\n      users: 8\n      records_per_user: 6\n")
+    Path(pol.path).write_text(text)
+    pol = load_policy(pol.path)
+    private = tmp_path / "private"
+    plan = make_plan(pol, _mail_snapshot(), private_dir=private).to_dict()
+    annex = load_annex(private, plan)
+    trained = set(annex["canary_users"]) - set(annex["held_out_users"])
+    assert len(trained) == 4
+    rows = train_rows(annex)
+    assert trained <= set(rows["user_id"].to_pylist())
