@@ -89,8 +89,11 @@ def rows_rdp(rates: Sequence[float], noise_multiplier: float, steps: int,
         log_none = float(np.log1p(-p).sum())      # log Pr[none of the rows sampled]
     q_any = 1.0 if log_none == -math.inf else -math.expm1(log_none)
     shift = sampled_gaussian_rdp(min(1.0, q_any), float(noise_multiplier) / n, steps, orders)
-    if n == 1 or int(steps) == 0:
-        return shift                               # one row: the two bounds are the same event
+    if n == 1 or int(steps) == 0 or n > _MIXTURE_MAX_ROWS or np.any(p != p[0]):
+        # one row: the two bounds are the same event. The quadrature costs ~0.1 s for 30 rows: it is
+        # run for equal rates (ELS, group, record: a few distinct row counts, cached by the caller)
+        # and at most _MIXTURE_MAX_ROWS rows, never per person for secret plans' per-row LP rates.
+        return shift
     return np.minimum(shift, int(steps) * mixture_rdp(p, float(noise_multiplier), orders))
 
 
@@ -99,6 +102,7 @@ def rows_rdp(rates: Sequence[float], noise_multiplier: float, steps: int,
 # anyway). SAFETY inflates every result: the trapezoid rule on these Gaussian-smooth integrands is
 # accurate to far below it (tests compare with closed forms), and the ledger may only over-charge.
 _H, _MAX_SPAN, _SAFETY = 0.01, 400.0, 1e-6
+_MIXTURE_MAX_ROWS = 64
 
 
 def mixture_rdp(rates: Sequence[float], noise_multiplier: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
