@@ -181,22 +181,12 @@ class ELSOwners(ELS):
         return None         # the audit's add/remove-user ceiling does not exist under this relation
 
     # --- ledger ---------------------------------------------------------------------------------
-    def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
-        """Each owner's rows (every selected record they are on), priced under the replace relation."""
+    def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
+        """Every owner of a trained record is charged (ledger.person_rates expands `owners`), under the
+        replace relation (components.ledger.rdp.replace_rows_rdp)."""
         from components.ledger import rdp as _rdp
-        from components.ledger.ledger import PersonCost
 
-        sigma, steps = float(plan["noise_multiplier"]), int(plan["steps"])
-        cache: dict[tuple, tuple[float, np.ndarray]] = {}
-        out = {}
-        for u, r in rates.items():
-            key = tuple(sorted(x for x in r if x > 0))
-            if key not in cache:
-                p = np.asarray(key, dtype=float)
-                q_any = float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1) else (1.0 if len(p) else 0.0)
-                cache[key] = (q_any, _rdp.replace_rows_rdp(key, sigma, steps, orders))
-            out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
-        return out
+        return _rdp.replace_rows_rdp(rates, sigma, steps, orders)
 
     def ledger_group_size(self, rows: int) -> int:
         return 2 * max(1, int(rows))     # replacing n rows moves the sum by up to 2n·C

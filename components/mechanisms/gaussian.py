@@ -177,9 +177,15 @@ class SubsampledGaussian(Mechanism):
             if key not in cache:
                 p = np.asarray(key, dtype=float)
                 q_any = float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1) else (1.0 if len(p) else 0.0)
-                cache[key] = (q_any, _rdp.rows_rdp(key, sigma, steps, orders))
+                cache[key] = (q_any, self.rows_curve(key, sigma, steps, orders))
             out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
         return out
+
+    def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
+        """One person's rows' RDP under this mechanism's relation (add/remove: `rdp.rows_rdp`)."""
+        from components.ledger import rdp as _rdp
+
+        return _rdp.rows_rdp(rates, sigma, steps, orders)
 
 
 class UserBounded(SubsampledGaussian):
