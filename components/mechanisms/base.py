@@ -229,6 +229,13 @@ class Mechanism:
         """person → PersonCost (rows, sampling rate, RDP curve at `orders`) for this release."""
         raise VeilError(f"ledger: cannot charge mechanism {self.name!r}")
 
+    def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
+        """One person's Poisson-sampled rows' RDP under this mechanism's relation (add/remove:
+        `ledger.rdp.rows_rdp`); the Gaussian family's `ledger_costs` prices every person with it."""
+        from components.ledger import rdp as _rdp
+
+        return _rdp.rows_rdp(rates, sigma, steps, orders)
+
     def ledger_population_rows(self, rows: int) -> int:
         """How many units of N one person's `rows` are (the population estimate's group size)."""
         return 1

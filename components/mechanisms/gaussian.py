@@ -181,12 +181,6 @@ class SubsampledGaussian(Mechanism):
             out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
         return out
 
-    def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
-        """One person's rows' RDP under this mechanism's relation (add/remove: `rdp.rows_rdp`)."""
-        from components.ledger import rdp as _rdp
-
-        return _rdp.rows_rdp(rates, sigma, steps, orders)
-
 
 class UserBounded(SubsampledGaussian):
     """User-level mechanisms over records bounded per user (ELS, group): records are the Poisson unit,
