@@ -87,7 +87,14 @@ class PrefectServer:
             self.proc.wait(timeout=10)
 
     def api(self, method: str, path: str, **kw):
-        r = httpx.request(method, f"{self.api_url}{path}", timeout=30, **kw)
+        # The server answers 503 while its SQLite file is locked by its own services (the scheduler
+        # writing runs) and 429 when busy; Prefect's own client retries both with backoff, so the
+        # tests' raw calls do too (CI saw one 503 on POST /deployments/ on 2 busy cores).
+        for attempt in range(6):
+            r = httpx.request(method, f"{self.api_url}{path}", timeout=30, **kw)
+            if r.status_code not in (429, 503) or attempt == 5:
+                break
+            time.sleep(0.5 * 2 ** attempt)
         r.raise_for_status()
         return r.json() if r.content else None
 
