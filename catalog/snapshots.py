@@ -356,7 +356,7 @@ def recover(con, settings: Settings) -> dict:
             removed["uncommitted"] += 1
     staged = settings.cache_dir / "ingest-tmp"
     if staged.is_dir():
-        for f in staged.glob("*.parquet"):
+        for f in [*staged.glob("*.parquet"), *staged.glob("*.stage.arrow")]:
             f.unlink(missing_ok=True)
             removed["staged"] += 1
     present = {k for k in known if (d / k / "manifest.json").is_file()}

@@ -99,9 +99,14 @@ def test_crash_leftovers_are_cleaned_and_uncommitted_snapshot_is_invisible(setti
     m["snapshot_id"], m["created_at"] = ghost.name, "2999-01-01T00:00:00+00:00"
     os.chmod(ghost / "manifest.json", 0o644)
     (ghost / "manifest.json").write_text(json.dumps(m))
+    # ... and its staged files: the bookkeeping (quarantined rows' raw bytes) and exact-dedup text
+    staging = settings.cache_dir / "ingest-tmp"
+    assert staging.is_dir() and not list(staging.iterdir())  # a finished ingest leaves none
+    for name in ("20260101T000000-dead.stage.arrow", "20260101T000000-dead.parquet"):
+        (staging / name).write_bytes(b"raw bytes of a quarantined line")
     assert [s["snapshot_id"] for s in list_snapshots(settings)] == [first.snapshot_id]
     p2 = tmp_path / "b.jsonl"
     p2.write_text('{"user":"b","text":"two"}\n')
     second = ingest_source(p2, "jsonl", settings=settings)
-    assert not tmp.exists() and not ghost.exists()
+    assert not tmp.exists() and not ghost.exists() and not list(staging.iterdir())
     assert sorted(s["snapshot_id"] for s in list_snapshots(settings)) == sorted([second.snapshot_id, first.snapshot_id])
