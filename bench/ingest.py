@@ -2,7 +2,9 @@
 `pyarrow.json.read_json` of the same file, in one process run.
 
 Memory: for ours, the peak RSS above the RSS before it started (sampled every 10 ms; ours runs first,
-so freed memory of the baseline cannot hide its own); for pyarrow, the size of the table it builds.
+so freed memory of the baseline cannot hide its own), and the peak of its anonymous part (the heap:
+RSS also counts file-backed pages — mapped libraries, the memory-mapped stage file — which the kernel
+can drop); for pyarrow, the size of the table it builds.
 
     python bench/ingest.py                 # 1M records of ~300 chars (target: ≥ 150k records/s on 2 cores)
     python bench/ingest.py --records 200000 --json
@@ -10,7 +12,7 @@ so freed memory of the baseline cannot hide its own); for pyarrow, the size of t
 
 With `--baseline`, each build ingests the same file in its own fresh process, alternately (baseline,
 ours, baseline, ours, …), so both see the same machine load; each row gives wall and CPU seconds, peak
-RSS above the process's RSS before the ingest, the 1-minute load average before and after, and the
+RSS (and anonymous RSS) above the process's before the ingest, the 1-minute load average before and after, and the
 CPU seconds per thread (parse / validate / main / writer / pools). The machine is shared: compare CPU
 seconds, and wall seconds only between runs under the same load.
 
@@ -92,11 +94,14 @@ def generate(path: Path, n: int, seed: int = 0, chars: int = 300) -> dict:
     return {"records": n, "users": n_users, "bytes": path.stat().st_size}
 
 
-def _rss_mib() -> float:
+def _rss_mib(field: str = "VmRSS") -> float:
+    """Resident memory in MiB: all of it (VmRSS), or its anonymous part (RssAnon: the heap, not the
+    file-backed pages of mapped libraries and of the memory-mapped stage file, which the kernel can
+    drop and re-read)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -111,11 +116,12 @@ def _measure(kind: str, path: Path, home: Path) -> dict:
     import threading
 
     gc.collect()
-    start_rss, peak, stop = _rss_mib(), [0.0], threading.Event()
+    start_rss, start_anon, peak, stop = _rss_mib(), _rss_mib("RssAnon"), [0.0, 0.0], threading.Event()
 
     def sample():
         while not stop.is_set():
             peak[0] = max(peak[0], _rss_mib())
+            peak[1] = max(peak[1], _rss_mib("RssAnon"))
             stop.wait(0.01)
 
     sampler = threading.Thread(target=sample, name="bench-rss", daemon=True)
@@ -143,7 +149,8 @@ def _measure(kind: str, path: Path, home: Path) -> dict:
         sampler.join()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
-    out.update({"wall": wall, "cpu": cpu, "max_rss_mib": max(peak[0], _rss_mib()) - start_rss})
+    out.update({"wall": wall, "cpu": cpu, "max_rss_mib": max(peak[0], _rss_mib()) - start_rss,
+                "max_anon_mib": max(peak[1], _rss_mib("RssAnon")) - start_anon})
     return out
 
 
@@ -203,6 +210,7 @@ def _child(path: Path, home: Path) -> dict:
                 "veil-snapshot-writer": "writer"}.get(name, name)
         per[name] = per.get(name, 0.0) + c - before.get(tid, 0.0)
     return {"seconds": res["wall"], "cpu_seconds": res["cpu"], "max_rss_mib": res["max_rss_mib"],
+            "max_anon_mib": res["max_anon_mib"],
             "records_per_second": res["read"] / res["wall"], "snapshot_id": res["snapshot_id"],
             "load_before": load0, "load_after": os.getloadavg()[0],
             "thread_cpu": {k: round(v, 2) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}
@@ -268,7 +276,7 @@ def main(argv=None) -> int:
                                   "records_per_second": round(pa_res["rows"] / pa_res["wall"])},
             "veil_ingest": {"seconds": ours["seconds"], "records_per_second": ours["records_per_second"],
                             "cpu_seconds": round(ours["cpu"], 2), "max_rss_mib": round(ours["max_rss_mib"]),
-                            "read": ours["read"], "accepted": ours["accepted"], "quarantined": ours["quarantined"],
+                            "max_anon_mib": round(ours["max_anon_mib"]), "read": ours["read"], "accepted": ours["accepted"], "quarantined": ours["quarantined"],
                             "duplicates": ours["duplicates"], "tagged_records": ours["tagged_records"],
                             "spans": ours["new_spans"], "snapshot_id": ours["snapshot_id"]},
             "veil_reingest": {"seconds": ours2["seconds"], "records_per_second": ours2["records_per_second"],
@@ -295,7 +303,7 @@ def main(argv=None) -> int:
               f"{p['cpu_seconds']:.1f}", f"{p['table_mib']:,} (table)")
     v = result["veil_ingest"]
     t.add_row("veil ingest", f"{v['seconds']:.2f}", f"{v['records_per_second']:,.0f}", f"{v['cpu_seconds']:.1f}",
-              f"{v['max_rss_mib']:,} (peak RSS +)")
+              f"{v['max_rss_mib']:,} (peak RSS +; anonymous {v['max_anon_mib']:,})")
     r = result["veil_reingest"]
     t.add_row("veil re-ingest (same file)", f"{r['seconds']:.2f}", f"{r['records_per_second']:,.0f}",
               f"{r['cpu_seconds']:.1f}", f"{r['max_rss_mib']:,} (peak RSS +)")
@@ -337,12 +345,13 @@ def _main_compare(args) -> int:
 
     t = Table(title=f"JSONL ingest, {args.records:,} records × ~{args.chars} chars, {os.cpu_count()} CPUs, "
                     f"baseline = {args.baseline}")
-    for c in ("build", "load before→after", "seconds", "records/s", "CPU s", "peak RSS + MiB", "CPU s per thread",
-              "snapshot"):
+    for c in ("build", "load before→after", "seconds", "records/s", "CPU s", "peak RSS + MiB",
+              "of it anonymous", "CPU s per thread", "snapshot"):
         t.add_column(c)
     for r in runs:
         t.add_row(r["build"], f"{r['load_before']:.1f}→{r['load_after']:.1f}", f"{r['seconds']:.2f}",
                   f"{r['records_per_second']:,.0f}", f"{r['cpu_seconds']:.2f}", f"{r['max_rss_mib']:.0f}",
+                  f"{r['max_anon_mib']:.0f}",
                   " ".join(f"{k} {v}" for k, v in r["thread_cpu"].items()), r["snapshot_id"])
     Console(width=200).print(t)
     for who in ("baseline", "ours"):

@@ -165,7 +165,7 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
                   THEN {_q(f"bad timestamp: field {tname!r} is not a date we read (ISO-8601, RFC 2822, epoch seconds/ms, …): ")} || left(ts, 60)
         END AS reason FROM b)
     SELECT seq, line, "offset" AS byte_offset, locator, u AS user_id, reason,
-           CASE WHEN reason IS NULL THEN sha256(u || chr(31) || text) END AS record_id,
+           NULL::VARCHAR AS record_id,  -- sha256(user_id ‖ 0x1f ‖ text): _RecordIds, after this query
            CASE WHEN reason IS NOT NULL THEN coalesce(raw, encode(to_json(struct_pack(
                 "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END AS raw,
            coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
@@ -396,6 +396,34 @@ class _StageFile:
         self.path.unlink(missing_ok=True)
 
 
+class _RecordIds:
+    """Record ids, sha256(user_id ‖ 0x1f ‖ text) in hex, of a batch's rows, by Apache DataFusion's
+    sha256: Rust's sha2, which uses the CPU's SHA instructions, at ~40 % of the CPU of DuckDB's
+    software sha256 — the ingest's largest single cost (~1.3 CPU s per 1M records of ~300
+    characters; docs/catalog.md, Memory and speed). Tests check ids against hashlib."""
+
+    def __init__(self):
+        from datafusion import SessionConfig, SessionContext
+
+        # one partition: the batch is one task on this thread, and a projection keeps the row order
+        self.ctx = SessionContext(SessionConfig().with_target_partitions(1))
+
+    def __call__(self, user_ids: pa.ChunkedArray, texts: pa.Array, valid: pa.Array) -> pa.Array:
+        """Ids of the `valid` rows (their user and text are set), null elsewhere."""
+        t = pa.table({"u": user_ids, "t": texts}).combine_chunks()
+        if len(t) == 0:
+            return pa.array([], pa.string())
+        self.ctx.register_record_batches("rows", [t.to_batches(max_chunksize=len(t) or None)])
+        try:
+            ids = self.ctx.sql("SELECT encode(sha256(concat(u, chr(31), t)), 'hex') AS h FROM rows").to_arrow_table()
+        finally:
+            self.ctx.deregister_table("rows")
+        ids = ids.column(0).combine_chunks().cast(pa.string())
+        if len(ids) != len(t):
+            raise RuntimeError("catalog: DataFusion returned a different number of record ids; refusing to stage")
+        return pc.if_else(valid, ids, pa.scalar(None, pa.string()))
+
+
 class _Normalizer:
     """Validates and hashes a batch with the stage query, on a private in-memory DuckDB owned by the
     reader thread (the query reads only the batch), so that work overlaps the main thread's."""
@@ -404,6 +432,7 @@ class _Normalizer:
         self.sql = sql
         self.tagger = tagger
         self.con: duckdb.DuckDBPyConnection | None = None
+        self.ids: _RecordIds | None = None
 
     def __call__(self, batch: pa.Table):
         if batch.num_rows == 0:
@@ -413,6 +442,7 @@ class _Normalizer:
             # ~1.3 CPU s per 1M records in hand-offs (measured); this runs on its own Python thread.
             self.con = duckdb.connect(config={"threads": 1})
             self.con.execute("SET TimeZone = 'UTC'")
+            self.ids = _RecordIds()
         out = self._stage(batch)
         # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
         # are they rewritten (catalog/dates.py) and the batch staged again.
@@ -431,6 +461,8 @@ class _Normalizer:
             texts = texts.combine_chunks()
             # the main thread's tagger gets the one array too (no second 16 MiB copy there)
             batch = batch.set_column(batch.schema.get_field_index("text"), "text", texts)
+        out = out.set_column(out.schema.get_field_index("record_id"), "record_id",
+                             self.ids(out.column("user_id"), texts, valid.combine_chunks()))
         # The tagger's candidate test (one RE2 alternation), run by Arrow: the same RE2 engine as
         # DuckDB's regexp_matches, a third cheaper on this scan, and it releases the GIL.
         paths = batch.column("path")
