@@ -84,8 +84,13 @@ class SubsampledGaussian(Mechanism):
             fraction=float(spec.population.epsilon_fraction), snapshot=ctx.snapshot, policy=ctx.policy)
         batch = int(ctx.batch)
         if population["estimate"] < batch:
+            # (N̂'s noise is public in scale only; a small population may fall under the batch by noise
+            # alone, and re-planning the same inputs draws the same noise: say which knobs move it)
             raise VeilError(f"spec.training.expected_batch_size: {batch} {unit} per step but the (DP) estimate "
-                            f"of the {unit} that can be trained on is {population['estimate']:.1f}; lower it")
+                            f"of the {unit} that can be trained on is {population['estimate']:.1f} (Laplace "
+                            f"noise of scale {population['scale']:.3g}: spec.population.epsilon_fraction "
+                            f"{float(spec.population.epsilon_fraction):g} of ε); lower the batch, or give the "
+                            "estimate a larger share of ε")
         q = batch / population["estimate"]
         eps_n = float(population["epsilon"])
         eps_sgd_target = target["epsilon"] - eps_n

@@ -152,8 +152,11 @@ def test_batch_larger_than_the_population_is_refused(snap, tmp_path):
     text = DEMO.read_text().replace(DEMO_BATCH, "expected_batch_size: 500")
     p = tmp_path / "big.yaml"
     p.write_text(text)
-    with pytest.raises(VeilError, match="expected_batch_size"):
+    with pytest.raises(VeilError, match="expected_batch_size") as e:
         make_plan(load_policy(p), snap, private_dir=tmp_path)
+    # the refusal names both ways out: N̂'s noise (its public scale, the ε share that sets it) and the batch
+    assert "epsilon_fraction" in str(e.value) and "Laplace noise of scale" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_els_and_group_bound_records_per_user(snap, tmp_path):
