@@ -413,7 +413,7 @@ class _RecordIds:
         t = pa.table({"u": user_ids, "t": texts}).combine_chunks()
         if len(t) == 0:
             return pa.array([], pa.string())
-        self.ctx.register_record_batches("rows", [t.to_batches(max_chunksize=len(t) or None)])
+        self.ctx.register_record_batches("rows", [t.to_batches(max_chunksize=len(t))])
         try:
             ids = self.ctx.sql("SELECT encode(sha256(concat(u, chr(31), t)), 'hex') AS h FROM rows").to_arrow_table()
         finally:
