@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from catalog.tagging import Tagger, loosen, _glob_to_regex
@@ -163,3 +165,53 @@ def test_each_detector_normalizes_its_own_matches_in_a_mixed_class():
     t = Tagger([{"secret_class": "pii", "kind": "detector", "patterns": ["email", "phone"]}])
     ids = {g[0] for g in _spans(t, "Ann.Lee@X.example or +1-555-012-3456")}
     assert ids == {"pii:ann.lee@x.example", "pii:+15550123456"}
+
+
+def test_a_literal_list_too_large_for_one_regex_is_split_and_still_found():
+    """~80k ten-letter literals are more than RE2 compiles as one alternation ("pattern too large"):
+    the list is cut until each part compiles; every literal is still found, and the detectors too."""
+    rng = random.Random(11)
+    words = sorted({"".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(10)) for _ in range(80_000)})
+    t = Tagger([{"secret_class": "codename", "kind": "literal", "patterns": words, "case_sensitive": True},
+                {"secret_class": "credential", "kind": "detector", "patterns": ["credentials"]}])
+    assert sum(m.detector == "literal" for m in t._matchers) > 1
+    texts = [f"we shipped {words[0]} today", f"and {words[-1]}, {words[40_000]}", "key AKIAIOSFODNN7EXAMPLE",
+             "nothing here"]
+    got = {(s.row, s.secret_id) for s in t.tag(pa.array(texts))}
+    assert got == {(0, f"codename:{words[0]}"), (1, f"codename:{words[-1]}"), (1, f"codename:{words[40_000]}"),
+                   (2, "credential:AKIAIOSFODNN7EXAMPLE")}
+
+
+def test_candidate_groups_equal_one_alternation_and_the_exact_pass():
+    """The candidate test is cut into groups (RE2's DFA thrashes on one large alternation over real
+    text): the union of the groups marks exactly the rows the single alternation marks, and tagging
+    through it finds exactly what the exact pass over every row finds."""
+    t = Tagger(str(Path(__file__).resolve().parents[2] / "policies" / "demo.yaml"))
+    assert len(t._prefilters) > 1
+    rng = random.Random(5)
+    pieces = ["BLUEHERON", "the key is", "AKIAABCDEFGHIJKLMNOP", "token=", "a.b@c-d.example", "+44 20 7946 0958",
+              "password: hunter2x", "ghp_" + "a" * 36, "eyJhbGciOi.eyJzdWIiOi.c2lnbmF0dXJl", " ", "\n", "é",
+              "Closes: #123456", "version 1.2.3-4", "-----BEGIN RSA PRIVATE KEY-----"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 8))) for _ in range(600)]
+    arr = pa.array(texts)
+    single = pc.fill_null(pc.match_substring_regex(arr, "|".join(t._prefilters)), False)
+    for _ in range(2 * 16 + 2):  # groups, the alternation, then the cheaper and re-timings: same rows
+        assert t.candidate_mask(arr).to_pylist() == single.to_pylist()
+    assert None not in t._cost
+    key = lambda s: (s.row, s.secret_id, s.start, s.end)  # noqa: E731
+    assert sorted(map(key, t.tag(arr))) == sorted(map(key, t.tag_all(texts)))
+
+
+def test_a_group_arrow_cannot_compile_leaves_its_matchers_exact_on_every_row(monkeypatch):
+    """Were a group of prefilters (or one alone) too large for Arrow's RE2, its matchers must run on
+    every row, never be skipped: simulate that limit and compare with the exact pass."""
+    import catalog.tagging as tg
+
+    real_ok = tg._re2_ok
+    monkeypatch.setattr(tg, "_re2_ok", lambda p: len(p) < 60 and real_ok(p))
+    t = Tagger(RULES)
+    assert t._unfiltered
+    texts = ["BLUEHERON met a.b@c-d.example", "AKIAABCDEFGHIJKLMNOP", "call +44 20 7946 0958", "plain words"]
+    key = lambda s: (s.row, s.secret_id, s.start, s.end)  # noqa: E731
+    got = sorted(map(key, t.tag(pa.array(texts))))
+    assert got == sorted(map(key, t.tag_all(texts))) and len(got) >= 3
