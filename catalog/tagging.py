@@ -386,15 +386,18 @@ class Tagger:
         its DFA outgrows RE2's cache on real text (many partial matches: "key", "token", "@", digits)
         and RE2 then crawls: measured on 22.5k real Debian changelog entries, 0.43 CPU s for the whole
         alternation of the built-in detectors against 0.08–0.10 s for two groups (and on source code
-        0.059 against 0.032 s), while the synthetic bench's small vocabulary pays ~0.4 CPU s per 1M
-        records for the second pass (bench/ingest.py --real). A group Arrow cannot compile leaves its
+        0.059 against 0.032 s), while on the synthetic bench's small vocabulary the single alternation
+        is the cheaper (so _scan times both; bench/ingest.py --real). A group Arrow cannot compile leaves its
         matchers without a prefilter — run exactly on every row — never silently unscanned."""
         groups: list[list[_Matcher]] = []
         size = 0
         for m in self._matchers:
             if m.prefilter is None:
                 continue
-            n = re2.compile(m.prefilter, _RE2_OPTS).programsize
+            try:
+                n = re2.compile(m.prefilter, _RE2_OPTS).programsize
+            except re2.error:  # larger than this binding compiles: a group of its own (Arrow decides)
+                n = _GROUP_PROGRAM + 1
             if groups and size + n <= _GROUP_PROGRAM:
                 groups[-1].append(m)
                 size += n
