@@ -29,7 +29,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/accounting.py
-	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/ingest.py --real
 	$(BIN)/python bench/lp.py
 	$(BIN)/python bench/dp_step.py
 	$(BIN)/python bench/dp_step.py --full

@@ -306,6 +306,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.baseline is not None:
         return _main_compare(args)
+    if args.real and not (args.real_dir.is_dir() and next(args.real_dir.glob("*/changelog.Debian.gz"), None)):
+        print(f"--real-dir: {args.real_dir} holds no <package>/changelog.Debian.gz (a Debian machine's "
+              "/usr/share/doc does)", file=sys.stderr)
+        return 2
     work = args.keep or Path(tempfile.mkdtemp(prefix="veil-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)
     src = work / "bench.jsonl"
