@@ -1,0 +1,197 @@
+"""The publication gate: the one door between Veil's private area and everyone else.
+
+Every value Veil publishes (a plan, a certificate, a seal, a registry tag, param, metric or artifact,
+the audit's public section, evaluation, study and selection outputs, the `--json` of `veil models`,
+`verify` and `ledger`, a PMixED response, what reaches Prefect) passes `publish(channel, doc)`. Each
+leaf of `doc` must match a declaration of that channel (`components.publication.fields`), which says
+what kind of value it is:
+
+  PUBLIC     public by construction: a policy value, a constant, a hash of public inputs, or a
+             function of the relation's public part only;
+  DP         DP-released: its mechanism, its sensitivity, whom it counts and the ledger charge each
+             of them gets (or a post-processing of such a release, naming it);
+  UNCOVERED  published without a DP guarantee, with its coarsening rule and the test showing one
+             person moves it with probability ≤ 10 %.
+
+An undeclared leaf is refused at run time: a feature cannot decide for itself what it publishes.
+`recording()` hands the neighbour harness (tests/privacy/neighbours) every value that went out, with
+its declaration, so a scenario run on D and on D without one person can be diffed field by field.
+
+Paths: dict keys joined by '.', list items transparent (a list's items share the list's path).
+Patterns: '*' matches one segment (or part of one: 'eval_*'), '**' any number of segments.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import fnmatch
+import math
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.core.errors import VeilError
+
+
+class Kind(str, enum.Enum):
+    PUBLIC = "public by construction"
+    DP = "DP-released"
+    UNCOVERED = "published uncovered"
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Where published values go and who reads them."""
+    name: str
+    readers: str
+
+
+@dataclass(frozen=True)
+class Field:
+    """One declared published field (or subtree, with '**')."""
+    channel: str
+    pattern: str
+    kind: Kind
+    what: str
+    # PUBLIC only under one neighbouring relation (e.g. N under replace-one): a person-removal may move it,
+    # and a release publishing it claims that relation, not add/remove (the harness checks both)
+    relation: str = ""
+    # DP: the release and its price, or the release it post-processes
+    mechanism: str = ""
+    sensitivity: str = ""
+    counts: str = ""
+    charge: str = ""
+    post_processing_of: str = ""
+    # UNCOVERED: how it is coarsened, and the test that bounds one person's influence
+    coarsening: str = ""
+    test: str = ""
+
+    def __post_init__(self):
+        if self.kind is Kind.DP and not (self.post_processing_of or (self.mechanism and self.sensitivity
+                                                                      and self.counts and self.charge)):
+            raise ValueError(f"{self.channel}:{self.pattern}: a DP field names its mechanism, sensitivity, "
+                             "whom it counts and their charge (or the release it post-processes)")
+        if self.kind is Kind.UNCOVERED and not (self.coarsening and self.test):
+            raise ValueError(f"{self.channel}:{self.pattern}: an uncovered field names its coarsening and its test")
+
+    def matches(self, path: str) -> bool:
+        return _match(self.pattern.split("."), path.split(".")) if path else self.pattern == ""
+
+
+def _match(pat: list[str], segs: list[str]) -> bool:
+    if not pat:
+        return not segs
+    if pat[0] == "**":
+        return any(_match(pat[1:], segs[i:]) for i in range(len(segs) + 1))
+    return bool(segs) and fnmatch.fnmatchcase(segs[0], pat[0]) and _match(pat[1:], segs[1:])
+
+
+@dataclass(frozen=True)
+class Published:
+    """One leaf that went out: its channel, its path, its value and the declaration that let it."""
+    channel: str
+    subject: str
+    path: str
+    value: Any
+    field: Field = field(compare=False)
+
+
+_CHANNELS: dict[str, Channel] = {}
+_FIELDS: dict[str, list[Field]] = {}
+_local = threading.local()
+_recorders: list[list[Published]] = []
+_lock = threading.Lock()
+
+
+def channel(name: str, readers: str) -> None:
+    _CHANNELS[name] = Channel(name, readers)
+    _FIELDS.setdefault(name, [])
+
+
+def declare(*fields: Field) -> None:
+    for f in fields:
+        if f.channel not in _CHANNELS:
+            raise ValueError(f"publication: unknown channel {f.channel!r}")
+        _FIELDS[f.channel].append(f)
+
+
+def channels() -> dict[str, Channel]:
+    _load()
+    return dict(_CHANNELS)
+
+
+def declared(name: str | None = None) -> list[Field]:
+    _load()
+    if name is None:
+        return [f for fs in _FIELDS.values() for f in fs]
+    return list(_FIELDS.get(name, ()))
+
+
+def _load() -> None:
+    # the declarations are one module of data; importing it registers them (once)
+    from components.publication import fields  # noqa: F401  (startup: the table is read on first publish)
+
+
+def leaves(doc: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, value) of every leaf; list items share their list's path, an empty dict/list is a leaf."""
+    if isinstance(doc, Mapping):
+        if not doc:
+            yield prefix, {}
+        for k, v in doc.items():
+            yield from leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(doc, (list, tuple)):
+        if not doc:
+            yield prefix, []
+        for v in doc:
+            yield from leaves(v, prefix)
+    else:
+        yield prefix, doc
+
+
+def _specificity(f: Field) -> tuple:
+    return (f.pattern.count("**"), f.pattern.count("*"), -len(f.pattern))
+
+
+def field_for(name: str, path: str) -> Field | None:
+    """The most specific declaration matching `path` (fewest wildcards, then the longest pattern)."""
+    hits = [f for f in declared(name) if f.matches(path)]
+    return min(hits, key=_specificity) if hits else None
+
+
+def publish(name: str, doc: Any, *, subject: str = "") -> Any:
+    """Let `doc` out on channel `name` if every leaf is declared there; else refuse, naming the leaf.
+
+    Returns `doc` unchanged, so a call site reads `mlflow.set_tags(publish("registry.tag", tags))`.
+    `subject` names the release or document (a plan sha, a model version) for the recorder."""
+    _load()
+    if name not in _CHANNELS:
+        raise VeilError(f"publication gate: channel {name!r} is not declared (components/publication/fields.py)")
+    out = []
+    for path, value in leaves(doc):
+        f = field_for(name, path)
+        if f is None:
+            raise VeilError(f"publication gate: {name} field '{path}' is not declared in "
+                            "components/publication/fields.py (declare its kind: public, DP-released with its "
+                            "charge, or uncovered with its coarsening and test); refusing to publish it")
+        if isinstance(value, float) and not math.isfinite(value) and f.kind is not Kind.PUBLIC:
+            raise VeilError(f"publication gate: {name} field '{path}' is not a finite number; refusing to publish it")
+        out.append(Published(name, subject, path, value, f))
+    if _recorders:
+        with _lock:
+            for rec in _recorders:
+                rec.extend(out)
+    return doc
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Published]]:
+    """Collect everything published while the block runs (any thread): the neighbour harness' eyes."""
+    rec: list[Published] = []
+    with _lock:
+        _recorders.append(rec)
+    try:
+        yield rec
+    finally:
+        with _lock:
+            _recorders.remove(rec)
