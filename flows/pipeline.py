@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from components.certificate import describe as describe_guarantee
 from components.core.errors import VeilError
 from components.core.settings import load_settings, private_umask
+from components.publication import publish
 from flows import stages
 
 # The flows' processes write the catalog, snapshots, plans, runs and MLflow's files: owner-only
@@ -91,13 +92,15 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     home = str(settings.home)
     log = get_run_logger()
     ing = ingest_task(home, source, fmt, policy, mapping or {})
-    log.info("ingested %s: %s accepted, %s quarantined, %s duplicates", ing["snapshot_id"], ing["accepted"],
-             ing["quarantined"], ing["duplicates"])
+    # Prefect's readers are not the operator: the snapshot id only; exact record counts are private
+    # (the CLI's summary shows them on the operator's terminal)
+    log.info("ingested %s", publish("prefect", {"snapshot_id": ing["snapshot_id"]})["snapshot_id"])
     base = base_model_task(home, public_corpus, base_model_dir)
     planned = plan_task(home, policy, ing["snapshot_id"], base)
     trained = train_task(home, planned["plan_path"], base)
     cert = certify_task(home, planned["plan_path"], trained)
-    log.info("certificate %s: %s", cert["sha256"][:12], describe_guarantee(cert))
+    log.info("certificate %s: %s", *publish("prefect", {"certificate": [cert["sha256"][:12], describe_guarantee(cert)]})
+             ["certificate"])
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"))
     aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None

@@ -26,6 +26,7 @@ from prefect.input import RunInput
 
 from components.core.errors import VeilError
 from components.core.settings import Settings, load_settings, private_umask
+from components.publication import publish
 from flows import stages
 from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, plan_task,
                             register_task)
@@ -286,7 +287,7 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     if last and last.get("snapshot_content_sha256") == content and last.get("base_sha256") == base_sha:
         reason = (f"the data eligible for training did not change since {last['model_uri']} "
                   f"(snapshot {ing['snapshot_id']}, same base model): nothing trained, no budget spent")
-        log.info("skipped: %s", reason)
+        log.info("skipped: %s", publish("prefect", {"skipped": reason})["skipped"])
         return _skip(reason, last.get("model_uri"))
 
     try:
@@ -297,13 +298,14 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
         trained = train_or_resume_task(home, planned["plan_path"], base)
     except VeilError as e:
         if "spent their lifetime budget" in str(e):
-            log.info("skipped: %s", e)
+            log.info("skipped: %s", publish("prefect", {"skipped": str(e)})["skipped"])
             return _skip(str(e), last.get("model_uri") if last else None)
         raise
     cert = certify_task(home, planned["plan_path"], trained)
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"), alias=None)
-    log.info("registered %s (plan %s, certificate %s)", reg["model_uri"], plan_doc["sha256"][:12], cert["sha256"][:12])
+    log.info("registered %s (plan %s, certificate %s)", *publish("prefect", {"registered": [
+        reg["model_uri"], plan_doc["sha256"][:12], cert["sha256"][:12]]})["registered"])
     # Recorded before the audit: the release exists and was charged, so the same data must not be
     # trained (and charged) again even if the audit below fails.
     state = {"snapshot_id": ing["snapshot_id"], "snapshot_content_sha256": content, "base_dir": base,
@@ -320,7 +322,8 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
         approval = await_approval(list(pol.spec.release.promoters), pol.spec.release.approval_timeout_seconds,
                                   reg["model_uri"], poll_s=approval_poll_s)
     gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"], required, alias, approval)
-    log.info("%s: %s", "promoted" if gate["promoted"] else "not promoted", gate["reason"])
+    log.info("%s: %s", *publish("prefect", {"promotion": ["promoted" if gate["promoted"] else "not promoted",
+                                                           gate["reason"]]})["promotion"])
     trained_n, retired_n = _people(settings, plan_doc, reg)
     retired_n += int(planned.get("excluded_people") or 0)  # out before planning + retired at the reservation
     public_approval = None if approval is None else {k: approval[k] for k in ("approved", "by", "at", "refused")}

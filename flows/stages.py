@@ -134,11 +134,11 @@ def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
 def _without_people(snap, people: set[str]):
     """The snapshot as the planner sees it, less these people's records and their secret spans
     (same id and sha256: the plan still names the snapshot it was drawn from)."""
+    import copy
+
     import pyarrow.compute as pc
 
-    from catalog.snapshots import Snapshot
-
-    out = Snapshot(snap.snapshot_id, snap.sha256, snap.path, snap.manifest)
+    out = copy.copy(snap)       # the same snapshot (id, sha256, path, manifest); its records replaced below
     keep = pc.invert(pc.is_in(snap.records["user_id"], pa.array(sorted(people), pa.string())))
     if "owners" in snap.records.column_names:      # multi-owner: a record goes with any of its owners
         keep = pc.and_(keep, pa.array([not (set(o or ()) & people) for o in snap.records["owners"].to_pylist()]))
@@ -158,12 +158,20 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     the snapshot the planner sees. Returns {"plan_path", "plan", "excluded_people"} (that count is
     exact and private: never logged or published)."""
     from catalog.snapshots import load_snapshot
+
+    return plan_snapshot(settings, policy, load_snapshot(settings, snapshot_id), base_dir=base_dir,
+                         progress=progress, exclude_people=exclude_people)
+
+
+def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str | Path | None = None,
+                  progress=None, exclude_people=None, compute: dict | None = None) -> dict:
+    """`plan` on a loaded snapshot (anything with snapshot_id, sha256, records, secret_spans and
+    manifest): people rules, exclusions, the plan, N̂ charged, the plan written."""
     from components.planning import make_plan, save_plan
     from components.policy import load_policy
 
     pol = load_policy(policy)
     people = pol.spec.people
-    snap = load_snapshot(settings, snapshot_id)
     people_sections = None
     if people.exclude or people.aliases or people.ownership == "all-participants":
         # Bots out, a person's identities merged into one user id, before any per-person decision:
@@ -175,18 +183,46 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
         snap.__dict__["records"] = records      # Snapshot.records is a cached_property: this is its value
     # then the people the ledger retired (ids as the plan sees them: after aliases are merged)
     excluded = set(exclude_people or ())
-    if excluded:
-        snap = _without_people(snap, excluded)
-    scorer, compute = planning_aids(pol, base_dir)
-    # the public part goes to plans/, the annex (membership, exact counts) to the private area.
-    # The plan's date is its snapshot's: the same snapshot, policy and base give the same plan (and
-    # sha256), so a run killed mid-training and started again resumes under its own plan, checkpoint
-    # and ledger reservation instead of starting (and paying) again under a new one.
-    p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
-                  cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
-                  people=people_sections)
+    scorer, aids = planning_aids(pol, base_dir)
+    compute = {**(aids or {}), **(compute or {})} or None
+    base_snap = snap
+    for _attempt in range(_PLAN_ATTEMPTS):
+        if excluded:
+            snap = _without_people(base_snap, excluded)
+        # the public part goes to plans/, the annex (membership, exact counts) to the private area.
+        # The plan's date is its snapshot's: the same snapshot, policy and base give the same plan (and
+        # sha256), so a run killed mid-training and started again resumes under its own plan, checkpoint
+        # and ledger reservation instead of starting (and paying) again under a new one.
+        p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
+                      cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
+                      people=people_sections)
+        refused = charge_plan_population(settings, p.to_dict())
+        if not refused:
+            break
+        # someone counted cannot afford N̂ (another release spent their budget since the exclusion check):
+        # nothing was published or charged; plan again without them (fresh noise: another population)
+        excluded |= set(refused)
+    else:
+        raise VeilError("ledger: the population estimate could not be charged to the people it counts after "
+                        f"{_PLAN_ATTEMPTS} attempts (concurrent releases keep spending their budgets); try again")
     path = save_plan(p, settings.plans_dir)
     return {"plan_path": str(path), "plan": p.to_dict(), "excluded_people": len(excluded)}
+
+
+_PLAN_ATTEMPTS = 4
+
+
+def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[str, ...]:
+    """Charge the plan's N̂ to every person it counts, before the plan is published (issue 22, cases 1
+    and 2): retired later or not, they were counted. Returns the ids who could not afford it (nothing
+    was charged then); empty when charged, charged before (the same N̂), or N is public."""
+    from components.ledger import charge_population
+    from components.planning.data import train_rows
+
+    annex = _annex(settings, plan_doc)
+    res = charge_population(settings, plan_doc, train_rows(annex),
+                            release_key=(annex.get("population") or {}).get("release_key"))
+    return () if res is None else tuple(res.refused)
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:
@@ -237,7 +273,8 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
         if not mech.ledger_curve and plan_doc.get("lifetime_budget") is None and led.budget() is None:
             return None
         targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
-        res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets)
+        res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets,
+                              population_release_key=(annex.get("population") or {}).get("release_key"))
         if not res.admitted:
             led.record(res.release_id, "refused", reason="the filter retired everyone")
             raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "

@@ -116,8 +116,12 @@ def plot_study(doc: dict, path: Path) -> Path:
 
 
 def log_study(settings: Settings, doc: dict, out: Path) -> dict:
-    """One parent run (the study), one child run per point; the table and the plot on the parent.
-    Exact evaluation counts (people, records, tokens) are not logged: they are private counts."""
+    """One parent run (the study), one child run per point, each with the point's public settings and
+    its plan's DP values. The measured utility (perplexity, accuracy, gap-closing ratios, the table and
+    the plot) is computed exactly on the evaluation people's private text: it stays in the study's
+    folder and on the operator's terminal, never in the registry (issue 22: MLflow readers would get a
+    near-exact NLL of every evaluation person). Everything logged passes the publication gate."""
+    from components.publication import publish
     from components.registry.mlflow_registry import _client, _experiment
 
     client = _client(settings)
@@ -125,35 +129,31 @@ def log_study(settings: Settings, doc: dict, out: Path) -> dict:
     tags = {"veil.kind": "study", "veil.study.id": doc["study_id"], "veil.study.grid_sha256": doc["grid"]["sha256"],
             "veil.study.policy_sha256": doc["policy"]["sha256"], "veil.study.covered_by_certificate": "false",
             "veil.study.caveat": doc["caveat"][:5000]}
+    publish("study", {"tags": tags}, subject=doc["study_id"])
     parent = client.create_run(exp, tags=tags, run_name=f"study {doc['study_id']}")
     pid = parent.info.run_id
-    client.log_param(pid, "grid", doc["grid"]["name"])
-    client.log_param(pid, "points", len(doc["rows"]))
+    params = publish("study", {"params": {"grid": doc["grid"]["name"], "points": len(doc["rows"])}},
+                     subject=doc["study_id"])["params"]
+    for k, v in params.items():
+        client.log_param(pid, k, v)
     children = []
     for r in doc["rows"]:
+        point = {k: ("" if r.get(k) is None else str(r.get(k)))
+                 for k in ("mechanism", "privacy_unit", "epsilon", "selection", "k", "lora", "noise_multiplier",
+                           "sampling_rate", "steps", "plan_sha256")}
+        metrics = {"plan_epsilon": float(r["plan_epsilon"])} if r.get("plan_epsilon") is not None else {}
+        publish("study", {"point": point, "metrics": metrics}, subject=doc["study_id"])
         child = client.create_run(exp, tags={"mlflow.parentRunId": pid, "veil.kind": "study-point",
                                              "veil.study.id": doc["study_id"],
                                              "veil.study.covered_by_certificate": "false"},
                                   run_name=r["key"])
         cid = child.info.run_id
-        for k in ("mechanism", "privacy_unit", "epsilon", "selection", "k", "lora", "noise_multiplier",
-                  "sampling_rate", "steps", "plan_sha256"):
-            client.log_param(cid, k, "" if r.get(k) is None else str(r.get(k)))
-        for k in ("perplexity", "next_token_accuracy", "mean_nll", "base_perplexity", "base_next_token_accuracy"):
-            client.log_metric(cid, k, float(r[k]))
-        if r.get("plan_epsilon") is not None:
-            client.log_metric(cid, "plan_epsilon", float(r["plan_epsilon"]))
+        for k, v in point.items():
+            client.log_param(cid, k, v)
+        for k, v in metrics.items():
+            client.log_metric(cid, k, v)
         client.set_terminated(cid)
         children.append(cid)
-    for g in doc.get("gap_closing", []):
-        if g.get("ratio") is not None:
-            client.log_metric(pid, f"gap_closed.{g['key']}", float(g["ratio"]))
-    public = {k: v for k, v in doc.items() if k != "rows"}
-    public["rows"] = [{k: v for k, v in r.items() if k not in ("eval_records", "eval_tokens", "eval_people")}
-                      for r in doc["rows"]]
-    (out / "study_public.json").write_text(json.dumps(public, indent=2, sort_keys=True, default=str))
-    for f in ("results.csv", "privacy_utility.png", "study_public.json"):
-        client.log_artifact(pid, str(out / f))
     client.set_terminated(pid)
     settings.make_private(settings.mlflow_artifacts_dir)
     return {"experiment_id": exp, "parent_run_id": pid, "child_run_ids": children}

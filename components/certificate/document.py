@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+from components.publication import publish
 from components.mechanisms import get as get_mechanism
 from components.mechanisms import names as mechanism_names
 
@@ -229,7 +230,7 @@ def build_certificate(plan: Mapping[str, Any], train_result: Mapping[str, Any], 
     section = mech.certify(plan, train_result, steps=steps, caveats=caveats, secret_targets=secret_targets,
                            untagged_rate=untagged_rate)
     doc = {"schema": SCHEMA, **section, **_common(plan, started, caveats, created_at, version, train_result)}
-    return Certificate(_seal(doc))
+    return Certificate(publish("certificate", _seal(doc)))
 
 
 def verify_certificate(doc: Mapping[str, Any], *, expected_sha256: str | None = None) -> Certificate:
@@ -264,7 +265,7 @@ def attach_audit(doc: Mapping[str, Any], audit: Mapping[str, Any]) -> Certificat
     body = {k: v for k, v in doc.items() if k != "sha256"}
     body["audit"] = dict(audit)
     body["supersedes"] = doc["sha256"]
-    return Certificate(_seal(body))
+    return Certificate(publish("certificate", _seal(body)))
 
 
 def describe(doc: Mapping[str, Any]) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from components.core.errors import VeilError
 from components.core.hashing import canonical_json
+from components.publication import publish
 
 SEAL_SCHEMA = "veil.seal/v1"
 KEY_ENV = "VEIL_SIGNING_KEY"
@@ -168,7 +169,7 @@ def make_seal(certificate: Mapping[str, Any], bindings: Mapping[str, Any], priva
         "public_key": {"algorithm": "ed25519", "raw": base64.b64encode(raw).decode(), "fingerprint": fingerprint(raw)},
         "signed_at": signed_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    return {**body, "signature": base64.b64encode(private_key.sign(canonical_json(body))).decode()}
+    return publish("seal", {**body, "signature": base64.b64encode(private_key.sign(canonical_json(body))).decode()})
 
 
 def check_seal(seal: Any, trusted: Mapping[str, Any]) -> str:

@@ -92,6 +92,15 @@ class Reservation:
                                                             "delta": self.budget.delta}}
 
 
+@dataclass(frozen=True)
+class PopulationCharge:
+    """A population estimate's charge: its ledger release (None when refused), whether this call wrote
+    it (False: the same N̂ was charged before), and the people who could not afford it (private ids)."""
+    release_id: int | None
+    new: bool
+    refused: tuple[str, ...] = ()
+
+
 class Ledger:
     def __init__(self, url: str, key: bytes, *, orders=_rdp.ORDERS):
         self.url = url
@@ -225,6 +234,82 @@ class Ledger:
                            retired=tuple(i for i, a in zip(ids, ok) if not a), budget=have, orders=self.orders,
                            secrets_charged=tuple(c.secret_id for c, a in zip(sec, sok) if a),
                            secrets_dropped=tuple(c.secret_id for c, a in zip(sec, sok) if not a))
+
+    def charge_population(self, *, release_key: str, mechanism: str, costs: Mapping[str, PersonCost],
+                          budget: Budget | None, params: Mapping) -> "PopulationCharge":
+        """Charge a population estimate N̂ to everyone it counts, once per distinct N̂ (issue 22, cases 1, 2).
+
+        N̂ is published with the plan, before any reservation, and counts every unit the plan trains on —
+        including people the training reservation will later retire. So it is a release of its own (kind
+        `population`), charged when it is first published: `release_key` names it (the planner's keyed
+        digest of the counted population and the estimate's parameters, planning.annex); a second plan
+        drawing the same N̂ publishes nothing new and is charged nothing. All or nothing: when someone
+        counted cannot afford it under the filter, nothing is written and they are named
+        (`refused`): the caller plans again without them, which draws fresh noise, before anything is
+        published."""
+        ids = list(costs)
+        pkeys = [self.person_key(i) for i in ids]
+        if len(set(pkeys)) != len(pkeys):
+            raise VeilError("ledger: two person ids counted by this population estimate are the same person after "
+                            "canonicalisation (case/whitespace); merge them with the policy's people.aliases")
+        n = len(self.orders)
+        cost_mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids]).reshape(len(ids), n)
+        if np.any(np.isnan(cost_mat)) or np.any(cost_mat < 0):
+            raise VeilError("ledger: a population cost curve is not a non-negative curve on the ledger's orders")
+        asked = Budget.parse(budget)
+        key = f"population:{release_key}"[:64]
+
+        def work(conn: Connection) -> tuple[int | None, bool, np.ndarray]:
+            old = conn.execute(select(st.releases.c.id).where(st.releases.c.kind == "population",
+                                                              st.releases.c.plan_sha256 == key)).first()
+            if old is not None:
+                return int(old.id), False, np.ones(len(ids), dtype=bool)
+            have = _budget_of(st.read_meta(conn))
+            if have is None and asked is not None:
+                st.insert_ignore(conn, st.meta, [{"key": "budget_epsilon", "value": repr(asked.epsilon)},
+                                                 {"key": "budget_delta", "value": repr(asked.delta)}])
+                have = asked
+            elif have is not None and asked is not None and have != asked:
+                raise VeilError(f"ledger: its lifetime budget is ε={have.epsilon:g}, δ={have.delta:g} (fixed when "
+                                f"it was first set); this plan asks ε={asked.epsilon:g}, δ={asked.delta:g}. A "
+                                "filter's budget cannot change: make the policy's lifetime_budget match")
+            ok = np.ones(len(ids), dtype=bool)
+            if have is not None:
+                by = st.spend_by_mechanism(conn, pkeys, n)
+                spent, charged = np.zeros((len(ids), n)), cost_mat.copy()
+                for j, k in enumerate(pkeys):
+                    spent[j], replace = effective_spend(by.get(k, {}), self.orders)
+                    if replace:
+                        charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
+                ok = _rdp.admits_many(spent, charged, _rdp.rdp_budget(have.epsilon, have.delta, self.orders))
+                if not ok.all():
+                    return None, False, ok
+            at = st.now()
+            rid = conn.execute(st.releases.insert().values(
+                kind="population", mechanism=mechanism, plan_sha256=key,
+                params=json.dumps(dict(params), sort_keys=True, default=float),
+                admitted=len(ids), retired=0, created_at=at)).inserted_primary_key[0]
+            st.insert_ignore(conn, st.people, [{"person_key": k, "first_release_id": rid, "created_at": at}
+                                               for k in pkeys])
+            conn.execute(st.events.insert().values(release_id=rid, status="reserved", at=at,
+                                                   detail=json.dumps({"population": True, "admitted": len(ids)})))
+            rows = [{"person_key": k, "release_id": rid, "rdp": st.dumps_curve(cost_mat[j]),
+                     "rows": int(costs[ids[j]].rows), "sampling_rate": float(costs[ids[j]].sampling_rate)}
+                    for j, k in enumerate(pkeys)]
+            for i in range(0, len(rows), st._CHUNK):
+                conn.execute(st.charges.insert(), rows[i:i + st._CHUNK])
+            return int(rid), True, ok
+
+        rid, new, ok = st.transact(self.engine, work)
+        return PopulationCharge(release_id=rid, new=new, refused=tuple(i for i, a in zip(ids, ok) if not a))
+
+    def population_release(self, release_key: str) -> int | None:
+        """The ledger release of this population estimate, if it was charged."""
+        key = f"population:{release_key}"[:64]
+        with st.read_only(self.engine) as conn:
+            r = conn.execute(select(st.releases.c.id).where(st.releases.c.kind == "population",
+                                                            st.releases.c.plan_sha256 == key)).first()
+        return None if r is None else int(r.id)
 
     def record(self, release_id: int, status: str, **detail) -> None:
         """Append a status event; the charge is untouched whatever the status."""

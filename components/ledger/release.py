@@ -74,18 +74,56 @@ def pure_dp_rdp(eps: float, orders) -> np.ndarray:
     return np.minimum(eps, a * eps * eps / 2.0)
 
 
-def release_costs(plan: Mapping, persons, orders=_rdp.ORDERS) -> dict[str, PersonCost]:
-    """Each person's RDP cost for this release (module rdp for the derivation), the population
-    estimate's share included (one person moves N by one unit: a user, or for record units each of
-    their rows, so n rows cost n·ε_N by pure-DP group privacy)."""
+def population_costs(plan: Mapping, persons, orders=_rdp.ORDERS) -> dict[str, PersonCost]:
+    """Each counted person's RDP cost of the plan's population estimate N̂ alone: one person moves N by
+    one unit (a user), or for record units by each of their rows, so n rows cost n·ε_N by pure-DP group
+    privacy. Empty when N is public under the plan's relation."""
     eps_n = _population_epsilon(plan)
-    out = _release_costs(plan, persons, orders)
     if eps_n <= 0:
-        return out
+        return {}
     mech = get_mechanism(str(plan.get("mechanism")))
-    for u, c in out.items():
-        extra = pure_dp_rdp(eps_n * mech.ledger_population_rows(c.rows), orders)
-        out[u] = PersonCost(rows=c.rows, sampling_rate=c.sampling_rate, rdp=np.asarray(c.rdp) + extra)
+    out = {}
+    for u, r in person_rates(persons, 0.0).items():
+        out[u] = PersonCost(rows=len(r), sampling_rate=0.0,
+                            rdp=pure_dp_rdp(eps_n * mech.ledger_population_rows(len(r)), orders))
+    return out
+
+
+def charge_population(settings, plan: Mapping, persons, *, release_key: str | None,
+                      ledger: Ledger | None = None):
+    """Charge the plan's N̂ to everyone it counts (`persons`: the plan's training rows), before the plan is
+    published (Ledger.charge_population). None when the plan has no population estimate to charge."""
+    costs = population_costs(plan, persons)
+    if not costs:
+        return None
+    if not release_key:
+        raise VeilError("ledger: this plan's population estimate has no release key (planned by an older Veil); "
+                        "plan it again")
+    own = ledger is None
+    led = Ledger.open(settings) if own else ledger
+    try:
+        pop = (plan.get("data") or {}).get("population") or {}
+        costs = population_costs(plan, persons, led.orders)
+        return led.charge_population(release_key=release_key, mechanism="laplace", costs=costs,
+                                     budget=Budget.parse(plan.get("lifetime_budget")),
+                                     params={"epsilon": pop.get("epsilon"), "sensitivity": pop.get("sensitivity"),
+                                             "unit": pop.get("unit"), "plan_mechanism": plan.get("mechanism")})
+    finally:
+        if own:
+            led.dispose()
+
+
+def release_costs(plan: Mapping, persons, orders=_rdp.ORDERS, *, population_charged: bool = False
+                  ) -> dict[str, PersonCost]:
+    """Each person's RDP cost for this release (module rdp for the derivation). The population
+    estimate's share is added unless it was charged on its own when the plan was published
+    (`population_charged`: plans that carry a population release key); older plans pay it here."""
+    out = _release_costs(plan, persons, orders)
+    if population_charged:
+        return out
+    for u, extra in population_costs(plan, persons, orders).items():
+        c = out[u]
+        out[u] = PersonCost(rows=c.rows, sampling_rate=c.sampling_rate, rdp=np.asarray(c.rdp) + np.asarray(extra.rdp))
     return out
 
 
@@ -118,7 +156,7 @@ def secret_costs(plan_like: Mapping, targets: Sequence) -> list[SecretCost]:
 
 
 def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | None = None,
-                    secrets: Sequence | None = None) -> Reservation:
+                    secrets: Sequence | None = None, population_release_key: str | None = None) -> Reservation:
     """Reserve the release's cost for everyone the filter admits, before any training.
 
     The plan's own lifetime_budget (if any) must equal the ledger's; the ledger's budget applies to
@@ -128,7 +166,10 @@ def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | N
     own = ledger is None
     led = Ledger.open(settings) if own else ledger
     try:
-        costs = release_costs(plan_like, persons, led.orders)
+        # A plan whose N̂ was charged when it was published pays only its training here; the ledger must
+        # hold that charge, or the reservation pays it (never neither).
+        charged = bool(population_release_key) and led.population_release(population_release_key) is not None
+        costs = release_costs(plan_like, persons, led.orders, population_charged=charged)
         sec = secret_costs(plan_like, secrets) if secrets is not None else None
         params = {k: plan_like.get(k) for k in ("sampling_rate", "noise_multiplier", "steps", "clip_norm",
                                                  "records_per_user", "neighbouring") if k in plan_like}

@@ -43,21 +43,25 @@ def accounting_section(cal: Any, model: str) -> dict:
 
 
 def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: int, why: str, k: int,
-                        n_exact: int, epsilon_total: float, fraction: float, snapshot, policy) -> tuple[dict, dict]:
+                        n_exact: int, epsilon_total: float, fraction: float, counted: str) -> tuple[dict, dict]:
     """(public section, annex section) of the DP estimate N̂ = N + Laplace(Δ/ε_N).
 
-    The noise comes from the planner's keyed PRF over the plan's inputs: re-planning the same snapshot
-    with the same policy gives the same N̂, so nothing new is released (no averaging)."""
-    from components.planning.annex import laplace_noise
+    The noise is keyed on what N counts (`counted`: planning.annex.population_digest of the trained
+    units) and on the release's parameters: re-planning the same population gives the same N̂ (nothing
+    new is released, no averaging), and any other population draws fresh noise — a release of its own,
+    which the ledger charges to everyone it counts (`release_key`, ledger.charge_population)."""
+    from components.planning.annex import laplace_noise, prf
 
     eps_n = float(fraction) * float(epsilon_total)
     scale = sensitivity / eps_n
-    noise = laplace_noise(key, scale, "population", snapshot.sha256, policy.sha256, mechanism, int(k))
+    parts = ("population/v2", counted, mechanism, int(k), repr(float(scale)))
+    noise = laplace_noise(key, scale, *parts)
     estimate = float(n_exact) + noise
     public = {"unit": unit, "estimate": estimate, "mechanism": "laplace", "epsilon": eps_n, "delta": 0.0,
               "sensitivity": sensitivity, "scale": scale, "sensitivity_reason": why,
               "composition": "basic: the certificate's ε is ε_N + ε_DP-SGD at the same δ"}
-    return public, {"unit": unit, "exact": int(n_exact), "noise": noise}
+    return public, {"unit": unit, "exact": int(n_exact), "noise": noise,
+                    "release_key": prf(key, "population-release", *parts).hex()}
 
 
 class SubsampledGaussian(Mechanism):
@@ -74,6 +78,7 @@ class SubsampledGaussian(Mechanism):
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
         from components.accounting import calibrate as calibrate_sigma
+        from components.planning.annex import population_digest
 
         spec = ctx.spec
         target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
@@ -81,7 +86,7 @@ class SubsampledGaussian(Mechanism):
         population, private = population_estimate(
             ctx.key, mechanism=self.name, unit=unit, sensitivity=sens, why=why, k=int(ctx.k),
             n_exact=int(bounded.n_units), epsilon_total=target["epsilon"],
-            fraction=float(spec.population.epsilon_fraction), snapshot=ctx.snapshot, policy=ctx.policy)
+            fraction=float(spec.population.epsilon_fraction), counted=population_digest(ctx.key, bounded.chosen))
         batch = int(ctx.batch)
         if population["estimate"] < batch:
             # (N̂'s noise is public in scale only; a small population may fall under the batch by noise

@@ -89,6 +89,22 @@ def laplace_noise(key: bytes, scale: float, *parts: Any) -> float:
     return -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))
 
 
+def population_digest(key: bytes, chosen) -> str:
+    """A keyed digest of exactly what N counts: the (user, record) pairs the plan trains on.
+
+    The population estimate's noise is keyed on it (issue 22, case 1): the same counted population
+    re-planned gives the same N̂ (nothing new is released), while any other population — one person
+    retired, held out or in evaluation, another base model's exclusions — draws fresh noise, so two
+    public N̂ never differ by exactly the number of people excluded. Keyed (HMAC), so the digest of a
+    guessed population cannot be matched against the ledger's record of it."""
+    users = [str(u) for u in chosen.column("user_id").to_pylist()]
+    recs = [str(r) for r in chosen.column("record_id").to_pylist()]
+    h = hashlib.sha256()
+    for u, r in sorted(zip(users, recs)):
+        h.update(u.encode("utf-8", "surrogatepass") + b"\x1f" + r.encode("utf-8", "surrogatepass") + b"\n")
+    return prf(key, "population-digest", h.hexdigest()).hex()
+
+
 def commitment(salt: str, obj: Any) -> str:
     """sha256(salt bytes ‖ canonical JSON of obj): hiding (the salt is secret) and binding."""
     return sha256_bytes(bytes.fromhex(salt) + canonical_json(obj))

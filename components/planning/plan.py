@@ -14,6 +14,7 @@ from typing import Any
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+from components.publication import publish
 
 SCHEMA = "veil.plan/v2"   # v2: public part + private annex (v1 plans listed who was held out)
 REQUIRED_KEYS = (
@@ -153,6 +154,7 @@ def save_plan(plan: Plan, plans_dir: str | Path) -> Path:
     plans_dir = Path(plans_dir)
     plans_dir.mkdir(parents=True, exist_ok=True)
     path = plans_dir / f"{plan.sha256}.json"
+    publish("plan", plan.doc, subject=plan.sha256)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(plan.doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     tmp.replace(path)

@@ -20,6 +20,7 @@ from pathlib import Path
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.prediction import mechanism as mech
+from components.publication import publish
 
 SCHEMA = "veil.certificate.pmixed/v1"
 MECHANISM = "pmixed-pointwise/v1"
@@ -116,16 +117,19 @@ def register_ensemble(settings, *, name: str, certificate: Mapping, manifest: Ma
             "privacy.epsilon": repr(cert["epsilon"]), "privacy.delta": repr(cert["delta"]),
             "privacy.token_budget": str(cert["token_budget"]), "privacy.certificate_sha256": cert["sha256"],
             "privacy.threat_model": "black-box sampled tokens; adapters not released"}
+    publish("pmixed.release", {"certificate": dict(cert), "manifest": dict(manifest)}, subject=cert["sha256"])
+    publish("registry.tag", tags, subject=cert["sha256"])
     with tempfile.TemporaryDirectory() as tmp:
         cp, mp = Path(tmp) / "certificate.json", Path(tmp) / "manifest.json"
         cp.write_text(json.dumps(cert, indent=2, sort_keys=True))
         mp.write_text(json.dumps(dict(manifest), indent=2, sort_keys=True))
         with mlflow.start_run(experiment_id=exp, run_name=f"{name}-{cert['sha256'][:8]}") as run:
-            mlflow.log_params({"mechanism": MECHANISM, "shards": cert["ensemble"]["shards"],
-                               "subsample_rate": cert["ensemble"]["subsample_rate"],
-                               "radius": cert["ensemble"]["radius"], "token_budget": cert["token_budget"],
-                               "delta": cert["delta"]})
-            mlflow.log_metric("privacy_epsilon", float(cert["epsilon"]))
+            mlflow.log_params(publish("registry.param", {
+                "mechanism": MECHANISM, "shards": cert["ensemble"]["shards"],
+                "subsample_rate": cert["ensemble"]["subsample_rate"], "radius": cert["ensemble"]["radius"],
+                "token_budget": cert["token_budget"], "delta": cert["delta"]}, subject=cert["sha256"]))
+            mlflow.log_metrics(publish("registry.metric", {"privacy_epsilon": float(cert["epsilon"])},
+                                       subject=cert["sha256"]))
             mlflow.set_tags(tags)
             mlflow.log_artifact(str(cp))
             mlflow.log_artifact(str(mp))

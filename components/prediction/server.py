@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from components.core.errors import VeilError
+from components.publication import publish
 
 
 def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_tokens_cap: int,
@@ -78,7 +79,8 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
             if not out["ids"]:
                 return err(429, "the private token budget of this ensemble is spent")
         remaining = await run_in_threadpool(budget.remaining, ensemble_id)
-        return {"text": out["text"], "tokens": len(out["ids"]), "budget_remaining_tokens": remaining}
+        return publish("pmixed.response", {"text": out["text"], "tokens": len(out["ids"]),
+                                           "budget_remaining_tokens": remaining}, subject=ensemble_id)
 
     @app.get("/healthz")
     async def healthz():

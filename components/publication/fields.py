@@ -9,7 +9,7 @@ person's influence. docs/privacy/threat-model.md's table of published fields is 
 """
 from __future__ import annotations
 
-from components.publication.gate import Field, Kind, channel, declare
+from components.publication.gate import Field, Kind, channel, declare, mirror
 
 P, DP, U = Kind.PUBLIC, Kind.DP, Kind.UNCOVERED
 
@@ -42,7 +42,6 @@ _NHAT_CHARGE = ("ε_N as a pure-DP Rényi curve to each person counted, once per
 
 _PLAN_SHARED = [
     ("schema", P, _CONST), ("created_at", P, "the snapshot's creation time (public manifest)"),
-    ("sha256", P, "hash of the plan's public body"),
     ("mechanism", P, "policy (or `auto`'s choice, below)"), ("privacy_unit", P, _POLICY),
     ("neighbouring", P, _CONST), ("target.**", P, _POLICY), ("clip_norm", P, _POLICY),
     ("steps", P, _POLICY), ("records_per_user", P, _POLICY), ("selection", P, _POLICY),
@@ -52,11 +51,16 @@ _PLAN_SHARED = [
     ("audit.**", P, "policy values and fixed wording"), ("evaluation.**", P, "policy values and fixed wording"),
     ("data.snapshot_id", P, "the snapshot's id (public manifest)"),
     ("data.snapshot_sha256", P, "the snapshot's sha256 (public manifest)"),
-    ("data.train_records_commitment", P, _PUBHASH), ("data.people.**", P, "policy-named exclusions only"),
+    ("data.people.**", P, "policy-named exclusions only"),
     ("filter.**", P, _POLICY), ("decision.requested", P, _POLICY),
     ("utility_forecast.thresholds.**", P, _CONST), ("utility_forecast.measure", P, _CONST),
 ]
 declare(*(Field("plan", p, k, w) for p, k, w in _PLAN_SHARED))
+_COMMIT = "a salted commitment (sha256 of a private salt ‖ the private value): hiding without the salt"
+_DIGEST = "the sha256 of this document's other fields"
+declare(Field("plan", "data.train_records_commitment", P, _COMMIT, hiding=True),
+        Field("plan", "annex.commitment", P, _COMMIT, hiding=True),
+        Field("plan", "sha256", P, _DIGEST, digest=True))
 declare(
     Field("plan", "data.population.estimate", DP, _NHAT, mechanism="Laplace", sensitivity="Δ = 1 unit (a user; k "
           "records for els/group; one record for record)", counts=_NHAT_COUNTS, charge=_NHAT_CHARGE),
@@ -69,7 +73,7 @@ declare(
           post_processing_of="plan:data.population.estimate"),
     Field("plan", "decision.**", DP, "`auto`'s choice (seed 001's comparison at N̂ and public ratios)",
           post_processing_of="plan:data.population.estimate"),
-    Field("plan", "utility_forecast.*", DP, "σ√d/B forecast from the plan's public fields",
+    Field("plan", "utility_forecast.**", DP, "σ√d/B forecast and its hints from the plan's public fields",
           post_processing_of="plan:data.population.estimate"),
 )
 
@@ -81,4 +85,167 @@ declare(
     Field("plan", "secret_lp.**", P, "the LP's counts and rates over masked texts", relation=_SECRET_REL),
     Field("plan", "data.population.exact", P, "N, public under the release's relation",
           relation="secret substitution, or replace-one user (uls-filtered)"),
+)
+
+# --- certificates --------------------------------------------------------------------------------------------
+_CERT_PUBLIC = [
+    ("schema", _CONST),
+    ("created_at", "issue time"), ("code_version", "Veil's version"), ("mechanism", "the plan's"),
+    ("supersedes", "hash of the pre-audit certificate"),
+    ("privacy_unit", "the plan's"), ("neighbouring", "the plan's"), ("target.**", _POLICY), ("delta", _POLICY),
+    ("clip_norm", _POLICY), ("steps_planned", _POLICY), ("policy.**", "the policy's name and sha256"),
+    ("contribution_bound.**", _POLICY), ("caveats", "fixed sentences filled with public values"),
+    ("assumptions", _CONST), ("coverage", _CONST), ("ignored_classes", _POLICY), ("sampling", _CONST),
+    ("dataset.snapshot_id", "the snapshot's id (public manifest)"),
+    ("dataset.snapshot_sha256", "the snapshot's sha256 (public manifest)"),
+
+    ("run.base_model.**", "hashes of the public base model"), ("run.tokenizer.**", "hashes of the public tokenizer"),
+    ("run.weights.kind", _CONST), ("run.device", "the operator's hardware"), ("run.precision", _POLICY),
+    ("run.world_size", "the operator's hardware"),
+    ("releases", "release ids of a multi-release certificate (public ledger ids)"),
+    ("utility_forecast.thresholds.**", _CONST), ("utility_forecast.measure", _CONST),
+    ("utility_forecast.source", _CONST), ("utility_forecast.trainable_parameters", "d of the public architecture"),
+    ("filter.tau", _POLICY), ("filter.variant", _POLICY), ("filter.epsilon", _POLICY), ("filter.delta", _POLICY),
+    ("secrets.*.kappa", _POLICY), ("secrets.*.gamma_target", _POLICY), ("untagged_records.policy", _POLICY),
+]
+declare(*(Field("certificate", p, P, w) for p, w in _CERT_PUBLIC))
+declare(Field("certificate", "dataset.train_records_commitment", P, _COMMIT, hiding=True),
+        Field("certificate", "run.train_records_commitment", P, _COMMIT, hiding=True),
+        Field("certificate", "sha256", P, _DIGEST, digest=True),
+        Field("certificate", "plan_sha256", P, "the plan's sha256 (a digest of the public plan)", digest=True))
+_FROM_PLAN = "plan:data.population.estimate"
+_DPSGD = ("the trained weights: DP-SGD at (q, σ, C, T) of the plan, charged by the training reservation to "
+          "everyone it admits (ledger kind of the plan's unit)")
+declare(
+    Field("certificate", "dataset.population.estimate", DP, _NHAT, post_processing_of=_FROM_PLAN),
+    Field("certificate", "dataset.population.*", P, "the estimate's mechanism, ε_N, scale and wording"),
+    Field("certificate", "dataset.population.exact", P, "N, public under the release's relation",
+          relation="secret substitution, or replace-one user (uls-filtered)"),
+    *(Field("certificate", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
+        ("sampling_rate", "q = B/N̂"), ("noise_multiplier", "σ calibrated at q"),
+        ("expected_batch_size", "B"), ("epsilon", "ε recomputed at (q, σ, T) plus ε_N"),
+        ("epsilon_parts.**", "ε's parts"), ("accountant.**", "the accountant's values at (q, σ, T)"),
+        ("dp_event.**", "the DpEvent at (q, σ, T)"), ("within_target", "ε ≤ target"),
+        ("utility_forecast.**", "σ√d/B at the run's d"), ("steps", "steps run (≤ planned)"),
+        ("run.steps_attempted", "steps attempted"), ("caveats", "sentences filled with N̂, q, σ and policy values"), ("secrets.**", "per-class KL and γ at the plan's σ and rates"),
+        ("untagged_records.**", "record-level ε of untagged records at the plan's rates")]),
+    Field("certificate", "run.weights.**", DP, "hashes of the trained weights", mechanism="DP-SGD",
+          sensitivity="one unit's clipped gradient (C) per step", counts="every unit the reservation admits",
+          charge=_DPSGD),
+    Field("certificate", "filter.**", DP, "the filtered-ULS section (sparse vector and Gaussian parts)",
+          post_processing_of=_FROM_PLAN),
+)
+mirror("certificate", "audit", "audit.public")
+
+# --- the audit's public section ----------------------------------------------------------------------------
+_AUDIT_Q = ("quantized on public grids (components/audit/public.py: count buckets, AUROC and exposure grids "
+            "chosen from public sizes; verdicts at 95 % simultaneous intervals); marked covered_by_certificate: false")
+_AUDIT_T = "tests/privacy/test_audit_public_leak.py"
+declare(
+    *(Field("audit.public", p, P, w) for p, w in [
+        ("schema", _CONST), ("covered_by_certificate", _CONST), ("quantization.**", _CONST),
+        ("thresholds.**", _POLICY), ("attacker_samples_per_user", _POLICY), ("seq_len", _POLICY),
+        ("reference", "the public reference model's name"), ("created_at", "audit time"),
+        ("audit_id", "hash of the audit's public inputs"), ("coverage_note", _CONST), ("ceiling_basis", _CONST),
+        ("epsilon", "the certificate's ε"), ("delta", "the certificate's δ"),
+        ("auroc_ceiling", "f(ε, δ) of the certificate"), ("auroc_ceiling_pld", "f(PLD) of the certificate"),
+        ("user_inference.binding_ceiling", "the certificate's ceiling"), ("user_inference.threshold", _POLICY),
+        ("user_inference.confidence", _CONST), ("secret_exposure.limit_bits", _POLICY),
+        ("secret_exposure.n_candidates", _POLICY), ("canaries", _POLICY)]),
+    Field("audit.public", "**", U, "the audit's measured verdicts and aggregates", coarsening=_AUDIT_Q,
+          test=_AUDIT_T),
+)
+
+# --- the registry (MLflow tags, params, metrics) --------------------------------------------------------------
+declare(
+    *(Field("registry.tag", p, P, w) for p, w in [
+        ("privacy.schema", _CONST), ("privacy.certificate_sha256", "the certificate's hash"),
+        ("privacy.unit", "the plan's"), ("privacy.neighbouring", "the plan's"), ("privacy.mechanism", "the plan's"),
+        ("privacy.clip_norm", _POLICY), ("privacy.accountant", _CONST), ("privacy.snapshot_id", "public manifest"),
+        ("privacy.policy_sha256", "the policy's hash"), ("privacy.signing_key", "the signer's key fingerprint"),
+        ("privacy.ledger_release_id", "the ledger's release number (public sequence)"),
+        ("privacy.lifetime_budget", _POLICY), ("privacy.delta", _POLICY), ("privacy.secret.*.kappa", _POLICY),
+        ("privacy.token_budget", _POLICY), ("privacy.threat_model", _CONST), ("evaluation.caveat", _CONST),
+        ("audit.covered_by_certificate", _CONST)]),
+    *(Field("registry.tag", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
+        ("privacy.noise_multiplier", "σ"), ("privacy.sampling_rate", "q"), ("privacy.steps", "steps run"),
+        ("privacy.epsilon", "the certificate's ε"), ("privacy.secret.*.max_gamma", "per-class γ")]),
+    Field("registry.tag", "audit.*", U, "the audit's verdict and buckets", coarsening=_AUDIT_Q, test=_AUDIT_T),
+    *(Field("registry.param", p, P, w) for p, w in [
+        ("mechanism", "the plan's"), ("clip_norm", _POLICY), ("delta", _POLICY), ("shards", _POLICY),
+        ("subsample_rate", _POLICY), ("radius", _POLICY), ("token_budget", _POLICY)]),
+    *(Field("registry.param", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
+        ("noise_multiplier", "σ"), ("sampling_rate", "q"), ("steps", "steps run")]),
+    Field("registry.metric", "privacy_epsilon", DP, "the certificate's ε", post_processing_of=_FROM_PLAN),
+    Field("registry.metric", "privacy_secret_max_gamma_*", DP, "per-class γ", post_processing_of=_FROM_PLAN),
+    Field("registry.metric", "audit_*", U, "the audit's buckets and verdict code", coarsening=_AUDIT_Q,
+          test=_AUDIT_T),
+)
+
+# --- seals ---------------------------------------------------------------------------------------------------
+declare(
+    *(Field("seal", p, P, w) for p, w in [
+        ("schema", _CONST), ("public_key.**", "the signer's key"), ("signed_at", "signing time"),
+        ("bindings.base_model", "hash of the public base"), ("bindings.tokenizer", "hash of the public tokenizer"),
+        ("bindings.policy", "hash of the policy"),
+        ("bindings.code", "hash of Veil's code"), ("bindings.ledger_entry", "the ledger's release number")]),
+    Field("seal", "certificate_sha256", P, "the certificate's sha256", digest=True),
+    Field("seal", "bindings.plan", P, "the plan's sha256", digest=True),
+    Field("seal", "signature", P, "Ed25519 over the seal's other fields", digest=True),
+    Field("seal", "bindings.weights", DP, "hash of the trained weights", mechanism="DP-SGD",
+          sensitivity="one unit's clipped gradient (C) per step", counts="every unit the reservation admits",
+          charge=_DPSGD),
+)
+
+# --- `veil models --json`, `veil verify --json` -----------------------------------------------------------------
+declare(*(Field("cli.models", p, P, w) for p, w in [
+    ("name", "the registered name"), ("version", "the registry's version number"), ("aliases", "registry aliases"),
+    ("run_id", "MLflow's run id"), ("created_at_ms", "registration time"), ("certificate_status", _CONST),
+    ("checks.*", "which verification checks passed"), ("certificate", "null when the release does not verify")]))
+mirror("cli.models", "certificate", "certificate")
+declare(*(Field("cli.verify", p, P, w) for p, w in [
+    ("model_uri", "the name asked"), ("valid", "verification outcome"), ("checks.*", "which checks passed"),
+    ("reason", "the first failed check, in words"), ("reasons.*", "failed checks, in words"),
+    ("key_fingerprint", "the signer's key"), ("notes", _CONST), ("version", "the registry's version number"),
+    ("name", "the registered name")]))
+declare(
+    Field("cli.verify", "epsilon", DP, "ε recomputed from the certificate", post_processing_of=_FROM_PLAN),
+    Field("cli.verify", "gamma", DP, "γ recomputed per class", post_processing_of=_FROM_PLAN),
+    Field("cli.verify", "gamma.*", DP, "γ recomputed per class", post_processing_of=_FROM_PLAN),
+)
+mirror("cli.verify", "certificate", "certificate")
+
+# --- PMixED ----------------------------------------------------------------------------------------------------
+_PMIXED_DP = dict(mechanism="PMixED (per-token mixture; components/prediction/mechanism.py)",
+                  sensitivity="one person's shard model", counts="every person of the ensemble's snapshot",
+                  charge="the ensemble's per-token Rényi budget, charged per private token (prediction ledger)")
+declare(
+    Field("pmixed.release", "certificate.**", P, "the PMixED certificate: policy values, the token budget's ε and "
+          "salted commitments (components/prediction/release.py)"),
+    Field("pmixed.release", "manifest.**", P, "the ensemble's public parameters and salted commitments"),
+    Field("pmixed.response", "text", DP, "sampled tokens", **_PMIXED_DP),
+    Field("pmixed.response", "tokens", P, "how many tokens were returned (a function of the request)"),
+    Field("pmixed.response", "budget_remaining_tokens", P,
+          "tokens left in the ensemble's budget: a function of the requests served, not of anyone's data"),
+)
+
+# --- studies ---------------------------------------------------------------------------------------------------
+declare(
+    Field("study", "tags.**", P, "the study's id, the grid's and policy's hashes, its caveat"),
+    Field("study", "params.grid", P, "the grid's name"), Field("study", "params.points", P, "the grid's size"),
+    Field("study", "point.*", P, "the point's policy values (mechanism, ε, selection, k, LoRA, steps)"),
+    Field("study", "point.noise_multiplier", DP, "the point plan's σ", post_processing_of=_FROM_PLAN),
+    Field("study", "point.sampling_rate", DP, "the point plan's q", post_processing_of=_FROM_PLAN),
+    Field("study", "point.plan_sha256", DP, "the point plan's hash", post_processing_of=_FROM_PLAN),
+    Field("study", "metrics.plan_epsilon", DP, "the point plan's ε", post_processing_of=_FROM_PLAN),
+)
+
+# --- Prefect (flow-run names, parameters, log lines; results are not persisted) -----------------------------------
+declare(
+    Field("prefect", "snapshot_id", P, "the snapshot's id (public manifest)"),
+    Field("prefect", "certificate", P, "the certificate's hash prefix and its one-line guarantee (public values)"),
+    Field("prefect", "registered", P, "model URI, plan and certificate hash prefixes"),
+    Field("prefect", "promotion", P, "the promotion decision and its reason (public verdicts and policy fields)"),
+    Field("prefect", "skipped", P, "why a retrain did nothing: unchanged data (snapshot id, model URI) or no "
+          "budget left for anyone (a fact about the whole organization, from the ledger's public budget)"),
 )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import fnmatch
+import itertools
 import math
 import threading
 from collections.abc import Iterator, Mapping
@@ -57,6 +58,12 @@ class Field:
     # PUBLIC only under one neighbouring relation (e.g. N under replace-one): a person-removal may move it,
     # and a release publishing it claims that relation, not add/remove (the harness checks both)
     relation: str = ""
+    # PUBLIC and computationally hiding: a salted commitment or a keyed hash (the salt and the key stay in
+    # the private area); it moves with the data yet reveals nothing without them (PRF assumption)
+    hiding: bool = False
+    # PUBLIC: a hash of the document it is in (its own sha256, a signature over it): it moves exactly when
+    # another of the document's leaves moves, and says nothing those leaves do not
+    digest: bool = False
     # DP: the release and its price, or the release it post-processes
     mechanism: str = ""
     sensitivity: str = ""
@@ -76,7 +83,7 @@ class Field:
             raise ValueError(f"{self.channel}:{self.pattern}: an uncovered field names its coarsening and its test")
 
     def matches(self, path: str) -> bool:
-        return _match(self.pattern.split("."), path.split(".")) if path else self.pattern == ""
+        return _match(self.pattern.split("."), path.split(".")) if path else self.pattern in ("", "**")
 
 
 def _match(pat: list[str], segs: list[str]) -> bool:
@@ -95,6 +102,7 @@ class Published:
     path: str
     value: Any
     field: Field = field(compare=False)
+    call: int = 0          # which publish() call let it out (one document per call)
 
 
 _CHANNELS: dict[str, Channel] = {}
@@ -102,6 +110,16 @@ _FIELDS: dict[str, list[Field]] = {}
 _local = threading.local()
 _recorders: list[list[Published]] = []
 _lock = threading.Lock()
+_calls = itertools.count(1)
+
+
+_MIRRORS: dict[str, list[tuple[str, str]]] = {}
+
+
+def mirror(name: str, prefix: str, source: str) -> None:
+    """Leaves of `name` under `prefix` are declared as `source` declares them (a certificate's audit
+    section is the audit's public section; `veil models --json` carries certificates)."""
+    _MIRRORS.setdefault(name, []).append((prefix, source))
 
 
 def channel(name: str, readers: str) -> None:
@@ -155,6 +173,9 @@ def _specificity(f: Field) -> tuple:
 
 def field_for(name: str, path: str) -> Field | None:
     """The most specific declaration matching `path` (fewest wildcards, then the longest pattern)."""
+    for prefix, source in _MIRRORS.get(name, ()):
+        if path == prefix or path.startswith(prefix + "."):
+            return field_for(source, path[len(prefix) + 1:])
     hits = [f for f in declared(name) if f.matches(path)]
     return min(hits, key=_specificity) if hits else None
 
@@ -167,7 +188,7 @@ def publish(name: str, doc: Any, *, subject: str = "") -> Any:
     _load()
     if name not in _CHANNELS:
         raise VeilError(f"publication gate: channel {name!r} is not declared (components/publication/fields.py)")
-    out = []
+    out, call = [], next(_calls)
     for path, value in leaves(doc):
         f = field_for(name, path)
         if f is None:
@@ -176,7 +197,7 @@ def publish(name: str, doc: Any, *, subject: str = "") -> Any:
                             "charge, or uncovered with its coarsening and test); refusing to publish it")
         if isinstance(value, float) and not math.isfinite(value) and f.kind is not Kind.PUBLIC:
             raise VeilError(f"publication gate: {name} field '{path}' is not a finite number; refusing to publish it")
-        out.append(Published(name, subject, path, value, f))
+        out.append(Published(name, subject, path, value, f, call))
     if _recorders:
         with _lock:
             for rec in _recorders:

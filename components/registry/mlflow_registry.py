@@ -11,6 +11,7 @@ from components.certificate import describe, verify_certificate
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.core.settings import Settings
+from components.publication import publish
 from components.mechanisms import get as get_mechanism
 from components.registry.verification import CERT_ARTIFACT, PLAN_ARTIFACT, SEAL_ARTIFACT
 
@@ -145,6 +146,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
 
     # Only the public part of a plan is ever logged or embedded; its annex names people.
     assert_public(dict(plan), "plan to register")
+    publish("plan", dict(plan), subject=str(plan.get("sha256")))
     if sha256_json({k: v for k, v in plan.items() if k != "sha256"}) != plan.get("sha256"):
         raise VeilError("plan: its content does not hash to its sha256 (edited after planning)")
     if (plan.get("policy") or {}).get("sha256") != cert["policy"]["sha256"]:
@@ -181,22 +183,24 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         if weights_key:
             artifacts[weights_key] = str(adapter_dir)
         with mlflow.start_run(experiment_id=exp_id, run_name=f"{name}-{cert['sha256'][:8]}") as run:
-            mlflow.log_params({"mechanism": cert["mechanism"], "noise_multiplier": cert["noise_multiplier"],
-                               "sampling_rate": cert["sampling_rate"], "steps": cert["steps"],
-                               "clip_norm": cert["clip_norm"], "delta": cert["delta"]})
+            mlflow.log_params(publish("registry.param", {
+                "mechanism": cert["mechanism"], "noise_multiplier": cert["noise_multiplier"],
+                "sampling_rate": cert["sampling_rate"], "steps": cert["steps"], "clip_norm": cert["clip_norm"],
+                "delta": cert["delta"]}, subject=cert["plan_sha256"]))
             # A metric, not only a tag: MLflow can filter runs on metrics with `<`.
-            if cert["epsilon"] is not None:
-                mlflow.log_metric("privacy_epsilon", float(cert["epsilon"]))
+            metrics = {} if cert["epsilon"] is None else {"privacy_epsilon": float(cert["epsilon"])}
             for cls, c in (cert.get("secrets") or {}).items():
-                mlflow.log_metric(f"privacy_secret_max_gamma_{cls}", float(c["max_gamma"]))
-            mlflow.set_tags({**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]})
+                metrics[f"privacy_secret_max_gamma_{cls}"] = float(c["max_gamma"])
+            mlflow.log_metrics(publish("registry.metric", metrics, subject=cert["plan_sha256"]))
+            run_tags = {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]}
             if lifetime is not None:
                 # The release id and the budget only. How many people were admitted or retired is an
                 # exact private count (it is N), and the ledger's spend distribution depends on who was
                 # in which release: both stay in the private ledger (`veil ledger` for administrators).
-                mlflow.set_tags({"privacy.ledger_release_id": str(lifetime["ledger_release_id"])})
+                run_tags["privacy.ledger_release_id"] = str(lifetime["ledger_release_id"])
                 if lifetime["budget_epsilon"] is not None:
-                    mlflow.set_tags({"privacy.lifetime_budget": f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"})
+                    run_tags["privacy.lifetime_budget"] = f"{lifetime['budget_epsilon']!r}@{lifetime['delta']!r}"
+            mlflow.set_tags(publish("registry.tag", run_tags, subject=cert["plan_sha256"]))
             # The run's certificate and seal are logged before the model: logging validates the
             # input example by loading the model, whose load_context checks the run side too.
             for p in (cert_path, seal_path, plan_path, pub_path):
@@ -207,7 +211,8 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
                 signature=model_signature(), input_example=pd.DataFrame({"prompt": [INPUT_EXAMPLE_PROMPT]}))
             run_id = run.info.run_id
     _verify_logged(client, info.model_uri, run_id, settings)
-    tags = {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]}
+    tags = publish("registry.tag", {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]},
+                   subject=cert["plan_sha256"])
     mv = mlflow.register_model(info.model_uri, name, tags=tags)
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
@@ -409,9 +414,11 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
             client.log_artifact(mv.run_id, str(p))
     if plot_path:
         client.log_artifact(mv.run_id, str(plot_path), artifact_path="audit")
-    for key, value in public_metrics(audit).items():
+    publish("audit.public", dict(audit), subject=new["plan_sha256"])
+    for key, value in publish("registry.metric", public_metrics(audit), subject=new["plan_sha256"]).items():
         client.log_metric(mv.run_id, key, value)
-    for key, value in {**privacy_tags(new), **public_tags(audit), "privacy.signing_key": seal["public_key"]["fingerprint"]}.items():
+    tags = {**privacy_tags(new), **public_tags(audit), "privacy.signing_key": seal["public_key"]["fingerprint"]}
+    for key, value in publish("registry.tag", tags, subject=new["plan_sha256"]).items():
         for other in client.search_model_versions(f"run_id='{mv.run_id}'"):
             client.set_model_version_tag(other.name, other.version, key, value)
         client.set_tag(mv.run_id, key, value)
@@ -431,9 +438,10 @@ def record_evaluation(settings: Settings, run_id: str, metrics: Mapping[str, flo
     bad = [k for k in logged if not k.startswith("eval_") or k.endswith(("_people", "_records", "_tokens"))]
     if bad:
         raise VeilError(f"evaluation: refusing to log {', '.join(bad)} (eval_* rates only; counts are private)")
-    for key, value in logged.items():
+    for key, value in publish("registry.metric", logged, subject=run_id).items():
         client.log_metric(run_id, key, value)
-    client.set_tag(run_id, "evaluation.caveat", EVALUATION_CAVEAT)
+    client.set_tag(run_id, "evaluation.caveat", publish("registry.tag", {"evaluation.caveat": EVALUATION_CAVEAT},
+                                                       subject=run_id)["evaluation.caveat"])
     return logged
 
 

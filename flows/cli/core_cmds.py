@@ -11,6 +11,7 @@ from rich.table import Table
 
 from components.certificate import describe
 from components.core.errors import VeilError
+from components.publication import publish
 from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings
 
 
@@ -197,7 +198,7 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
 
     rows = list_models(_settings())
     if json_out:
-        _print_json(rows)
+        _print_json(publish("cli.models", rows))
         return
     t = Table(title="Registered models")
     for col in ("model", "aliases", "mechanism", "guarantee", "steps", "audit AUROC (ceiling)", "certificate"):

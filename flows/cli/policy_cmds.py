@@ -110,7 +110,6 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
                                                         "gradient diversity for mechanism auto")) -> None:
     """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split."""
     from catalog.snapshots import load_snapshot
-    from components.planning import make_plan, save_plan
     from components.policy import load_policy
 
     pol = load_policy(policy)
@@ -119,14 +118,15 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     if sweep_c:
         _sweep(pol, snap, c_values, json_out)
         return
-    from flows.stages import planning_aids
+    from components.planning import Plan
+    from flows import stages
 
-    scorer, compute = planning_aids(pol, base_model)
     progress = None if json_out else (lambda msg: err.print(f"[dim]plan:[/dim] {msg}"))
+    # the pipeline's planning stage: the policy's people rules applied, and N̂ charged in the ledger to
+    # everyone it counts before the plan is written (publishing N̂ is a release)
     with err.status("planning…", spinner="dots") if not json_out else _null():
-        p = make_plan(pol, snap, private_dir=s.private_dir, scorer=scorer, cache_dir=s.cache_dir,
-                      progress=progress, compute=compute)
-    path = save_plan(p, s.plans_dir)
+        res = stages.plan(s, policy, snapshot_id=snap.snapshot_id, base_dir=base_model, progress=progress)
+    p, path = Plan(res["plan"]), Path(res["plan_path"])
     if json_out:
         _print_json({"plan_path": str(path), "plan": p.to_dict()})
         return

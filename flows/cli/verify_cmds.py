@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from components.core.errors import VeilError
+from components.publication import publish
 from flows.cli.common import err, out, print_json, settings as _settings
 
 
@@ -22,7 +23,7 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
     v = verify_model(model_uri, _settings())
     doc = v.to_dict()
     if json_out:
-        print_json(doc)
+        print_json(publish("cli.verify", doc, subject=model_uri))
     else:
         t = Table(title=f"verify {model_uri}")
         t.add_column("check")
