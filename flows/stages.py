@@ -196,7 +196,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
                       cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
                       people=people_sections)
-        refused = charge_plan_population(settings, p.to_dict())
+        population_release_id, refused = charge_plan_population(settings, p.to_dict())
         if not refused:
             break
         # someone counted cannot afford N̂ (another release spent their budget since the exclusion check):
@@ -206,23 +206,25 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         raise VeilError("ledger: the population estimate could not be charged to the people it counts after "
                         f"{_PLAN_ATTEMPTS} attempts (concurrent releases keep spending their budgets); try again")
     path = save_plan(p, settings.plans_dir)
-    return {"plan_path": str(path), "plan": p.to_dict(), "excluded_people": len(excluded)}
+    return {"plan_path": str(path), "plan": p.to_dict(), "excluded_people": len(excluded),
+            "population_release_id": population_release_id}
 
 
 _PLAN_ATTEMPTS = 4
 
 
-def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[str, ...]:
+def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | None, tuple[str, ...]]:
     """Charge the plan's N̂ to every person it counts, before the plan is published (issue 22, cases 1
-    and 2): retired later or not, they were counted. Returns the ids who could not afford it (nothing
-    was charged then); empty when charged, charged before (the same N̂), or N is public."""
+    and 2): retired later or not, they were counted. Returns (the ledger release that holds the charge —
+    an earlier one when the same N̂ was charged before; None when N is public —, the ids who could not
+    afford it: nothing was charged then)."""
     from components.ledger import charge_population
     from components.planning.data import train_rows
 
     annex = _annex(settings, plan_doc)
     res = charge_population(settings, plan_doc, train_rows(annex),
                             release_key=(annex.get("population") or {}).get("release_key"))
-    return () if res is None else tuple(res.refused)
+    return (None, ()) if res is None else (res.release_id, tuple(res.refused))
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:

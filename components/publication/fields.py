@@ -94,7 +94,7 @@ _CERT_PUBLIC = [
     ("supersedes", "hash of the pre-audit certificate"),
     ("privacy_unit", "the plan's"), ("neighbouring", "the plan's"), ("target.**", _POLICY), ("delta", _POLICY),
     ("clip_norm", _POLICY), ("steps_planned", _POLICY), ("policy.**", "the policy's name and sha256"),
-    ("contribution_bound.**", _POLICY), ("caveats", "fixed sentences filled with public values"),
+    ("contribution_bound.**", _POLICY),
     ("assumptions", _CONST), ("coverage", _CONST), ("ignored_classes", _POLICY), ("sampling", _CONST),
     ("dataset.snapshot_id", "the snapshot's id (public manifest)"),
     ("dataset.snapshot_sha256", "the snapshot's sha256 (public manifest)"),

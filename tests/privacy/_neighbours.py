@@ -331,6 +331,14 @@ def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]
     return bad
 
 
+def person_rates_of(annex: dict) -> dict:
+    """person id → their training rows' rates in a plan (from its private annex)."""
+    from components.ledger.release import person_rates
+    from components.planning.data import train_rows
+
+    return person_rates(train_rows(annex), 0.0)
+
+
 class _FieldRef:
     post_processing_of = "plan:data.population.estimate"
     pattern = "data.population.estimate"
