@@ -113,15 +113,22 @@ def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Tab
     Every decision about a unit depends on that unit alone (see audit_split); tests/privacy checks it.
     `per_record`: records with several owners — attacker samples are drawn per record, never from a
     count of a person's texts (a recipient's content would move their writer's choice; see
-    docs/privacy/multi-owner.md)."""
+    docs/privacy/multi-owner.md); with an `owners` column in `records`, per slot of the attribution
+    graph rather than per text (a text-keyed draw let one owner's content move other people's records)."""
     spec = policy.spec
     unit = "record" if per_record else spec.privacy_unit
     # secret units: decisions must not move when a secret's value is substituted — compare masked texts
     content = masked_texts(records, secret_spans) if unit == "secret" else None
+    # multi-owner records (an `owners` column): the attacker's draws per slot of the attribution graph,
+    # so that for a fixed key one owner's content moves only that owner's records (audit_split._owner_slots)
+    owners = None
+    if per_record and "owners" in records.column_names:
+        owners = records.column("owners").to_pylist()
+        records = records.select(["record_id", "user_id", "text"])
     split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
                             seed=spec.training.seed, key=key, unit=unit,
                             attacker_record_rate=float(spec.audit.attacker_record_rate), content=content,
-                            evaluation=float(spec.evaluation.fraction))
+                            evaluation=float(spec.evaluation.fraction), owners=owners)
     canaries = _canaries(policy, split, spec.training.seed, key)
     return (canaries.merged if canaries is not None else split), canaries
 
@@ -178,7 +185,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     records, owners = _load_records(snapshot), _load_owners(snapshot)
 
     say("reserving audit users and attacker samples")
-    split, canaries = reserve_audit(policy, records, key=key, secret_spans=getattr(snapshot, "secret_spans", None),
+    split, canaries = reserve_audit(policy, records if owners is None else records.append_column("owners", owners["owners"]),
+                                    key=key, secret_spans=getattr(snapshot, "secret_spans", None),
                                     per_record=owners is not None)
     chosen = resolve(policy, split.train, steps=steps, batch=int(comp.expected_batch_size or spec.training.expected_batch_size),
                      user_grad_ratio=comp.user_grad_ratio, base_model=comp.base_model, cache_dir=cache_dir, say=say)
