@@ -85,7 +85,7 @@ class Mechanism:
     mechanism is not certifiable, a filtered run has no Rényi curve for the ledger)."""
 
     name: ClassVar[str]
-    privacy_unit: ClassVar[str]                 # "user", "record" or "secret"
+    privacy_unit: ClassVar[str]                 # "user", "record", "secret" or "owner" (multi-owner, fixed graph)
     neighbouring: ClassVar[str]
     description: ClassVar[str] = ""
     plannable: ClassVar[bool] = True            # a policy may name it
@@ -205,6 +205,11 @@ class Mechanism:
     def accounting_k(self, records_per_user) -> int:
         """The k the accounting model takes (1 where one unit is one Gaussian of sensitivity 1)."""
         return 1
+
+    def coverage(self, doc: Mapping) -> str | None:
+        """What a certificate of this mechanism does and does not protect, where its unit name alone could
+        be misread (`veil verify` prints it); None where the unit says it."""
+        return None
 
     # --- audit ------------------------------------------------------------------------------------
     def user_pld(self, certificate: Mapping, discretization: float = 1e-3):

@@ -261,3 +261,34 @@ def test_canaries_keep_their_own_split_under_multi_owner(tmp_path):
     assert len(trained) == 4
     rows = train_rows(annex)
     assert trained <= set(rows["user_id"].to_pylist())
+
+
+def test_the_unit_is_owner_and_the_certificate_says_what_is_not_protected(tmp_path):
+    """Issue 22, case 6: a multi-owner certificate said `privacy_unit: user`, which reads as add/remove
+    user-level DP, though a person's presence and the attribution graph are not protected. The unit is
+    now 'owner'; the certificate, its one-line description and `veil verify`'s notes say what is and
+    is not protected; a certificate edited back to 'user' is refused."""
+    from components.certificate import build_certificate
+    from components.certificate.verify import _coverage, recheck_guarantee
+
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bound_run", ROOT / "tests" / "bound_run.py")
+    bound_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound_run)
+
+    plan, _, _ = _plan(tmp_path, _mail_snapshot())
+    assert plan["privacy_unit"] == "owner"
+    result = {"steps_run": plan["steps"], "steps_attempted": plan["steps"], "mechanism": plan["mechanism"],
+              "noise_multiplier": plan["noise_multiplier"], "sampling_rate": plan["sampling_rate"],
+              "clip_norm": plan["clip_norm"], "private_seed_source": "os_entropy",
+              **bound_run.binding(plan, weights_dir=tmp_path / "w")}
+    cert = build_certificate(plan, result, version="test").to_dict()
+    assert cert["privacy_unit"] == "owner"
+    for said in (cert["coverage"], _coverage(cert), get("els-owners").describe(cert)):
+        assert "presence" in said and "graph" in said
+    assert "user-level" not in get("els-owners").describe(cert)
+    assert "not add/remove" in cert["coverage"]
+    forged = json.loads(json.dumps(cert))
+    forged["privacy_unit"] = "user"
+    with pytest.raises(VeilError, match="privacy unit"):
+        recheck_guarantee(forged)
