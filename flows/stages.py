@@ -250,7 +250,8 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
             return None
         targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
         res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets)
-        if not res.admitted:
+        # a release with no person-level claim (secret protection) charges and admits nobody: not a refusal
+        if not res.admitted and mech.ledger_person_claim:
             led.record(res.release_id, "refused", reason="the filter retired everyone")
             raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
                             "(the policy's lifetime_budget is the governance team's call)")

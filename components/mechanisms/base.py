@@ -100,6 +100,9 @@ class Mechanism:
     secret_targets: ClassVar[bool] = False      # certificate and ledger need the plan's per-secret targets
     has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
     ledger_curve: ClassVar[bool] = True         # has a Rényi curve the per-person ledger can charge
+    # its release says something about each person under add/remove-person (so the ledger charges persons);
+    # False where the public plan moves when a person is removed and no person-level bound exists (secret)
+    ledger_person_claim: ClassVar[bool] = True
     multi_owner: ClassVar[bool] = False         # bounds each person across every record they own (sender or recipient)
     owners_variant: ClassVar[str | None] = None  # the registered mechanism that runs this one when every participant owns
     ledger_relation: ClassVar[str] = "add_remove"  # the relation its ledger curve is under ("add_remove" or "replace")
