@@ -123,3 +123,25 @@ declare(
     Field("selection", "note", P, "fixed wording (said only when K = 0 drew nothing: A's output ⊥)"),
     Field("selection", "dir", P, "the study folder's path (VEIL_HOME and the study id)"),
 )
+
+# Multi-owner (issue 22, case 6): the unit is "owner"; the certificate and `veil verify` say what is not
+# protected (presence, the attribution graph). The rule is public; no count of the data is.
+declare(
+    Field("plan", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed flags "
+          "(policy values and constants; never a count of the data)"),
+    Field("certificate", "coverage", P, "fixed wording from the mechanism: what its guarantee does and does not "
+          "protect (els-owners: content protected, presence and the attribution graph not; secret: tagged "
+          "occurrences only, persons and untagged records not covered)"),
+    Field("cli.verify", "notes", P, "fixed sentences: the registry checks skipped, and the certificate's "
+          "coverage as its mechanism states it"),
+)
+
+# Secret-protection releases (issue 22, case 3): no person-level claim; untagged records get no certified ε.
+declare(
+    Field("certificate", "untagged_records.*", P, "the policy's untagged rule, whether untagged records were "
+          "trained, their largest LP rate and fixed wording (ε and δ are None: nothing is certified)",
+          relation=_SECRET_REL),
+    Field("cli.ledger", "persons_not_covered.releases", P, "how many releases make no person-level claim (a count "
+          "of releases, which ledger readers see anyway; not of people)"),
+    Field("cli.ledger", "persons_not_covered.statement", P, "fixed wording filled with that count"),
+)
