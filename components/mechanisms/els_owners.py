@@ -228,17 +228,20 @@ def _group_epsilon(doc: Mapping, steps: int, delta_k: float, k: int) -> tuple[fl
 
 
 def _owners_of(train: pa.Table, owners: pa.Table | None) -> list[tuple[str, ...]]:
-    """Each training row's owner set: from the people rules' `owners` column (joined on record_id),
-    the writer alone for rows that have none (canary users)."""
+    """Each training row's owner set: the row's own `owners` column where the audit split kept it (by
+    position: a record id names content, and under the relation u's content may become a copy of a
+    record u is not on — joined on the id, that record would take u's owners); else the people rules'
+    `owners` table joined on record_id; the writer alone for rows that have none (canary users)."""
     from components.planning.owners import owner_set
 
     lookup: dict[str, list] = {}
-    if owners is not None:
+    if owners is not None and "owners" not in train.column_names:
         for rid, o in zip(owners.column("record_id").to_pylist(), owners.column("owners").to_pylist()):
             lookup[rid] = o
+    own = train.column("owners").to_pylist() if "owners" in train.column_names else None
     out = []
-    for rid, u in zip(train.column("record_id").to_pylist(), train.column("user_id").to_pylist()):
-        t = owner_set(lookup.get(rid) or [u])
+    for i, (rid, u) in enumerate(zip(train.column("record_id").to_pylist(), train.column("user_id").to_pylist())):
+        t = owner_set((own[i] if own is not None else lookup.get(rid)) or [u])
         out.append(t if u in t else owner_set([u, *t]))    # the writer always owns their record
     return out
 
