@@ -83,7 +83,7 @@ declare(
           relation="secret substitution, or replace-one user (uls-filtered)"),
 )
 
-# --- private selection, multi-owner, secret releases (h-select) ---------------------------------------
+# --- private selection, multi-owner, secret releases (h-select) ---
 # Private selection (flows/private_selection.py, docs/privacy/private-selection.md). Nothing here may
 # depend on K, the random number of trials: no duration, no trial list, no count of trials.
 _SEL_MECH = ("best of K trials, K ~ the grid's hidden distribution (Papernot & Steinke 2022, Thm 2 / Thm 6); each "
@@ -145,3 +145,4 @@ declare(
           "of releases, which ledger readers see anyway; not of people)"),
     Field("cli.ledger", "persons_not_covered.statement", P, "fixed wording filled with that count"),
 )
+# --- end of h-select ---
