@@ -239,6 +239,8 @@ def test_nothing_published_reveals_k(org, fake_trials, tmp_path):
             assert p.stat().st_mtime <= fake_trials[first]["at"], "the folder's or file's time gives the duration"
     assert len(fake_trials) == sum(ks[s] for s in seeds)
     assert all(str(c["out_dir"]).startswith(str(settings.private_dir)) for c in fake_trials)
+    # each trial its own run folder, hence its own fresh private seed (Poisson batches, noise): independent runs
+    assert len({str(c["out_dir"]) for c in fake_trials}) == len(fake_trials)
 
     def public(d):
         def strip(x):
