@@ -93,12 +93,29 @@ def planning_aids(pol, base_dir: str | Path | None):
     return scorer, compute
 
 
-def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
+def planned_population_epsilon(pol) -> float:
+    """ε_N of the population estimate N̂ a plan of this policy will release (target ε × the policy's
+    population.epsilon_fraction, both public), 0 when its mechanism publishes N under its relation."""
+    from components.mechanisms.auto import default_for
+
+    spec = pol.spec
+    mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
+    if spec.people.ownership == "all-participants" and mech.owners_variant:
+        mech = get_mechanism(mech.owners_variant)
+    if spec.target is None or not mech.population_estimate:
+        return 0.0
+    return float(spec.target.epsilon) * float(spec.population.epsilon_fraction)
+
+
+def exhausted_people(settings: Settings, pol, user_ids, *, population_epsilons=None) -> set[str]:
     """The people this policy's release cannot admit whatever the plan: even its smallest part, the
     ε_N of the population estimate N̂ (target ε × population.epsilon_fraction, public, Laplace: its
     Rényi curve `pure_dp_rdp(ε_N)` is below every release's cost), would take them past their
     lifetime budget at every order. The reservation's filter would retire them anyway; left out
     before planning, N̂, q and the audit split are those of people who can be trained.
+
+    `population_epsilons`: the ε_N of every N̂ the operation will release counting the person (private
+    selection plans every grid point, and each plan's N̂ counts them): the floor is their sum.
 
     One person's answer reads only that person's ledger row, the ledger's budget and the policy
     (public). Empty when there is no lifetime budget or no population estimate to price."""
@@ -108,23 +125,18 @@ def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
     from components.ledger.ledger import Budget
     from components.ledger.release import pure_dp_rdp
 
-    from components.mechanisms.auto import default_for
-
-    spec = pol.spec
-    mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
-    if spec.people.ownership == "all-participants" and mech.owners_variant:
-        mech = get_mechanism(mech.owners_variant)
-    if spec.target is None or not mech.population_estimate:
+    eps = [planned_population_epsilon(pol)] if population_epsilons is None else [float(e) for e in population_epsilons]
+    eps = [e for e in eps if e > 0]
+    if not eps:
         return set()  # no Laplace N̂ (the count is public under its relation): nothing to price before planning
-    eps_n = float(spec.target.epsilon) * float(spec.population.epsilon_fraction)
     led = Ledger.open(settings)
     try:
         budget = led.budget() or Budget.parse(pol.spec.lifetime_budget.model_dump()
                                               if pol.spec.lifetime_budget is not None else None)
-        if budget is None or eps_n <= 0:
+        if budget is None:
             return set()
         cap = led.rdp_budget(budget)
-        floor = pure_dp_rdp(eps_n, led.orders)
+        floor = sum(pure_dp_rdp(e, led.orders) for e in eps)
         spend = led.spend(sorted({str(u) for u in user_ids}))
     finally:
         led.dispose()
@@ -277,7 +289,8 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
         targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
         res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets,
                               population_release_key=(annex.get("population") or {}).get("release_key"))
-        if not res.admitted:
+        # a release with no person-level claim (secret protection) charges and admits nobody: not a refusal
+        if not res.admitted and mech.ledger_person_claim:
             led.record(res.release_id, "refused", reason="the filter retired everyone")
             raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
                             "(the policy's lifetime_budget is the governance team's call)")

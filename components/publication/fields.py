@@ -249,3 +249,67 @@ declare(
     Field("prefect", "skipped", P, "why a retrain did nothing: unchanged data (snapshot id, model URI) or no "
           "budget left for anyone (a fact about the whole organization, from the ledger's public budget)"),
 )
+
+# --- private selection, multi-owner, secret releases (h-select) ---
+# Private selection (flows/private_selection.py, docs/privacy/private-selection.md). Nothing here may
+# depend on K, the random number of trials: no duration, no trial list, no count of trials.
+_SEL_MECH = ("best of K trials, K ~ the grid's hidden distribution (Papernot & Steinke 2022, Thm 2 / Thm 6); each "
+             "trial trains a uniformly drawn point at its public plan and scores it with a Gaussian-noised sum")
+_SEL_SENS = ("per person: Q's Rényi curve = max over the points of the person's training cost and, for an "
+             "evaluation person, the score's λ/(2σ_s²) (one person moves the clipped score sum by ≤ B)")
+_SEL_COUNTS = "every training person of every grid point's plan, and every evaluation person"
+_SEL_CHARGE = ("the theorem's curve per person, ledger release 'private-selection' reserved before any trial; plus "
+               "each distinct N̂ of the plans (ledger kind 'population', ε_N per counted person)")
+declare(
+    Field("selection", "study_id", P, "the grid's name, the start time and a random suffix (no data, no K)"),
+    Field("selection", "mode", P, _CONST),
+    Field("selection", "grid.**", P, "the grid file's name, sha256 and points (public YAML)"),
+    Field("selection", "policy.**", P, "the policy's name and sha256"),
+    Field("selection", "selected", DP, "A's output: the chosen point (None when K = 0, also A's output)",
+          mechanism=_SEL_MECH, sensitivity=_SEL_SENS, counts=_SEL_COUNTS, charge=_SEL_CHARGE),
+    Field("selection", "selected.**", DP, "A's output: the chosen point's hyper-parameters",
+          post_processing_of="selection:selected"),
+    Field("selection", "selected_noisy_score", DP, "A's output: the chosen trial's noisy score",
+          post_processing_of="selection:selected"),
+    Field("selection", "selection.*", P, "the grid's selection parameters (distribution, η, γ, μ, B, σ_s, records "
+          "per person), the theorem's name, fixed wording"),
+    Field("selection", "selection.expected_trials", P, "E[K], a function of the distribution's public parameters"),
+    Field("selection", "selection.epsilon", DP, "ε of the worst person the public plans allow (k rows in every plan, "
+          "and an evaluation person): a function of the plans' public fields (q = B/N̂, σ, T) and the grid's "
+          "parameters, never of K or of who is in the data", post_processing_of="plan:data.population.estimate"),
+    Field("selection", "selection.delta", P, _POLICY),
+    Field("selection", "selection.order", DP, "the Rényi order reaching selection.epsilon (same inputs)",
+          post_processing_of="plan:data.population.estimate"),
+    Field("selection", "selection.ledger_release_id", P, "the ledger's release number (a count of releases)"),
+    Field("selection", "selection.composition.rule", P, "fixed wording"),
+    Field("selection", "selection.composition.selection_release_id", P, "the ledger's release number"),
+    Field("selection", "selection.composition.population_estimates.*", P, "each distinct N̂ of the plans: the "
+          "plan's sha256, its ε_N (policy value) and the ledger release that charged it"),
+    Field("selection", "covered_by_certificate", P, _CONST),
+    Field("selection", "caveat", P, "fixed wording"),
+    Field("selection", "note", P, "fixed wording (said only when K = 0 drew nothing: A's output ⊥)"),
+    Field("selection", "dir", P, "the study folder's path (VEIL_HOME and the study id)"),
+)
+
+# Multi-owner (issue 22, case 6): the unit is "owner"; the certificate and `veil verify` say what is not
+# protected (presence, the attribution graph). The rule is public; no count of the data is.
+declare(
+    Field("plan", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed flags "
+          "(policy values and constants; never a count of the data)"),
+    Field("certificate", "coverage", P, "fixed wording from the mechanism: what its guarantee does and does not "
+          "protect (els-owners: content protected, presence and the attribution graph not; secret: tagged "
+          "occurrences only, persons and untagged records not covered)"),
+    Field("cli.verify", "notes", P, "fixed sentences: the registry checks skipped, and the certificate's "
+          "coverage as its mechanism states it"),
+)
+
+# Secret-protection releases (issue 22, case 3): no person-level claim; untagged records get no certified ε.
+declare(
+    Field("certificate", "untagged_records.*", P, "the policy's untagged rule, whether untagged records were "
+          "trained, their largest LP rate and fixed wording (ε and δ are None: nothing is certified)",
+          relation=_SECRET_REL),
+    Field("cli.ledger", "persons_not_covered.releases", P, "how many releases make no person-level claim (a count "
+          "of releases, which ledger readers see anyway; not of people)"),
+    Field("cli.ledger", "persons_not_covered.statement", P, "fixed wording filled with that count"),
+)
+# --- end of h-select ---

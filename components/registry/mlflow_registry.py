@@ -287,7 +287,8 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
             raise VeilError(f"ledger: no release {rid}: not registered")
         if row.plan_sha256 is not None and row.plan_sha256 != plan.get("sha256"):
             raise VeilError(f"ledger: release {rid} was reserved for another plan: not registered")
-        if row.admitted == 0:
+        # a release with no person-level claim (secret protection) admits nobody by design: not a refusal
+        if row.admitted == 0 and get_mechanism(plan.get("mechanism")).ledger_person_claim:
             led.record(int(rid), "refused", reason="the filter retired everyone")
             raise VeilError("ledger: the per-person filter retired every person of this release (no budget left): "
                             "not registered")

@@ -29,6 +29,9 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
     t.add_row("people", str(doc["people"]))
     t.add_row("retired", f"{doc['retired']} (left out of at least one release)")
     t.add_row("releases", str(doc["releases"]))
+    nc = doc.get("persons_not_covered") or {}
+    if nc.get("releases"):
+        t.add_row("persons not covered", nc["statement"])
     s = doc["spend"]
     t.add_row("spend ε", f"max {_fmt(s['max_epsilon'])} · median {_fmt(s['median_epsilon'])} · "
                          f"min {_fmt(s['min_epsilon'])}")
