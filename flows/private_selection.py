@@ -180,16 +180,13 @@ def plan_points(settings: Settings, policy: str | Path, grid, out: Path, base_di
 
 
 def charge_populations(settings: Settings, led, plans: list[dict], planned: list[dict], orders, budget) -> list[dict]:
-    """Make sure every plan's N̂ is charged to everyone it counts, and say how (the composition entry).
-
-    The plan-time charge (`stages.plan` → `population_release_id`, a ledger release of kind
-    'population' charging ε_N to every counted person, retired or not, once per distinct N̂) is the
-    lead's; where a plan comes back without one while its N̂ is a Laplace release, this selection
-    charges it itself, as its own release of kind 'population' (no N̂ it publishes goes uncharged).
-    Plans sharing one population release share one N̂: counted once."""
-    from components.ledger import PersonCost
+    """Every plan's N̂ was charged at plan time to everyone it counts (`stages.plan` →
+    `population_release_id`: a ledger release of kind 'population', ε_N per counted person, retired or
+    not, once per distinct N̂); say how, as the composition's entries. Plans sharing one population
+    release share one N̂: counted once."""
     from components.ledger.release import _population_epsilon
 
+    del led, orders, budget     # the charge is the planner's; nothing is charged here
     out, seen = [], set()
     for plan_doc, p in zip(plans, planned):
         eps_n = _population_epsilon(plan_doc)
@@ -198,14 +195,8 @@ def charge_populations(settings: Settings, led, plans: list[dict], planned: list
         rid = p.get("population_release_id")
         by = "plan"
         if rid is None:
-            _, rows = _rows_table(settings, plan_doc)
-            costs = {u: PersonCost(rows=1, sampling_rate=1.0, rdp=c)
-                     for u, c in population_curves(plan_doc, rows, orders).items()}
-            res = led.reserve(kind="population", mechanism="laplace-population", plan_sha256=plan_doc["sha256"],
-                              params={"epsilon": eps_n, "charged_by": "private-selection",
-                                      "unit": (plan_doc["data"].get("population") or {}).get("unit")},
-                              costs=costs, budget=budget)
-            rid, by = int(res.release_id), "private-selection"
+            raise VeilError(f"private selection: plan {plan_doc['sha256'][:12]} publishes N̂ but the ledger holds no "
+                            "charge for it; refusing to go on")
         if int(rid) in seen:
             continue
         seen.add(int(rid))
