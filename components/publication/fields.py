@@ -82,3 +82,33 @@ declare(
     Field("plan", "data.population.exact", P, "N, public under the release's relation",
           relation="secret substitution, or replace-one user (uls-filtered)"),
 )
+
+# --- evaluation, PMixED responses, audit labels, ledger view (h-eval) ---
+# Evaluation (issue 22, case 4): the registry gets eval_* only as the DP release of
+# components.evaluation.dp / release; the exact figures stay on the operator's terminal.
+_EVAL_MECH = ("Gaussian on the vector (Σ clipped per-person mean NLL, Σ per-person accuracy) per evaluated model "
+              "and the count of counted people; noise multiplier m from the analytic Gaussian (Balle & Wang 2018) "
+              "at the policy's evaluation.epsilon/delta; noise keyed on the release and the counted set")
+_EVAL_SENS = ("add/remove one evaluation person: ≤ evaluation.nll_clip per NLL sum, ≤ 1 per accuracy sum, 1 on the "
+              "count: L2 √k over the range-scaled vector (k = 2 per model + 1)")
+_EVAL_COUNTS = ("the plan's evaluation people with a scored token whom the ledger's filter admits (retired people are "
+                "left out of the sums)")
+_EVAL_CHARGE = ("α/(2m²) (Gaussian Rényi curve) to each counted person, once per release (ledger mechanism "
+                "'evaluation'); re-evaluating the same model on the same people republishes the logged values "
+                "without a new charge")
+declare(
+    *(Field("registry.metric", f"eval{m}_{w}", DP, f"{w.replace('_', ' ')} of the {m.strip('_') or 'fine-tuned'} "
+            "model on the evaluation people: a post-processing (ratio over the DP count, clamp, exp) of the release",
+            mechanism=_EVAL_MECH, sensitivity=_EVAL_SENS, counts=_EVAL_COUNTS, charge=_EVAL_CHARGE)
+      for m in ("", "_base", "_reference") for w in ("perplexity", "next_token_accuracy")),
+    Field("registry.tag", "evaluation.caveat", P, _CONST),
+    Field("registry.tag", "evaluation.definition", P, _CONST),
+    Field("registry.tag", "evaluation.mechanism", P, _CONST),
+    Field("registry.tag", "evaluation.epsilon", P, _POLICY),
+    Field("registry.tag", "evaluation.delta", P, _POLICY),
+    Field("registry.tag", "evaluation.nll_clip", P, _POLICY),
+    Field("registry.tag", "evaluation.noise_multiplier", P, "calibrated from the policy's ε, δ and the number of "
+          "evaluated models (public)"),
+    Field("registry.tag", "evaluation.ledger_release_id", P, "the ledger's release counter (how many releases "
+          "Veil made, not whom they counted)"),
+)
