@@ -261,3 +261,24 @@ def test_canaries_keep_their_own_split_under_multi_owner(tmp_path):
     assert len(trained) == 4
     rows = train_rows(annex)
     assert trained <= set(rows["user_id"].to_pylist())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_audit_members_are_people_the_model_trained_on(tmp_path, seed):
+    """Issue 22, case 7: the audit split labels a person a member when they were not held out, but the
+    per-owner bound runs after it and can leave such a person with no trained record (a co-owner
+    reserved, or k reached through other mails): 1 of 38 multi-owner "members" had none, so the audit
+    scored a non-member as a member. A member now owns at least one trained record; a non-member owns
+    none."""
+    import pyarrow.parquet as pq
+
+    from components.audit.inputs import audit_reservations
+
+    plan, rows, private = _plan(tmp_path, _mail_snapshot(seed=seed))
+    res = audit_reservations(plan, load_annex(private, plan))
+    att = pq.read_table(res.attacker_records_file)
+    trained = {p for o in rows["owners"].to_pylist() for p in o} | set(rows["user_id"].to_pylist())
+    labels = dict(zip(att["user_id"].to_pylist(), att["member"].to_pylist()))
+    members = {u for u, m in labels.items() if m}
+    assert members and members <= trained, sorted(members - trained)
+    assert not {u for u, m in labels.items() if not m} & trained
