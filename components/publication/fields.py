@@ -112,3 +112,17 @@ declare(
     Field("registry.tag", "evaluation.ledger_release_id", P, "the ledger's release counter (how many releases "
           "Veil made, not whom they counted)"),
 )
+
+# `veil ledger --json` for governance readers (issue 22, case 7): nothing any person's presence moves.
+# Exact counts of people, retirements, secrets and the spread of per-person spend are administrators-only
+# (`veil ledger --admin`, labelled so), never on this channel.
+declare(
+    Field("cli.ledger", "budget", P, _POLICY),
+    Field("cli.ledger", "budget.*", P, _POLICY),
+    Field("cli.ledger", "releases", P, "how many releases were reserved: operator actions, each release id already "
+          "public on its registry tags"),
+    Field("cli.ledger", "orders", P, _CONST + " (the ledger's Rényi orders, fixed at its creation)"),
+    Field("cli.ledger", "spend_definition", P, _CONST),
+    Field("cli.ledger", "secrets_definition", P, _CONST),
+    Field("cli.ledger", "note", P, _CONST),
+)
