@@ -78,7 +78,10 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
             if not out["ids"]:
                 return err(429, "the private token budget of this ensemble is spent")
         remaining = await run_in_threadpool(budget.remaining, ensemble_id)
-        return {"text": out["text"], "tokens": len(out["ids"]), "budget_remaining_tokens": remaining}
+        from components.publication import publish
+
+        return publish("pmixed.response", {"text": out["text"], "tokens": len(out["ids"]),
+                                           "budget_remaining_tokens": remaining}, subject=ensemble_id)
 
     @app.get("/healthz")
     async def healthz():

@@ -126,3 +126,20 @@ declare(
     Field("cli.ledger", "secrets_definition", P, _CONST),
     Field("cli.ledger", "note", P, _CONST),
 )
+
+# PMixED answers (`POST /v1/completions`): sampled tokens only, never probabilities, λ or the selection.
+_PMIXED_MECH = ("PMixED per private token: Poisson selection of partition members at rate q, each member's "
+                "distribution mollified into the D∞ ball of radius r around the public model's, their mixture sampled "
+                "with a CSPRNG (docs/privacy/pmixed.md); public-only tokens are drawn from the public model alone")
+declare(
+    Field("pmixed.response", "text", DP, "the sampled tokens, decoded", mechanism=_PMIXED_MECH,
+          sensitivity="add/remove one person changes at most one partition's member (people are partitioned)",
+          counts="the people of the ensemble's partitions that the ledger admitted at build time",
+          charge=("the ensemble's whole private-token budget as one Rényi curve per person, reserved at build time "
+                  "(ledger mechanism 'pmixed'); the durable prepaid counter keeps answers within it")),
+    Field("pmixed.response", "tokens", DP, "how many tokens the answer holds (where the sampled EOS fell)",
+          post_processing_of="pmixed.response:text"),
+    Field("pmixed.response", "budget_remaining_tokens", DP, "the private-token budget left: the build's public "
+          "budget minus the private tokens drawn so far (a function of earlier answers)",
+          post_processing_of="pmixed.response:text"),
+)
