@@ -463,25 +463,29 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
 
 
 def _reference_model(settings: Settings, reference: str, base):
-    """(model, tokenizer) of a non-private reference: a registered model URI, a peft adapter directory
-    (on the evaluated model's base), or a Hugging Face causal-LM directory."""
+    """(model, tokenizer, identity) of a non-private reference: a registered model URI, a peft adapter
+    directory (on the evaluated model's base), or a Hugging Face causal-LM directory. The identity (its
+    run, or its files' hash) names it in the evaluation release."""
     if reference.startswith("models:/"):
         from components.registry import load_model
 
         ref = load_model(reference, settings)
-        return ref.model, ref.tokenizer
+        return ref.model, ref.tokenizer, "run:" + str(ref.run_id)
     p = Path(reference).expanduser()
     if not p.is_dir():
         raise VeilError(f"--reference {reference}: neither a models:/ URI nor a model directory")
+    from components.core.fingerprints import directory_fingerprint
+
+    identity = "files:" + directory_fingerprint(p)["sha256"]
     if (p / "adapter_config.json").is_file():
         import copy
 
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(copy.deepcopy(base[0]), str(p)).eval(), base[1]
+        return PeftModel.from_pretrained(copy.deepcopy(base[0]), str(p)).eval(), base[1], identity
     from components.modeling import load_base
 
-    return load_base(p)
+    return (*load_base(p), identity)
 
 
 def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
@@ -502,17 +506,6 @@ def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
         if pol is not None and pol.sha256 == ref.get("sha256"):
             return pol.spec.evaluation
     return Evaluation()
-
-
-def _model_identity(settings: Settings, reference: str) -> str:
-    """What names a reference model in the evaluation release's name: its run, or its files' hash."""
-    if reference.startswith("models:/"):
-        from components.registry import load_model
-
-        return "run:" + load_model(reference, settings).run_id
-    from components.core.fingerprints import directory_fingerprint
-
-    return "files:" + directory_fingerprint(Path(reference).expanduser())["sha256"]
 
 
 def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None, log: bool = True,
@@ -556,13 +549,12 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     stats = {"model": dp_stats, "base": b_stats}
     ref = None
     if reference:
-        r_model, r_tok = _reference_model(settings, reference, base)
+        r_model, r_tok, identities["reference"] = _reference_model(settings, reference, base)
         if r_tok.get_vocab() != loaded.tokenizer.get_vocab():
             raise VeilError(f"--reference {reference}: another tokenizer than the model's; perplexities per token "
                             "would not be comparable")
         ref, stats["reference"] = evaluate_texts_per_text(r_model, r_tok, texts, max_length=seq_len,
                                                           batch_size=batch_size)
-        identities["reference"] = _model_identity(settings, reference)
     out = {"model_uri": model_uri, "run_id": loaded.run_id,
            "perplexity": dp.perplexity, "base_perplexity": b.perplexity,
            "next_token_accuracy": dp.next_token_accuracy, "base_next_token_accuracy": b.next_token_accuracy,
