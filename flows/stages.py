@@ -529,7 +529,11 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     annex = _annex(settings, plan)
     if missing_ok and not annex.get("eval_records_file"):
         return None
-    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan).records)
+    # multi-owner data: only what each evaluation person owns alone is scored (planning.data), so one
+    # person's content moves their own figures only
+    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan).records, single_owner=True)
+    if rows.num_rows == 0:
+        raise VeilError(f"{model_uri}: no evaluation person owns a record alone (multi-owner data); nothing to score")
     texts = rows.column("text").to_pylist()
     users = rows.column("user_id").to_pylist()
     seq_len = int(plan["training"]["seq_len"])
