@@ -120,9 +120,8 @@ def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
     m = run.data.metrics
     assert {"eval_perplexity", "eval_base_perplexity", "eval_next_token_accuracy",
             "eval_reference_perplexity"} <= set(m)
-    # the DP release, not the exact figures: the reference here is the same adapter, yet its coordinates
-    # get their own noise
-    assert m["eval_reference_perplexity"] != m["eval_perplexity"]
+    # the DP release, not the exact figures (the reference here is the same adapter, but its coordinates
+    # get their own noise; with 18 people both may clamp at exp(nll_clip), so no comparison between them)
     doc = json.loads(_invoke(release, "evaluate", "models:/ev/1", "--json", "--no-log").stdout)
     assert doc["published"] is None
     assert m["eval_perplexity"] != pytest.approx(doc["perplexity"], rel=1e-6)
@@ -135,7 +134,9 @@ def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
     led = Ledger.open(s)
     try:
         rid = int(run.data.tags["evaluation.ledger_release_id"])
-        assert led.events(rid)[0]["admitted"] > 0
+        events = led.events(rid)
+        assert events[0]["admitted"] > 0
+        assert {k: m[k] for k in events[-1]["published"]} == events[-1]["published"]   # what was logged
     finally:
         led.dispose()
     mv = client.get_model_version("ev", "1")
