@@ -109,14 +109,10 @@ def noisy_score(users: list[str], sums: np.ndarray, counts: np.ndarray, clip: fl
                 rng: np.random.Generator) -> float:
     """Σ_person clip(mean NLL of the person's scored tokens, 0, B) + N(0, (σ_s·B)²): one person moves
     the sum by at most B (add/remove), so it is the Gaussian mechanism with noise multiplier σ_s.
-    Lower is better."""
-    per: dict[str, list[float]] = {}
-    for u, s, c in zip(users, sums, counts):
-        if c > 0:
-            acc = per.setdefault(u, [0.0, 0.0])
-            acc[0] -= float(s)
-            acc[1] += float(c)
-    total = sum(min(max(nll / n, 0.0), clip) for nll, n in per.values())
+    Lower is better. The per-person means are the evaluation release's (components.evaluation.dp)."""
+    from components.evaluation.dp import clip_nll, person_means
+
+    total = sum(clip_nll(nll, clip) for nll, _, _ in person_means(users, sums, counts).values())
     return float(total + rng.normal(0.0, noise * clip))
 
 

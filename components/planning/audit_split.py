@@ -244,6 +244,24 @@ def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners:
                       attacker=_attacker_table(att_rid, att_user, att_member), train=train,
                       n_eligible=len(set(att_user)), evaluation=reservation)
 
+def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Table:
+    """The attacker table without the "member" rows of people who own no trained record.
+
+    The split labels a person a member when they were not held out, but the mechanism's bound runs
+    after it: multi-owner records (els-owners) drop a mail when any co-owner is reserved and keep at
+    most k records per owner, so a writer who was not held out can end with nothing trained (1 of 38
+    "members" in issue 22, case 7). A member is a person at least one record they own was trained on;
+    a person neither trained nor held out is neither member nor (randomly drawn) non-member, so their
+    samples leave the audit. `trained_people`: every owner of a trained record (writers included)."""
+    if attacker.num_rows == 0:
+        return attacker
+    users = attacker.column("user_id").to_pylist()
+    member = attacker.column("member").to_pylist()
+    keep = [i for i, (u, m) in enumerate(zip(users, member)) if not m or u in trained_people]
+    if len(keep) == attacker.num_rows:
+        return attacker
+    return attacker.take(pa.array(keep, type=pa.int64()))
+
 
 def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:
     """Synthetic canary users: exactly half held out (keyed order over canary ids only, so it depends

@@ -4,6 +4,7 @@ calibration (components.mechanisms), then the public plan and its private annex.
 Nothing here knows a mechanism: `make_plan` orchestrates, the registered mechanism decides."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import io
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from components.mechanisms.auto import Resolved, resolve
 from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex
 from components.planning.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
-from components.planning.audit_split import AuditSplit, masked_texts, split_canaries, split_for_audit
+from components.planning.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
+                                             split_for_audit)
 from components.planning.plan import SCHEMA, Plan, seal
 from components.planning.selection import Scorer
 
@@ -210,6 +212,12 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
         raise VeilError("plan: no training data left after holding out audit users and attacker samples")
     cal = mech.calibrate(ctx, bounded)
 
+    # members are people the model actually trained on: the bound may have left a non-held-out person
+    # with nothing (multi-owner), and their samples must not be scored as a member's
+    trained_people = set(bounded.chosen.column("user_id").to_pylist())
+    if bounded.owners is not None:
+        trained_people |= {str(o) for row in bounded.owners.to_pylist() for o in (row or ())}
+    split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
     train_tbl = bounded.chosen.select(["record_id", "user_id"])
     if bounded.rates is not None:
         train_tbl = train_tbl.append_column("rate", pa.array(bounded.rates, pa.float64()))

@@ -313,3 +313,63 @@ declare(
     Field("cli.ledger", "persons_not_covered.statement", P, "fixed wording filled with that count"),
 )
 # --- end of h-select ---
+# --- evaluation, PMixED responses, audit labels, ledger view (h-eval) ---
+# Evaluation (issue 22, case 4): the registry gets eval_* only as the DP release of
+# components.evaluation.dp / release; the exact figures stay on the operator's terminal.
+_EVAL_MECH = ("Gaussian on the vector (Σ clipped per-person mean NLL, Σ per-person accuracy) per evaluated model "
+              "and the count of counted people; noise multiplier m from the analytic Gaussian (Balle & Wang 2018) "
+              "at the policy's evaluation.epsilon/delta; noise keyed on the release and the counted set")
+_EVAL_SENS = ("add/remove one evaluation person: ≤ evaluation.nll_clip per NLL sum, ≤ 1 per accuracy sum, 1 on the "
+              "count: L2 √k over the range-scaled vector (k = 2 per model + 1)")
+_EVAL_COUNTS = ("the plan's evaluation people with a scored token whom the ledger's filter admits (retired people are "
+                "left out of the sums)")
+_EVAL_CHARGE = ("α/(2m²) (Gaussian Rényi curve) to each counted person, once per release (ledger mechanism "
+                "'evaluation'); re-evaluating the same model on the same people republishes the logged values "
+                "without a new charge")
+declare(
+    *(Field("registry.metric", f"eval{m}_{w}", DP, f"{w.replace('_', ' ')} of the {m.strip('_') or 'fine-tuned'} "
+            "model on the evaluation people: a post-processing (ratio over the DP count, clamp, exp) of the release",
+            mechanism=_EVAL_MECH, sensitivity=_EVAL_SENS, counts=_EVAL_COUNTS, charge=_EVAL_CHARGE)
+      for m in ("", "_base", "_reference") for w in ("perplexity", "next_token_accuracy")),
+    Field("registry.tag", "evaluation.caveat", P, _CONST),
+    Field("registry.tag", "evaluation.definition", P, _CONST),
+    Field("registry.tag", "evaluation.mechanism", P, _CONST),
+    Field("registry.tag", "evaluation.epsilon", P, _POLICY),
+    Field("registry.tag", "evaluation.delta", P, _POLICY),
+    Field("registry.tag", "evaluation.nll_clip", P, _POLICY),
+    Field("registry.tag", "evaluation.noise_multiplier", P, "calibrated from the policy's ε, δ and the number of "
+          "evaluated models (public)"),
+    Field("registry.tag", "evaluation.ledger_release_id", P, "the ledger's release counter (how many releases "
+          "Veil made, not whom they counted)"),
+)
+
+# `veil ledger --json` for governance readers (issue 22, case 7): nothing any person's presence moves.
+# Exact counts of people, retirements, secrets and the spread of per-person spend are administrators-only
+# (`veil ledger --admin`, labelled so), never on this channel.
+declare(
+    Field("cli.ledger", "budget", P, _POLICY),
+    Field("cli.ledger", "budget.*", P, _POLICY),
+    Field("cli.ledger", "releases", P, "how many releases were reserved: operator actions, each release id already "
+          "public on its registry tags"),
+    Field("cli.ledger", "orders", P, _CONST + " (the ledger's Rényi orders, fixed at its creation)"),
+    Field("cli.ledger", "spend_definition", P, _CONST),
+    Field("cli.ledger", "secrets_definition", P, _CONST),
+    Field("cli.ledger", "note", P, _CONST),
+)
+
+# PMixED answers (`POST /v1/completions`): sampled tokens only, never probabilities, λ or the selection.
+_PMIXED_MECH = ("PMixED per private token: Poisson selection of partition members at rate q, each member's "
+                "distribution mollified into the D∞ ball of radius r around the public model's, their mixture sampled "
+                "with a CSPRNG (docs/privacy/pmixed.md); public-only tokens are drawn from the public model alone")
+declare(
+    Field("pmixed.response", "text", DP, "the sampled tokens, decoded", mechanism=_PMIXED_MECH,
+          sensitivity="add/remove one person changes at most one partition's member (people are partitioned)",
+          counts="the people of the ensemble's partitions that the ledger admitted at build time",
+          charge=("the ensemble's whole private-token budget as one Rényi curve per person, reserved at build time "
+                  "(ledger mechanism 'pmixed'); the durable prepaid counter keeps answers within it")),
+    Field("pmixed.response", "tokens", DP, "how many tokens the answer holds (where the sampled EOS fell)",
+          post_processing_of="pmixed.response:text"),
+    Field("pmixed.response", "budget_remaining_tokens", DP, "the private-token budget left: the build's public "
+          "budget minus the private tokens drawn so far (a function of earlier answers)",
+          post_processing_of="pmixed.response:text"),
+)

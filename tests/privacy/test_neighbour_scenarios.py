@@ -15,7 +15,7 @@ import _neighbours as nb  # noqa: E402
 import _scenarios as sc  # noqa: E402
 
 PEOPLE, SCENARIOS = sc.make(14)
-REMOVED = PEOPLE[::5]             # 3 people
+REMOVED = PEOPLE[3::7]            # 2 people
 KEYS = [b"\x01" * 32]
 
 
