@@ -446,12 +446,11 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
 
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
-    from catalog.snapshots import load_snapshot
     from components.accounting.secrets import secret_targets as targets_for
     from components.planning.annex import load_annex
     from components.planning.data import train_rows
 
-    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    snap = _plan_snapshot(settings, plan_doc)
     return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
                        plan_doc["target"]["secrets"])
 

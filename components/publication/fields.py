@@ -92,7 +92,7 @@ _CERT_PUBLIC = [
     ("schema", _CONST),
     ("created_at", "issue time"), ("code_version", "Veil's version"), ("mechanism", "the plan's"),
     ("supersedes", "hash of the pre-audit certificate"),
-    ("privacy_unit", "the plan's"), ("neighbouring", "the plan's"), ("target.**", _POLICY), ("delta", _POLICY),
+    ("privacy_unit", "the plan's"), ("neighbouring", "the plan's"), ("target.**", _POLICY),
     ("clip_norm", _POLICY), ("steps_planned", _POLICY), ("policy.**", "the policy's name and sha256"),
     ("contribution_bound.**", _POLICY),
     ("assumptions", _CONST), ("coverage", _CONST), ("ignored_classes", _POLICY), ("sampling", _CONST),
@@ -124,6 +124,7 @@ declare(
     *(Field("certificate", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
         ("sampling_rate", "q = B/N̂"), ("noise_multiplier", "σ calibrated at q"),
         ("expected_batch_size", "B"), ("epsilon", "ε recomputed at (q, σ, T) plus ε_N"),
+        ("delta", "δ: the policy's, or for a group guarantee (els-owners) (1 + e^ε_k)·δ_k at q"),
         ("epsilon_parts.**", "ε's parts"), ("accountant.**", "the accountant's values at (q, σ, T)"),
         ("dp_event.**", "the DpEvent at (q, σ, T)"), ("within_target", "ε ≤ target"),
         ("utility_forecast.**", "σ√d/B at the run's d"), ("steps", "steps run (≤ planned)"),
@@ -373,3 +374,10 @@ declare(
           "budget minus the private tokens drawn so far (a function of earlier answers)",
           post_processing_of="pmixed.response:text"),
 )
+
+# Multi-owner certificates: the group guarantee is computed from σ, T and q = B/N with N public under
+# the fixed-graph replace relation (docs/privacy/multi-owner.md): public under that relation only.
+declare(Field("certificate", "group_guarantee.**", P, "ELS's group-of-k guarantee recomputed from σ, T and q = B/N",
+              relation="replace owned records, fixed graph (els-owners)"))
+declare(Field("certificate", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed "
+              "flags (policy values and constants; never a count of the data)"))
