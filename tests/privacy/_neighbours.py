@@ -104,8 +104,8 @@ def snapshot(rows: list[dict], *, upto_week: int | None = None, without: str | N
     spans = [{"record_id": r["record_id"], "secret_id": r["secret"], "secret_class": r["secret"].split(":")[0],
               "detector": "literal", "detector_version": "1", "start": 0, "end": 1} for r in keep if r["secret"]]
     digest = sha256_bytes("".join(cols["record_id"]).encode())
-    # the snapshot id and date are the catalog's (public manifest): the same for D and D − u, as a
-    # catalog cut at the same moment would name them; only the records differ
+    # named as the catalog names a snapshot: its id is a content hash (D and D − u differ), which is why
+    # public documents carry only a salted commitment to it (issue 22); the date is the same for both
     return Snap(f"snap-{digest[:16]}", digest, pa.table(cols), pa.Table.from_pylist(spans, schema=SPAN_SCHEMA),
                 {"created_at": "2026-11-01T00:00:00+00:00"})
 
