@@ -77,8 +77,8 @@ def audit_task(home, model_uri, policy, truth):
 
 
 @task(name="evaluate", **_task)
-def evaluate_task(home, model_uri):
-    return stages.evaluate(load_settings(home), model_uri, missing_ok=True)
+def evaluate_task(home, model_uri, policy=None):
+    return stages.evaluate(load_settings(home), model_uri, missing_ok=True, policy=policy)
 
 
 @flow(name="veil-pipeline", log_prints=True)
@@ -105,7 +105,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"))
     aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None
-    ev = evaluate_task(home, reg["model_uri"])
+    ev = evaluate_task(home, reg["model_uri"], policy)
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,
             "audit": aud["summary"] if aud else None, "evaluation": ev}

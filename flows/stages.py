@@ -93,12 +93,29 @@ def planning_aids(pol, base_dir: str | Path | None):
     return scorer, compute
 
 
-def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
+def planned_population_epsilon(pol) -> float:
+    """ε_N of the population estimate N̂ a plan of this policy will release (target ε × the policy's
+    population.epsilon_fraction, both public), 0 when its mechanism publishes N under its relation."""
+    from components.mechanisms.auto import default_for
+
+    spec = pol.spec
+    mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
+    if spec.people.ownership == "all-participants" and mech.owners_variant:
+        mech = get_mechanism(mech.owners_variant)
+    if spec.target is None or not mech.population_estimate:
+        return 0.0
+    return float(spec.target.epsilon) * float(spec.population.epsilon_fraction)
+
+
+def exhausted_people(settings: Settings, pol, user_ids, *, population_epsilons=None) -> set[str]:
     """The people this policy's release cannot admit whatever the plan: even its smallest part, the
     ε_N of the population estimate N̂ (target ε × population.epsilon_fraction, public, Laplace: its
     Rényi curve `pure_dp_rdp(ε_N)` is below every release's cost), would take them past their
     lifetime budget at every order. The reservation's filter would retire them anyway; left out
     before planning, N̂, q and the audit split are those of people who can be trained.
+
+    `population_epsilons`: the ε_N of every N̂ the operation will release counting the person (private
+    selection plans every grid point, and each plan's N̂ counts them): the floor is their sum.
 
     One person's answer reads only that person's ledger row, the ledger's budget and the policy
     (public). Empty when there is no lifetime budget or no population estimate to price."""
@@ -108,23 +125,18 @@ def exhausted_people(settings: Settings, pol, user_ids) -> set[str]:
     from components.ledger.ledger import Budget
     from components.ledger.release import pure_dp_rdp
 
-    from components.mechanisms.auto import default_for
-
-    spec = pol.spec
-    mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
-    if spec.people.ownership == "all-participants" and mech.owners_variant:
-        mech = get_mechanism(mech.owners_variant)
-    if spec.target is None or not mech.population_estimate:
+    eps = [planned_population_epsilon(pol)] if population_epsilons is None else [float(e) for e in population_epsilons]
+    eps = [e for e in eps if e > 0]
+    if not eps:
         return set()  # no Laplace N̂ (the count is public under its relation): nothing to price before planning
-    eps_n = float(spec.target.epsilon) * float(spec.population.epsilon_fraction)
     led = Ledger.open(settings)
     try:
         budget = led.budget() or Budget.parse(pol.spec.lifetime_budget.model_dump()
                                               if pol.spec.lifetime_budget is not None else None)
-        if budget is None or eps_n <= 0:
+        if budget is None:
             return set()
         cap = led.rdp_budget(budget)
-        floor = pure_dp_rdp(eps_n, led.orders)
+        floor = sum(pure_dp_rdp(e, led.orders) for e in eps)
         spend = led.spend(sorted({str(u) for u in user_ids}))
     finally:
         led.dispose()
@@ -196,7 +208,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
                       cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
                       people=people_sections)
-        refused = charge_plan_population(settings, p.to_dict())
+        population_release_id, refused = charge_plan_population(settings, p.to_dict())
         if not refused:
             break
         # someone counted cannot afford N̂ (another release spent their budget since the exclusion check):
@@ -206,23 +218,25 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         raise VeilError("ledger: the population estimate could not be charged to the people it counts after "
                         f"{_PLAN_ATTEMPTS} attempts (concurrent releases keep spending their budgets); try again")
     path = save_plan(p, settings.plans_dir)
-    return {"plan_path": str(path), "plan": p.to_dict(), "excluded_people": len(excluded)}
+    return {"plan_path": str(path), "plan": p.to_dict(), "excluded_people": len(excluded),
+            "population_release_id": population_release_id}
 
 
 _PLAN_ATTEMPTS = 4
 
 
-def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[str, ...]:
+def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | None, tuple[str, ...]]:
     """Charge the plan's N̂ to every person it counts, before the plan is published (issue 22, cases 1
-    and 2): retired later or not, they were counted. Returns the ids who could not afford it (nothing
-    was charged then); empty when charged, charged before (the same N̂), or N is public."""
+    and 2): retired later or not, they were counted. Returns (the ledger release that holds the charge —
+    an earlier one when the same N̂ was charged before; None when N is public —, the ids who could not
+    afford it: nothing was charged then)."""
     from components.ledger import charge_population
     from components.planning.data import train_rows
 
     annex = _annex(settings, plan_doc)
     res = charge_population(settings, plan_doc, train_rows(annex),
                             release_key=(annex.get("population") or {}).get("release_key"))
-    return () if res is None else tuple(res.refused)
+    return (None, ()) if res is None else (res.release_id, tuple(res.refused))
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:
@@ -275,7 +289,8 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
         targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
         res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets,
                               population_release_key=(annex.get("population") or {}).get("release_key"))
-        if not res.admitted:
+        # a release with no person-level claim (secret protection) charges and admits nobody: not a refusal
+        if not res.admitted and mech.ledger_person_claim:
             led.record(res.release_id, "refused", reason="the filter retired everyone")
             raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
                             "(the policy's lifetime_budget is the governance team's call)")
@@ -431,12 +446,11 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
 
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
-    from catalog.snapshots import load_snapshot
     from components.accounting.secrets import secret_targets as targets_for
     from components.planning.annex import load_annex
     from components.planning.data import train_rows
 
-    snap = load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
+    snap = _plan_snapshot(settings, plan_doc)
     return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
                        plan_doc["target"]["secrets"])
 
@@ -500,77 +514,127 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
 
 
 def _reference_model(settings: Settings, reference: str, base):
-    """(model, tokenizer) of a non-private reference: a registered model URI, a peft adapter directory
-    (on the evaluated model's base), or a Hugging Face causal-LM directory."""
+    """(model, tokenizer, identity) of a non-private reference: a registered model URI, a peft adapter
+    directory (on the evaluated model's base), or a Hugging Face causal-LM directory. The identity (its
+    run, or its files' hash) names it in the evaluation release."""
     if reference.startswith("models:/"):
         from components.registry import load_model
 
         ref = load_model(reference, settings)
-        return ref.model, ref.tokenizer
+        return ref.model, ref.tokenizer, "run:" + str(ref.run_id)
     p = Path(reference).expanduser()
     if not p.is_dir():
         raise VeilError(f"--reference {reference}: neither a models:/ URI nor a model directory")
+    from components.core.fingerprints import directory_fingerprint
+
+    identity = "files:" + directory_fingerprint(p)["sha256"]
     if (p / "adapter_config.json").is_file():
         import copy
 
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(copy.deepcopy(base[0]), str(p)).eval(), base[1]
+        return PeftModel.from_pretrained(copy.deepcopy(base[0]), str(p)).eval(), base[1], identity
     from components.modeling import load_base
 
-    return load_base(p)
+    return (*load_base(p), identity)
+
+
+def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
+    """The public (ε, δ, nll_clip) of an evaluation release: the given policy's `evaluation`, else the
+    plan's own policy file when it is still there unchanged (sha256), else the documented defaults."""
+    from components.policy import load_policy
+    from components.policy.model import Evaluation
+
+    if policy is not None:
+        return load_policy(policy).spec.evaluation
+    ref = plan_doc.get("policy") or {}
+    path = ref.get("path")
+    if path and Path(path).is_file():
+        try:
+            pol = load_policy(path)
+        except VeilError:
+            pol = None
+        if pol is not None and pol.sha256 == ref.get("sha256"):
+            return pol.spec.evaluation
+    return Evaluation()
 
 
 def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None, log: bool = True,
-             batch_size: int = 8, missing_ok: bool = False) -> dict | None:
+             batch_size: int = 8, missing_ok: bool = False, policy: str | Path | None = None) -> dict | None:
     """Perplexity and next-token accuracy of a registered model, its base and (optionally) a reference
-    on the plan's evaluation people (never trained on), logged on the model's run with a caveat.
+    on the plan's evaluation people (never trained on).
 
-    The result holds exact counts of evaluation people and records: the operator's, never logged.
-    `missing_ok` (pipelines): None instead of an error when the plan reserved no evaluation people."""
-    from components.evaluation import evaluate_texts
+    The exact figures (and exact counts of evaluation people and records) are the operator's: they are
+    returned, never logged. With `log`, the model's run gets only the DP release of
+    `components.evaluation.release` (per-person clipped metrics + Gaussian noise at the policy's
+    `evaluation.epsilon`), charged in the ledger to every evaluation person it counts; that part is
+    returned under `published`. `missing_ok` (pipelines): None instead of an error when the plan
+    reserved no evaluation people."""
+    from components.evaluation import evaluate_texts_per_text
+    from components.evaluation.dp import person_means
     from components.planning.data import evaluation_records
-    from components.registry import load_model, record_evaluation
+    from components.registry import load_model
 
     loaded = load_model(model_uri, settings, with_base=True)
     plan = dict(loaded.plan)
     annex = _annex(settings, plan)
     if missing_ok and not annex.get("eval_records_file"):
         return None
-    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan, annex).records)
+    # multi-owner data: only what each evaluation person owns alone is scored (planning.data), so one
+    # person's content moves their own figures only
+    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan, annex).records, single_owner=True)
+    if rows.num_rows == 0:
+        raise VeilError(f"{model_uri}: no evaluation person owns a record alone (multi-owner data); nothing to score")
     texts = rows.column("text").to_pylist()
+    users = rows.column("user_id").to_pylist()
     seq_len = int(plan["training"]["seq_len"])
     base = loaded.extra["base_model"]
     if base[1].get_vocab() != loaded.tokenizer.get_vocab():
         raise VeilError(f"{model_uri}: its base model's tokenizer differs from the model's; perplexities per token "
                         "would not be comparable")
-    dp = evaluate_texts(loaded.model, loaded.tokenizer, texts, max_length=seq_len, batch_size=batch_size)
-    b = evaluate_texts(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size)
+    params = evaluation_params(plan, policy) if log else None
+    dp, dp_stats = evaluate_texts_per_text(loaded.model, loaded.tokenizer, texts, max_length=seq_len,
+                                           batch_size=batch_size)
+    b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size)
+    # the base is fixed by the model's certificate (its fingerprint); the run names the fine-tuned weights
+    from components.core.hashing import sha256_json
+
+    identities = {"model": "run:" + str(loaded.run_id),
+                  "base": "base:" + sha256_json((loaded.certificate or {}).get("base_model") or {})}
+    stats = {"model": dp_stats, "base": b_stats}
     ref = None
     if reference:
-        r_model, r_tok = _reference_model(settings, reference, base)
+        r_model, r_tok, identities["reference"] = _reference_model(settings, reference, base)
         if r_tok.get_vocab() != loaded.tokenizer.get_vocab():
             raise VeilError(f"--reference {reference}: another tokenizer than the model's; perplexities per token "
                             "would not be comparable")
-        ref = evaluate_texts(r_model, r_tok, texts, max_length=seq_len, batch_size=batch_size)
+        ref, stats["reference"] = evaluate_texts_per_text(r_model, r_tok, texts, max_length=seq_len,
+                                                          batch_size=batch_size)
     out = {"model_uri": model_uri, "run_id": loaded.run_id,
            "perplexity": dp.perplexity, "base_perplexity": b.perplexity,
            "next_token_accuracy": dp.next_token_accuracy, "base_next_token_accuracy": b.next_token_accuracy,
            "reference_perplexity": None if ref is None else ref.perplexity,
            "reference_next_token_accuracy": None if ref is None else ref.next_token_accuracy,
-           "eval_people": len(set(rows.column("user_id").to_pylist())), "eval_records": dp.records,
+           "eval_people": len(set(users)), "eval_records": dp.records,
            "eval_tokens": dp.tokens, "max_length": seq_len,
            # issue 16's target: the share of the base → non-private perplexity gap the DP model closes
            "gap_closed": None if ref is None or b.perplexity == ref.perplexity else
-           (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity)}
+           (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity),
+           "published": None}
     if log:
-        from components.registry.mlflow_registry import EVALUATION_CAVEAT
+        from components.evaluation.release import CAVEAT, publish_evaluation
 
-        record_evaluation(settings, loaded.run_id, {
-            "eval_perplexity": dp.perplexity, "eval_base_perplexity": b.perplexity,
-            "eval_next_token_accuracy": dp.next_token_accuracy, "eval_base_next_token_accuracy": b.next_token_accuracy,
-            "eval_reference_perplexity": out["reference_perplexity"]})
-        out["caveat"] = EVALUATION_CAVEAT
+        per_model = {name: person_means(users, *st) for name, st in stats.items()}
+        rel = publish_evaluation(settings, plan=plan, run_id=str(loaded.run_id), models=identities,
+                                 per_model=per_model, epsilon=float(params.epsilon), delta=float(params.delta),
+                                 nll_clip=float(params.nll_clip))
+        out["published"] = {"metrics": dict(rel.metrics), "epsilon": float(params.epsilon),
+                            "delta": float(params.delta), "nll_clip": float(params.nll_clip),
+                            "noise_multiplier": float(rel.tags["evaluation.noise_multiplier"]),
+                            "ledger_release_id": rel.release_id, "reused": rel.reused,
+                            # exact and private, like eval_people: the operator's terminal only
+                            "counted_people": rel.counted}
+        out["caveat"] = CAVEAT
     return out
 
 

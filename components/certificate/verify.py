@@ -129,6 +129,17 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
     return eps, None
 
 
+def _coverage(cert: Mapping[str, Any]) -> str | None:
+    """What the certificate's guarantee covers, from its mechanism (not from the document: a forged
+    sentence would otherwise be repeated as verified)."""
+    from components.mechanisms import get as get_mechanism
+
+    try:
+        return get_mechanism(cert.get("mechanism")).coverage(cert)
+    except VeilError:
+        return None
+
+
 _EPSILON_CACHE: dict[str, float] = {}
 _ACCOUNTED = ("mechanism", "privacy_unit", "accountant", "sampling_rate", "noise_multiplier", "steps", "delta",
               "contribution_bound", "filter", "group_guarantee")
@@ -363,6 +374,9 @@ def verify_package(artifacts: Mapping[str, str], trusted: Mapping[str, Any],
         got = v.run("epsilon_recomputed", recheck_guarantee, cert)
         if got is not None:
             v.epsilon, v.gamma = got
+        said = _coverage(cert)
+        if said:
+            v.notes.append(f"guarantee: {said}")
         v.certificate_sha256 = cert["sha256"]
         v.certificate = cert
     else:

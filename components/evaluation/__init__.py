@@ -7,7 +7,10 @@ per-text perplexities (which short texts would dominate). Tokens are scored exac
 cut at `max_length` tokens in all) — pass the plan's `training.seq_len` so the model is judged on the
 windows it was trained to model. No gradients, batched by length, deterministic (argmax ties go to
 the lowest id), and the model's train/eval mode is left as it was.
-"""
-from components.evaluation.evaluate import EvalResult, evaluate_texts
 
-__all__ = ["EvalResult", "evaluate_texts"]
+Those exact figures are the operator's (the terminal). What the registry gets is the DP release of
+`dp` (per-person clipped metrics + Gaussian noise, charged to the evaluation people by `release`).
+"""
+from components.evaluation.evaluate import EvalResult, evaluate_texts, evaluate_texts_per_text
+
+__all__ = ["EvalResult", "evaluate_texts", "evaluate_texts_per_text"]

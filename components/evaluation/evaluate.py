@@ -5,6 +5,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from components.core.errors import VeilError
 
 
@@ -27,6 +29,13 @@ def evaluate_texts(model, tokenizer, texts: Sequence[str], *, max_length: int, b
     leave nothing to predict (empty after tokenization) still count as records but add no tokens;
     a list with no token to predict at all is an error, not a perplexity of 1.
     """
+    return evaluate_texts_per_text(model, tokenizer, texts, max_length=max_length, batch_size=batch_size)[0]
+
+
+def evaluate_texts_per_text(model, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 8
+                            ) -> tuple[EvalResult, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """`evaluate_texts` and its per-text statistics (Σ log p, scored tokens, argmax hits): the DP
+    release (components.evaluation.dp) groups the latter by person."""
     from components.modeling.scoring import token_statistics
 
     texts = list(texts)
@@ -44,5 +53,5 @@ def evaluate_texts(model, tokenizer, texts: Sequence[str], *, max_length: int, b
     if not math.isfinite(mean_nll) or mean_nll > 700:   # exp would overflow; no working LM gets near
         raise VeilError(f"evaluation: the model's mean negative log-likelihood is {mean_nll!r} nats per token "
                         "(non-finite or absurd): its weights are broken")
-    return EvalResult(perplexity=math.exp(mean_nll), next_token_accuracy=float(correct.sum() / tokens),
-                      tokens=tokens, records=len(texts), mean_nll=mean_nll)
+    return (EvalResult(perplexity=math.exp(mean_nll), next_token_accuracy=float(correct.sum() / tokens),
+                       tokens=tokens, records=len(texts), mean_nll=mean_nll), (sums, counts, correct))

@@ -451,8 +451,16 @@ class Ledger:
         if len(eps):
             spend = {"max_epsilon": float(eps.max()), "median_epsilon": float(np.median(eps)),
                      "min_epsilon": float(eps.min())}
+        uncovered = sum(1 for r in rel if not _person_claim(r.mechanism))
         return {"budget": None if b is None else {"epsilon": b.epsilon, "delta": b.delta},
                 "people": len(people), "retired": len({r.person_key for r in ex}), "releases": len(rel),
+                "persons_not_covered": {
+                    "releases": uncovered,
+                    "statement": ("every release is charged to the people it trained on" if not uncovered else
+                                  f"{uncovered} release(s) (secret protection) make no person-level claim: they "
+                                  "charge nobody, and the per-person spend and budget here do not bound what they "
+                                  "reveal about the people they trained on (their secrets are bounded per secret, "
+                                  "below)")},
                 "spend": spend, "orders": list(self.orders), "secrets": self.secret_summary(),
                 "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + log(|A|/δ)/(α−1): "
                                     "the smallest budget ε whose Rényi filter this spend meets (the guarantee is the "
@@ -506,6 +514,17 @@ def relation_of(mechanism: str) -> str:
         return get_mechanism(mechanism).ledger_relation
     except VeilError:
         return "add_remove"
+
+
+def _person_claim(mechanism: str) -> bool:
+    """Whether a release of this mechanism is charged to persons. Releases under names the mechanism
+    registry does not hold (private selection, population estimates) charge persons a curve of their own."""
+    from components.mechanisms import get as get_mechanism
+
+    try:
+        return get_mechanism(mechanism).ledger_person_claim
+    except VeilError:
+        return True
 
 
 def effective_spend(by_mechanism: Mapping[str, np.ndarray], orders, *, replace: bool = False

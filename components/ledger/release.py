@@ -22,6 +22,11 @@ from components.mechanisms import get as get_mechanism
 
 
 
+NOT_COVERED = ("not covered: this release makes no person-level claim (its public N, q and σ move when a person "
+               "is removed); nobody is charged or retired for it, and the per-person spend does not bound what it "
+               "reveals about the people it trained on. Its secrets are charged per secret (KL)")
+
+
 def _num(plan: Mapping, key: str) -> float:
     try:
         return float(plan[key])
@@ -117,7 +122,13 @@ def release_costs(plan: Mapping, persons, orders=_rdp.ORDERS, *, population_char
                   ) -> dict[str, PersonCost]:
     """Each person's RDP cost for this release (module rdp for the derivation). The population
     estimate's share is added unless it was charged on its own when the plan was published
-    (`population_charged`: plans that carry a population release key); older plans pay it here."""
+    (`population_charged`: plans that carry a population release key); older plans pay it here.
+
+    Empty for a mechanism that makes no person-level claim (secret protection: its public N, q and σ
+    move when a person is removed, so no per-person curve bounds it): the release charges nobody, and
+    `veil ledger` says its people are not covered."""
+    if not get_mechanism(str(plan.get("mechanism"))).ledger_person_claim:
+        return {}
     out = _release_costs(plan, persons, orders)
     if population_charged:
         return out
@@ -173,6 +184,8 @@ def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | N
         sec = secret_costs(plan_like, secrets) if secrets is not None else None
         params = {k: plan_like.get(k) for k in ("sampling_rate", "noise_multiplier", "steps", "clip_norm",
                                                  "records_per_user", "neighbouring") if k in plan_like}
+        if not get_mechanism(str(plan_like.get("mechanism"))).ledger_person_claim:
+            params["persons"] = NOT_COVERED
         return led.reserve(kind=str(plan_like.get("privacy_unit") or "user"), mechanism=str(plan_like["mechanism"]),
                            plan_sha256=plan_like.get("sha256"), params=params, costs=costs,
                            budget=Budget.parse(plan_like.get("lifetime_budget")), secrets=sec)

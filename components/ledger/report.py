@@ -1,5 +1,15 @@
 """What `veil ledger` writes: aggregates to print, per-person and per-secret rows to the private area, a
-burn-down PNG."""
+burn-down PNG.
+
+Two readers (docs/privacy/threat-model.md): **governance** (policy authors, promoters — not
+administrators) gets `governance_view`, which holds nothing that depends on who is in the ledger: the
+budget, the number of releases (operator actions; each release id is already public on its tags), the
+Rényi orders and the definitions. Everything that counts or describes people or secrets — how many
+people, how many retired, the spread of per-person spend, the most-charged person's PLD estimate, which
+secret classes were charged (a class appears once one of its secrets is: one person can make it
+appear), secrets charged and dropped, the private file paths — is
+`admin_view`, printed only with `veil ledger --admin` and labelled administrators-only: the threat
+model's catalog administrators hold the raw data already, governance readers do not."""
 from __future__ import annotations
 
 import csv
@@ -70,7 +80,8 @@ def plot_burn_down(ledger: Ledger, path: Path) -> Path | None:
 
 
 def ledger_report(settings, *, estimate: bool = True) -> dict:
-    """The `veil ledger` document: aggregates only (printing it names nobody)."""
+    """The whole `veil ledger` document (names nobody, but holds exact counts of people: split it with
+    `governance_view` / `admin_view` before it is shown to anyone but an administrator)."""
     led = Ledger.open(settings)
     try:
         doc = led.summary()
@@ -82,3 +93,26 @@ def ledger_report(settings, *, estimate: bool = True) -> dict:
         return doc
     finally:
         led.dispose()
+
+
+ADMIN_ONLY = ("administrators only (the catalog administrators of docs/privacy/threat-model.md): exact counts of "
+              "people and secrets and the spread of per-person spend; never for governance readers")
+GOVERNANCE_NOTE = ("people, retirements and per-person spend are administrators-only (`veil ledger --admin`); every "
+                   "person's guarantee is the budget, enforced per person by the Rényi filter")
+
+
+def governance_view(doc: dict) -> dict:
+    """What governance readers may see (channel `cli.ledger`): values no person's presence moves."""
+    out = {"budget": doc["budget"], "releases": doc["releases"], "orders": list(doc["orders"]),
+           "spend_definition": doc["spend_definition"], "secrets_definition": doc["secrets_definition"],
+           "note": GOVERNANCE_NOTE}
+    if doc.get("persons_not_covered"):   # a count of releases (no person moves it) and its fixed wording
+        out["persons_not_covered"] = doc["persons_not_covered"]
+    return out
+
+
+def admin_view(doc: dict) -> dict:
+    """The administrators-only part: everything `governance_view` leaves out, labelled as such."""
+    keys = ("people", "retired", "spend", "pld_estimate", "secrets", "private_rows", "private_secret_rows",
+            "burn_down_png")
+    return {"readers": ADMIN_ONLY, **{k: doc.get(k) for k in keys}}

@@ -85,7 +85,7 @@ class Mechanism:
     mechanism is not certifiable, a filtered run has no Rényi curve for the ledger)."""
 
     name: ClassVar[str]
-    privacy_unit: ClassVar[str]                 # "user", "record" or "secret"
+    privacy_unit: ClassVar[str]                 # "user", "record", "secret" or "owner" (multi-owner, fixed graph)
     neighbouring: ClassVar[str]
     description: ClassVar[str] = ""
     plannable: ClassVar[bool] = True            # a policy may name it
@@ -100,6 +100,9 @@ class Mechanism:
     secret_targets: ClassVar[bool] = False      # certificate and ledger need the plan's per-secret targets
     has_epsilon: ClassVar[bool] = True          # its guarantee is an (ε, δ) (else per-secret posterior bounds)
     ledger_curve: ClassVar[bool] = True         # has a Rényi curve the per-person ledger can charge
+    # its release says something about each person under add/remove-person (so the ledger charges persons);
+    # False where the public plan moves when a person is removed and no person-level bound exists (secret)
+    ledger_person_claim: ClassVar[bool] = True
     multi_owner: ClassVar[bool] = False         # bounds each person across every record they own (sender or recipient)
     owners_variant: ClassVar[str | None] = None  # the registered mechanism that runs this one when every participant owns
     ledger_relation: ClassVar[str] = "add_remove"  # the relation its ledger curve is under ("add_remove" or "replace")
@@ -205,6 +208,11 @@ class Mechanism:
     def accounting_k(self, records_per_user) -> int:
         """The k the accounting model takes (1 where one unit is one Gaussian of sensitivity 1)."""
         return 1
+
+    def coverage(self, doc: Mapping) -> str | None:
+        """What a certificate of this mechanism does and does not protect, where its unit name alone could
+        be misread (`veil verify` prints it); None where the unit says it."""
+        return None
 
     # --- audit ------------------------------------------------------------------------------------
     def user_pld(self, certificate: Mapping, discretization: float = 1e-3):

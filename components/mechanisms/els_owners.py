@@ -42,8 +42,19 @@ def group_target(epsilon: float, delta: float) -> tuple[float, float]:
     return epsilon / 2.0, delta / (1.0 + math.exp(epsilon / 2.0))
 
 
+# What the certificate, the policy docs and `veil verify` say is and is not protected (issue 22, case 6):
+# the unit is named "owner", not "user", so that nobody reads it as add/remove-person.
+COVERAGE = ("owner-level (privacy_unit 'owner', relation replace_owned_records_fixed_graph): protected — the content "
+            "of every record a person is on, sent or received, for every fixed planner key; NOT protected — the "
+            "person's presence (they appear as an owner of other people's mail) and the attribution graph (who "
+            "exchanged records with whom, and how many). This is not add/remove-person DP")
+
+
 class ELSOwners(ELS):
     name = "els-owners"
+    # not "user": the relation replaces one owner's content on a fixed graph; adding or removing a person
+    # is not covered (docs/privacy/multi-owner.md §3), and a "user" certificate reads as if it were
+    privacy_unit = "owner"
     description = ("ELS over records owned by every participant (sender and recipients): ≤ k records per owner, "
                    "fixed-graph replace relation")
     neighbouring = RELATION
@@ -144,6 +155,7 @@ class ELSOwners(ELS):
             "dp_event": event,
             "group_guarantee": _replace_section(eps_k, delta_k, eps, delta, int(plan.get("records_per_user") or 0)),
             "ownership": dict(plan.get("ownership") or {}),
+            "coverage": COVERAGE,
             "contribution_bound": {"records_per_user": plan.get("records_per_user"), "selection": plan.get("selection"),
                                    "kind": self.contribution_kind},
         }
@@ -172,9 +184,12 @@ class ELSOwners(ELS):
         return float(epsilon) <= float(t["epsilon"]) + 1e-12 and float(doc["delta"]) <= float(t["delta"]) * (1 + 1e-12)
 
     def describe(self, doc: Mapping) -> str:
-        return (f"user-level ε={doc['epsilon']:.4f}, δ={doc['delta']:.3g} under the fixed-graph replace relation "
+        return (f"owner-level ε={doc['epsilon']:.4f}, δ={doc['delta']:.3g} under the fixed-graph replace relation "
                 f"(multi-owner records: 2 × ELS's group-of-{(doc.get('contribution_bound') or {}).get('records_per_user')} "
-                "ε; the attribution graph is public)")
+                "ε; a person's presence and the attribution graph are not protected)")
+
+    def coverage(self, doc: Mapping) -> str | None:
+        return COVERAGE
 
     # --- audit ----------------------------------------------------------------------------------
     def user_pld(self, certificate: Mapping, discretization: float = 1e-3):
@@ -213,17 +228,20 @@ def _group_epsilon(doc: Mapping, steps: int, delta_k: float, k: int) -> tuple[fl
 
 
 def _owners_of(train: pa.Table, owners: pa.Table | None) -> list[tuple[str, ...]]:
-    """Each training row's owner set: from the people rules' `owners` column (joined on record_id),
-    the writer alone for rows that have none (canary users)."""
+    """Each training row's owner set: the row's own `owners` column where the audit split kept it (by
+    position: a record id names content, and under the relation u's content may become a copy of a
+    record u is not on — joined on the id, that record would take u's owners); else the people rules'
+    `owners` table joined on record_id; the writer alone for rows that have none (canary users)."""
     from components.planning.owners import owner_set
 
     lookup: dict[str, list] = {}
-    if owners is not None:
+    if owners is not None and "owners" not in train.column_names:
         for rid, o in zip(owners.column("record_id").to_pylist(), owners.column("owners").to_pylist()):
             lookup[rid] = o
+    own = train.column("owners").to_pylist() if "owners" in train.column_names else None
     out = []
-    for rid, u in zip(train.column("record_id").to_pylist(), train.column("user_id").to_pylist()):
-        t = owner_set(lookup.get(rid) or [u])
+    for i, (rid, u) in enumerate(zip(train.column("record_id").to_pylist(), train.column("user_id").to_pylist())):
+        t = owner_set((own[i] if own is not None else lookup.get(rid)) or [u])
         out.append(t if u in t else owner_set([u, *t]))    # the writer always owns their record
     return out
 

@@ -2,7 +2,6 @@
 posterior γ (KL case of Lemma 3.2); the unit is a secret's value, neighbours substitute it."""
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -10,11 +9,10 @@ import numpy as np
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext, register
 
-# δ at which an untagged record's record-level ε is certified (the secret plan has no δ of its own).
-UNTAGGED_DELTA = 1e-5
 TAGGED_ONLY = ("the guarantee covers tagged occurrences only: a secret the tagger missed (no detector "
                "matched it) is trained on as an untagged record and gets nothing from the per-secret bounds "
-               "below, only the untagged records' record-level guarantee (if any)")
+               "below, and untagged records have no certified guarantee. Persons are not covered either: no "
+               "add/remove-person bound holds (the public N, q and σ move when a person is removed)")
 
 
 class Secret(Mechanism):
@@ -25,6 +23,11 @@ class Secret(Mechanism):
     auto_default = True
     secret_targets = True
     has_epsilon = False
+    # No person-level claim (issue 22, case 3): the public plan carries the exact record count, q = B/N and
+    # a σ the LP computes from everyone's data — removing one person moved N 208→207 and σ 9.7395→9.8308 —
+    # so a per-person Rényi charge would not bound anything. The ledger records the release, charges each
+    # secret its KL (sound under secret substitution) and charges, and retires, nobody.
+    ledger_person_claim = False
 
     # --- planning -------------------------------------------------------------------------------
     def bound(self, ctx: PlanContext, train) -> Bounded:
@@ -152,39 +155,31 @@ class Secret(Mechanism):
 
     # --- ledger ---------------------------------------------------------------------------------
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
-        """A person's rows, each at its LP rate (the ledger's user-level view of a secret release)."""
-        from components.mechanisms.gaussian import SubsampledGaussian
-
-        return SubsampledGaussian.ledger_costs(self, plan, rates, orders)
+        raise VeilError("ledger: a secret-protection release makes no person-level claim (its public N, q and σ "
+                        "move when a person is removed); it is charged per secret only")
 
 
 def untagged_section(plan: Mapping, untagged_rate: float | None, steps: int) -> dict:
-    """What a record holding no protected secret gets: it is sampled at its LP rate (≤ untagged_rate)
-    and clipped to C like every record, so the Poisson-subsampled Gaussian gives it a record-level
-    (ε, δ) under add/remove of that record, with every other record's rate held fixed."""
-    from components.accounting import epsilon as account
-    from components.mechanisms import get
+    """What a record holding no protected secret gets: no certified guarantee (issue 22, case 3).
 
+    It used to state a record-level (ε, δ) "under add/remove of that record, every other record's rate
+    held fixed". No relation makes that true: adding or removing a record changes the LP's rates, N
+    and σ (all public); replacing an untagged record's content moves the audit split (which keys on the
+    texts) and so other records. Under the relation this release does satisfy — secret substitution,
+    every record fixed — an untagged record does not change at all, so there is nothing to state. Its
+    largest Poisson rate (public under the relation: the LP reads tags, not values) and the per-step
+    noise are said for information only."""
     policy = (plan.get("secret_lp") or {}).get("untagged_records")
     if untagged_rate is None or untagged_rate <= 0:
         return {"policy": policy, "trained_on": False, "max_rate": None, "epsilon": None, "delta": None,
                 "guarantee": "no record without a protected secret was trained on: nothing to cover"}
-    sigma = float(plan["noise_multiplier"])
-    out = {"policy": policy, "trained_on": True, "max_rate": float(untagged_rate), "delta": UNTAGGED_DELTA,
-           "neighbouring": "add_remove_record (other records' rates held fixed)"}
-    if steps == 0:
-        return {**out, "epsilon": 0.0, "guarantee": "record-level: no step was run"}
-    model = get("record").accounting_model
-    res = account(model, sampling_rate=float(untagged_rate), noise_multiplier=sigma, steps=steps,
-                  delta=UNTAGGED_DELTA)
-    eps = float(res.epsilon)
-    if not math.isfinite(eps):
-        return {**out, "epsilon": None, "guarantee": f"none: no finite record-level ε at δ={UNTAGGED_DELTA:g}"}
-    return {**out, "epsilon": eps, "accountant": {"name": "dp_accounting.pld.PLDAccountant", "mechanism": model,
-                                                 "pessimistic": res.pessimistic, "discretization": res.discretization},
-            "guarantee": (f"record-level ε={eps:.4g} at δ={UNTAGGED_DELTA:g} (Poisson rate ≤ {untagged_rate:.4g}, "
-                          f"σ={sigma:g}, {steps} steps): about whether a record is in training, not about a "
-                          "secret it may hold")}
+    return {"policy": policy, "trained_on": True, "max_rate": float(untagged_rate), "epsilon": None, "delta": None,
+            "guarantee": ("none certified: records without a protected secret are trained (Poisson rate ≤ "
+                          f"{float(untagged_rate):.4g}, clipped to C, noise σ={float(plan['noise_multiplier']):g}·C "
+                          "per step), but no record-level or person-level ε holds for them — adding, removing or "
+                          "rewriting a record moves the LP's rates, N, σ or the audit split, which are public; the "
+                          "release's relation (secret substitution) keeps every record fixed. Treat their content "
+                          "as unprotected")}
 
 
 register(Secret)

@@ -94,12 +94,15 @@ def _attacker_table(rid, user, member) -> pa.Table:
 
 def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key: bytes | None = None,
                     unit: str = "user", attacker_record_rate: float = 0.0,
-                    content: Sequence[str] | None = None, evaluation: float = 0.0) -> AuditSplit:
+                    content: Sequence[str] | None = None, evaluation: float = 0.0,
+                    owners: Sequence[Sequence[str] | None] | None = None) -> AuditSplit:
     """Split `records` (record_id, user_id, text) into training rows and audit reservations.
 
     `holdout` is a probability in [0, 1); `content` (one string per row, default the text) is what
     decisions key on and deduplicate by — pass `masked_texts(...)` for secret units. `evaluation`:
     the probability that a person is reserved for evaluation (eval_split), drawn before anything else.
+    `owners` (record units only; one owner list per row): records with several owners — the attacker's
+    records are drawn per slot of the attribution graph, never per text (`_owner_slots`).
     """
     from components.planning.annex import prf_seed, prf_uniform
 
@@ -114,14 +117,25 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     cont = list(content) if content is not None else records.column("text").to_pylist()
     if len(cont) != len(rids):
         raise VeilError("audit split: content must have one entry per record")
+    own = None
+    if owners is not None:
+        if unit != "record":
+            raise VeilError("audit split: owner lists are for per-record draws (multi-owner records) only")
+        own = list(owners)
+        if len(own) != len(rids):
+            raise VeilError("audit split: owners must have one entry per record")
     reservation = empty_reservation()
     if evaluation > 0:
         reservation, rest = reserve_evaluation(records, fraction=evaluation, seed=seed, key=k, content=cont)
         records = records.take(pa.array(rest, type=pa.int64()))
         users, rids, cont = [users[i] for i in rest], [rids[i] for i in rest], [cont[i] for i in rest]
+        own = None if own is None else [own[i] for i in rest]
         if not users:
             raise VeilError(f"evaluation.fraction: every one of the {len(reservation.users)} users was drawn into "
                             "evaluation, leaving none to train on; lower the fraction")
+    if own is not None:
+        return _owner_slots(records, users, rids, cont, own, holdout=holdout, seed=seed, key=k,
+                            rate=attacker_record_rate, reservation=reservation)
 
     # user -> content -> smallest record_id holding it (deterministic representative)
     by_user: dict[str, dict[str, str]] = {}
@@ -170,6 +184,83 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     return AuditSplit(held_out_users=sorted(out_set), trained_users=trained,
                       attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=eligible,
                       evaluation=reservation)
+
+
+def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners: list, *, holdout: float,
+                 seed: int, key: bytes, rate: float, reservation) -> AuditSplit:
+    """The per-record split for records with several owners, made a function of the attribution graph.
+
+    Under the fixed-graph relation (docs/privacy/multi-owner.md §2) u's content may change, not the graph:
+    every record keeps its writer and owner set. A draw keyed on a record's text (or id) would let u's
+    content decide whether a record u is on trains, hence the owner-set counts the greedy bound sees,
+    hence — along a chain — records u is not on. So, as the bound does with its slots:
+
+    1. group the records by (writer, owner set) G; a group of c records has slots 0..c−1;
+    2. slot j of G is reserved for the attacker when PRF(key, "attacker-slot", seed, writer, owners, j) <
+       rate — a function of the graph and the key alone, so how many of G's records are reserved is too;
+    3. the reserved slots take G's records in a keyed order of their ids. Content decides only which of
+       G's records fill them, and every record of G is owned by every member of G's owner set: when u's
+       content changes, only groups u is in can change, and only among u's records.
+
+    Held-out writers (their own keyed draw, as every unit's) train nothing. An attacker record whose text
+    is also trained for its writer (possible only with --keep-duplicates) is left out of the attacker's
+    table — never out of training, which would make training depend on content again."""
+    import hashlib
+    import hmac
+
+    from components.planning.annex import prf_uniform
+    from components.planning.owners import owner_set
+
+    out_set = {u for u in set(users) if held_out(key, seed, u, holdout)}
+    if out_set and len(out_set) == len(set(users)):
+        raise VeilError(f"audit.holdout_users: every one of the {len(out_set)} users was drawn into the held-out "
+                        "group, leaving none to train on; lower the probability")
+    groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for i, (u, o) in enumerate(zip(users, owners)):
+        groups.setdefault((u, owner_set([u, *(o or ())])), []).append(i)
+    reserved: set[int] = set()
+    for (u, t), idx in groups.items():
+        tag = "\x1e".join(t)
+        n = sum(1 for j in range(len(idx)) if rate > 0 and prf_uniform(key, "attacker-slot", int(seed), u, tag, j) < rate)
+        if n:
+            fill = sorted(idx, key=lambda i: (hmac.new(key, f"attacker-fill\x1f{u}\x1f{tag}\x1f{rids[i]}".encode(
+                "utf-8", "surrogatepass"), hashlib.sha256).digest(), i))
+            reserved.update(fill[:n])
+    keep = [i for i, u in enumerate(users) if u not in out_set and i not in reserved]
+    trained_texts: dict[str, set[str]] = {}
+    for i in keep:
+        trained_texts.setdefault(users[i], set()).add(cont[i])
+    att_rid, att_user, att_member, seen = [], [], [], set()
+    for i in sorted(reserved, key=lambda i: (users[i], rids[i])):
+        u = users[i]
+        if cont[i] in trained_texts.get(u, ()) or (u, cont[i]) in seen:
+            continue
+        seen.add((u, cont[i]))
+        att_rid.append(rids[i])
+        att_user.append(u)
+        att_member.append(u not in out_set)
+    train = records.take(pa.array(keep, type=pa.int64()))
+    return AuditSplit(held_out_users=sorted(out_set), trained_users=sorted(set(train.column("user_id").to_pylist())),
+                      attacker=_attacker_table(att_rid, att_user, att_member), train=train,
+                      n_eligible=len(set(att_user)), evaluation=reservation)
+
+def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Table:
+    """The attacker table without the "member" rows of people who own no trained record.
+
+    The split labels a person a member when they were not held out, but the mechanism's bound runs
+    after it: multi-owner records (els-owners) drop a mail when any co-owner is reserved and keep at
+    most k records per owner, so a writer who was not held out can end with nothing trained (1 of 38
+    "members" in issue 22, case 7). A member is a person at least one record they own was trained on;
+    a person neither trained nor held out is neither member nor (randomly drawn) non-member, so their
+    samples leave the audit. `trained_people`: every owner of a trained record (writers included)."""
+    if attacker.num_rows == 0:
+        return attacker
+    users = attacker.column("user_id").to_pylist()
+    member = attacker.column("member").to_pylist()
+    keep = [i for i, (u, m) in enumerate(zip(users, member)) if not m or u in trained_people]
+    if len(keep) == attacker.num_rows:
+        return attacker
+    return attacker.take(pa.array(keep, type=pa.int64()))
 
 
 def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:

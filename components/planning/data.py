@@ -89,10 +89,17 @@ def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, 
     return joined.select(cols).replace_schema_metadata({TRAIN_RECORDS_SHA256_KEY: read_sha})
 
 
-def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table) -> pa.Table:
+def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, *,
+                       single_owner: bool = False) -> pa.Table:
     """(user_id, text) of the plan's evaluation people's records (components.planning.eval_split),
     sorted by (user_id, record_id), the file's sha256 checked. A plan without an evaluation split (its
-    policy's `evaluation.fraction` was 0, or nobody was drawn) is refused in one line."""
+    policy's `evaluation.fraction` was 0, or nobody was drawn) is refused in one line.
+
+    `single_owner` (the DP evaluation release): with multi-owner records (an `owners` column), keep
+    only the records the evaluation person owns alone. A mail's content is every owner's data: were a
+    mail to v scored as its writer u's, changing v's content would move u's figures as well as v's,
+    and one person would move as many people's clipped means as they have correspondents among the
+    evaluation people — not the sensitivity the release's noise is calibrated for."""
     table = _checked(annex, "eval_records")
     if table is None:
         fraction = (plan.get("evaluation") or {}).get("fraction")
@@ -105,4 +112,13 @@ def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table
     if joined.num_rows != table.num_rows:
         raise VeilError(f"plan: {table.num_rows - joined.num_rows} evaluation record(s) are missing from snapshot "
                         f"{plan_snapshot_ref(plan, annex)[0]}")
+    if single_owner and "owners" in snapshot_records.column_names:
+        from components.planning.owners import owner_set
+
+        owned = dict(zip(snapshot_records.column("record_id").to_pylist(),
+                         snapshot_records.column("owners").to_pylist()))
+        keep = [i for i, (r, u) in enumerate(zip(joined.column("record_id").to_pylist(),
+                                                 joined.column("user_id").to_pylist()))
+                if owner_set(owned.get(r) or [u]) == (str(u),)]
+        joined = joined.take(pa.array(keep, pa.int64()))
     return joined.sort_by([("user_id", "ascending"), ("record_id", "ascending")]).select(["user_id", "text"])

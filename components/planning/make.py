@@ -4,6 +4,7 @@ calibration (components.mechanisms), then the public plan and its private annex.
 Nothing here knows a mechanism: `make_plan` orchestrates, the registered mechanism decides."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import io
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from components.mechanisms.auto import Resolved, resolve
 from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
 from components.planning.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
-from components.planning.audit_split import AuditSplit, masked_texts, split_canaries, split_for_audit
+from components.planning.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
+                                             split_for_audit)
 from components.planning.plan import SCHEMA, Plan, seal
 from components.planning.selection import Scorer
 
@@ -83,6 +85,14 @@ class _Canaries:
     merged: AuditSplit         # the real split with the canaries' split folded in
 
 
+def _like(canary_train: pa.Table, train: pa.Table) -> pa.Table:
+    """Canary rows in the real rows' schema: a canary owns its own records (multi-owner `owners`)."""
+    if "owners" in train.column_names and "owners" not in canary_train.column_names:
+        users = canary_train.column("user_id").to_pylist()
+        canary_train = canary_train.append_column("owners", pa.array([[u] for u in users], pa.list_(pa.string())))
+    return canary_train.select(train.column_names).cast(train.schema)
+
+
 def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | None:
     """Synthetic canary users, half trained and half held out, with attacker samples.
 
@@ -101,7 +111,7 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
         held_out_users=sorted(split.held_out_users + c_split.held_out_users),
         trained_users=sorted(split.trained_users + c_split.trained_users),
         attacker=pa.concat_tables([split.attacker, c_split.attacker]),
-        train=pa.concat_tables([split.train, c_split.train.cast(split.train.schema)]),
+        train=pa.concat_tables([split.train, _like(c_split.train, split.train)]),
         n_eligible=split.n_eligible, evaluation=split.evaluation)
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
@@ -113,15 +123,23 @@ def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Tab
     Every decision about a unit depends on that unit alone (see audit_split); tests/privacy checks it.
     `per_record`: records with several owners — attacker samples are drawn per record, never from a
     count of a person's texts (a recipient's content would move their writer's choice; see
-    docs/privacy/multi-owner.md)."""
+    docs/privacy/multi-owner.md); with an `owners` column in `records`, per slot of the attribution
+    graph rather than per text (a text-keyed draw let one owner's content move other people's records)."""
     spec = policy.spec
     unit = "record" if per_record else spec.privacy_unit
     # secret units: decisions must not move when a secret's value is substituted — compare masked texts
     content = masked_texts(records, secret_spans) if unit == "secret" else None
+    # multi-owner records (an `owners` column): the attacker's draws per slot of the attribution graph,
+    # so that for a fixed key one owner's content moves only that owner's records (audit_split._owner_slots)
+    # The `owners` column stays on the rows (split.train keeps it): the bound reads each row's owners by
+    # position, never by record id — an id names content, and u's content may copy another record's.
+    owners = None
+    if per_record and "owners" in records.column_names:
+        owners = records.column("owners").to_pylist()
     split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
                             seed=spec.training.seed, key=key, unit=unit,
                             attacker_record_rate=float(spec.audit.attacker_record_rate), content=content,
-                            evaluation=float(spec.evaluation.fraction))
+                            evaluation=float(spec.evaluation.fraction), owners=owners)
     canaries = _canaries(policy, split, spec.training.seed, key)
     return (canaries.merged if canaries is not None else split), canaries
 
@@ -178,7 +196,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     records, owners = _load_records(snapshot), _load_owners(snapshot)
 
     say("reserving audit users and attacker samples")
-    split, canaries = reserve_audit(policy, records, key=key, secret_spans=getattr(snapshot, "secret_spans", None),
+    split, canaries = reserve_audit(policy, records if owners is None else records.append_column("owners", owners["owners"]),
+                                    key=key, secret_spans=getattr(snapshot, "secret_spans", None),
                                     per_record=owners is not None)
     chosen = resolve(policy, split.train, steps=steps, batch=int(comp.expected_batch_size or spec.training.expected_batch_size),
                      user_grad_ratio=comp.user_grad_ratio, base_model=comp.base_model, cache_dir=cache_dir, say=say)
@@ -193,6 +212,12 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
         raise VeilError("plan: no training data left after holding out audit users and attacker samples")
     cal = mech.calibrate(ctx, bounded)
 
+    # members are people the model actually trained on: the bound may have left a non-held-out person
+    # with nothing (multi-owner), and their samples must not be scored as a member's
+    trained_people = set(bounded.chosen.column("user_id").to_pylist())
+    if bounded.owners is not None:
+        trained_people |= {str(o) for row in bounded.owners.to_pylist() for o in (row or ())}
+    split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
     train_tbl = bounded.chosen.select(["record_id", "user_id"])
     if bounded.rates is not None:
         train_tbl = train_tbl.append_column("rate", pa.array(bounded.rates, pa.float64()))

@@ -286,6 +286,23 @@ class Evaluation(_Strict):
         default=0.1, ge=0, lt=1,
         description="Probability in [0, 1) that a person is reserved for evaluation; each person is drawn "
                     "independently (like audit.holdout_users), before the audit's holdout. 0: no evaluation split.")
+    # The registry gets evaluation metrics only as a DP release charged to the evaluation people
+    # (components.evaluation.dp): these three price and shape it. The exact figures stay on the
+    # operator's terminal.
+    epsilon: float = Field(
+        default=1.0, gt=0, le=10,
+        description="ε of each published evaluation (`veil evaluate`, and the pipelines' evaluation step): the "
+                    "Gaussian noise on the per-person clipped metrics is calibrated (analytic Gaussian) so that "
+                    "adding or removing one evaluation person is (epsilon, delta)-DP; every evaluation person is "
+                    "charged its Rényi curve in the ledger (kind 'evaluation').")
+    delta: float = Field(
+        default=1e-6, gt=0, lt=0.01,
+        description="δ of each published evaluation (with `epsilon`).")
+    nll_clip: float = Field(
+        default=8.0, gt=0, le=50,
+        description="Public range [0, nll_clip] (nats per token) each person's mean negative log-likelihood is "
+                    "clipped to before it is summed: one person moves the published sum by at most this. "
+                    "Perplexities above exp(nll_clip) are reported as exp(nll_clip).")
 
 
 class Release(_Strict):

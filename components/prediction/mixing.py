@@ -32,7 +32,13 @@ def log_softmax64(logits, temperature: float = 1.0) -> np.ndarray:
     if not (temperature > 0 and math.isfinite(temperature)):
         raise VeilError(f"temperature {temperature} must be a finite number > 0")
     z = np.asarray(logits, dtype=np.float64) / float(temperature)
+    # −inf is a legitimate logit (a token the model rules out: probability 0); NaN and +inf are not
+    # distributions, and a row with no finite logit gives none — refuse them rather than serve NaN
+    if np.any(np.isnan(z)) or np.any(np.isposinf(z)):
+        raise VeilError("prediction: the model produced NaN or +inf logits; refusing to sample")
     m = np.max(z, axis=-1, keepdims=True)
+    if np.any(np.isneginf(m)):
+        raise VeilError("prediction: every logit of a row is −inf (no token is possible); refusing to sample")
     return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
 
 
@@ -105,15 +111,28 @@ def mixture_log(member_logps: Sequence[np.ndarray], logp0: np.ndarray, radius: f
     lams = [solve_lambda(lp, logp0, radius) for lp in member_logps]
     stacked = np.stack([mix_log(lp, logp0, lam) for lp, lam in zip(member_logps, lams)])
     m = np.max(stacked, axis=0)
-    out = m + np.log(np.mean(np.exp(stacked - m), axis=0))
+    # a token every mollified member gives probability 0 has m = −inf; (−inf) − (−inf) would be NaN, so
+    # shift such columns by 0 instead: exp(−inf) = 0, mean 0, log 0 = −inf — the token stays impossible
+    shift = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        out = shift + np.log(np.mean(np.exp(stacked - shift), axis=0))
     return out, lams
 
 
 def sample_token(logp: np.ndarray, rng: random.Random | None = None) -> int:
-    """Inverse-CDF draw from exp(logp) with a CSPRNG uniform (53 bits)."""
+    """Inverse-CDF draw from exp(logp) with a CSPRNG uniform (53 bits). A −inf entry has probability 0
+    and is never drawn; NaN (or +inf, or no possible token) is refused, never sampled from."""
     g = rng or _CSPRNG
-    p = np.exp(np.asarray(logp, dtype=np.float64) - np.max(logp))
+    lp = np.asarray(logp, dtype=np.float64)
+    if lp.ndim != 1 or not len(lp) or np.any(np.isnan(lp)) or np.any(np.isposinf(lp)):
+        raise VeilError("prediction: the distribution to sample has NaN or +inf entries; refusing to sample")
+    top = np.max(lp)
+    if not np.isfinite(top):
+        raise VeilError("prediction: no token has positive probability; refusing to sample")
+    p = np.exp(lp - top)
     c = np.cumsum(p)
     u = g.random() * c[-1]
     i = int(np.searchsorted(c, u, side="right"))
-    return min(i, len(c) - 1)
+    # c[i] > u ≥ c[i−1] means c rises at i, so p[i] > 0. Only rounding (u = c[-1]) runs past the end:
+    # then the last token with positive probability, never a trailing impossible one
+    return i if i < len(c) else int(np.flatnonzero(p > 0.0)[-1])

@@ -92,9 +92,9 @@ _CERT_PUBLIC = [
     ("schema", _CONST),
     ("created_at", "issue time"), ("code_version", "Veil's version"), ("mechanism", "the plan's"),
     ("supersedes", "hash of the pre-audit certificate"),
-    ("privacy_unit", "the plan's"), ("neighbouring", "the plan's"), ("target.**", _POLICY), ("delta", _POLICY),
+    ("privacy_unit", "the plan's"), ("neighbouring", "the plan's"), ("target.**", _POLICY),
     ("clip_norm", _POLICY), ("steps_planned", _POLICY), ("policy.**", "the policy's name and sha256"),
-    ("contribution_bound.**", _POLICY), ("caveats", "fixed sentences filled with public values"),
+    ("contribution_bound.**", _POLICY),
     ("assumptions", _CONST), ("coverage", _CONST), ("ignored_classes", _POLICY), ("sampling", _CONST),
 
     ("run.base_model.**", "hashes of the public base model"), ("run.tokenizer.**", "hashes of the public tokenizer"),
@@ -123,6 +123,7 @@ declare(
     *(Field("certificate", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
         ("sampling_rate", "q = B/N̂"), ("noise_multiplier", "σ calibrated at q"),
         ("expected_batch_size", "B"), ("epsilon", "ε recomputed at (q, σ, T) plus ε_N"),
+        ("delta", "δ: the policy's, or for a group guarantee (els-owners) (1 + e^ε_k)·δ_k at q"),
         ("epsilon_parts.**", "ε's parts"), ("accountant.**", "the accountant's values at (q, σ, T)"),
         ("dp_event.**", "the DpEvent at (q, σ, T)"), ("within_target", "ε ≤ target"),
         ("utility_forecast.**", "σ√d/B at the run's d"), ("steps", "steps run (≤ planned)"),
@@ -249,3 +250,134 @@ declare(
     Field("prefect", "skipped", P, "why a retrain did nothing: unchanged data (snapshot commitment, model URI) or no "
           "budget left for anyone (a fact about the whole organization, from the ledger's public budget)"),
 )
+
+# --- private selection, multi-owner, secret releases (h-select) ---
+# Private selection (flows/private_selection.py, docs/privacy/private-selection.md). Nothing here may
+# depend on K, the random number of trials: no duration, no trial list, no count of trials.
+_SEL_MECH = ("best of K trials, K ~ the grid's hidden distribution (Papernot & Steinke 2022, Thm 2 / Thm 6); each "
+             "trial trains a uniformly drawn point at its public plan and scores it with a Gaussian-noised sum")
+_SEL_SENS = ("per person: Q's Rényi curve = max over the points of the person's training cost and, for an "
+             "evaluation person, the score's λ/(2σ_s²) (one person moves the clipped score sum by ≤ B)")
+_SEL_COUNTS = "every training person of every grid point's plan, and every evaluation person"
+_SEL_CHARGE = ("the theorem's curve per person, ledger release 'private-selection' reserved before any trial; plus "
+               "each distinct N̂ of the plans (ledger kind 'population', ε_N per counted person)")
+declare(
+    Field("selection", "study_id", P, "the grid's name, the start time and a random suffix (no data, no K)"),
+    Field("selection", "mode", P, _CONST),
+    Field("selection", "grid.**", P, "the grid file's name, sha256 and points (public YAML)"),
+    Field("selection", "policy.**", P, "the policy's name and sha256"),
+    Field("selection", "selected", DP, "A's output: the chosen point (None when K = 0, also A's output)",
+          mechanism=_SEL_MECH, sensitivity=_SEL_SENS, counts=_SEL_COUNTS, charge=_SEL_CHARGE),
+    Field("selection", "selected.**", DP, "A's output: the chosen point's hyper-parameters",
+          post_processing_of="selection:selected"),
+    Field("selection", "selected_noisy_score", DP, "A's output: the chosen trial's noisy score",
+          post_processing_of="selection:selected"),
+    Field("selection", "selection.*", P, "the grid's selection parameters (distribution, η, γ, μ, B, σ_s, records "
+          "per person), the theorem's name, fixed wording"),
+    Field("selection", "selection.expected_trials", P, "E[K], a function of the distribution's public parameters"),
+    Field("selection", "selection.epsilon", DP, "ε of the worst person the public plans allow (k rows in every plan, "
+          "and an evaluation person): a function of the plans' public fields (q = B/N̂, σ, T) and the grid's "
+          "parameters, never of K or of who is in the data", post_processing_of="plan:data.population.estimate"),
+    Field("selection", "selection.delta", P, _POLICY),
+    Field("selection", "selection.order", DP, "the Rényi order reaching selection.epsilon (same inputs)",
+          post_processing_of="plan:data.population.estimate"),
+    Field("selection", "selection.ledger_release_id", P, "the ledger's release number (a count of releases)"),
+    Field("selection", "selection.composition.rule", P, "fixed wording"),
+    Field("selection", "selection.composition.selection_release_id", P, "the ledger's release number"),
+    Field("selection", "selection.composition.population_estimates.*", P, "each distinct N̂ of the plans: the "
+          "plan's sha256, its ε_N (policy value) and the ledger release that charged it"),
+    Field("selection", "covered_by_certificate", P, _CONST),
+    Field("selection", "caveat", P, "fixed wording"),
+    Field("selection", "note", P, "fixed wording (said only when K = 0 drew nothing: A's output ⊥)"),
+    Field("selection", "dir", P, "the study folder's path (VEIL_HOME and the study id)"),
+)
+
+# Multi-owner (issue 22, case 6): the unit is "owner"; the certificate and `veil verify` say what is not
+# protected (presence, the attribution graph). The rule is public; no count of the data is.
+declare(
+    Field("plan", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed flags "
+          "(policy values and constants; never a count of the data)"),
+    Field("certificate", "coverage", P, "fixed wording from the mechanism: what its guarantee does and does not "
+          "protect (els-owners: content protected, presence and the attribution graph not; secret: tagged "
+          "occurrences only, persons and untagged records not covered)"),
+    Field("cli.verify", "notes", P, "fixed sentences: the registry checks skipped, and the certificate's "
+          "coverage as its mechanism states it"),
+)
+
+# Secret-protection releases (issue 22, case 3): no person-level claim; untagged records get no certified ε.
+declare(
+    Field("certificate", "untagged_records.*", P, "the policy's untagged rule, whether untagged records were "
+          "trained, their largest LP rate and fixed wording (ε and δ are None: nothing is certified)",
+          relation=_SECRET_REL),
+    Field("cli.ledger", "persons_not_covered.releases", P, "how many releases make no person-level claim (a count "
+          "of releases, which ledger readers see anyway; not of people)"),
+    Field("cli.ledger", "persons_not_covered.statement", P, "fixed wording filled with that count"),
+)
+# --- end of h-select ---
+# --- evaluation, PMixED responses, audit labels, ledger view (h-eval) ---
+# Evaluation (issue 22, case 4): the registry gets eval_* only as the DP release of
+# components.evaluation.dp / release; the exact figures stay on the operator's terminal.
+_EVAL_MECH = ("Gaussian on the vector (Σ clipped per-person mean NLL, Σ per-person accuracy) per evaluated model "
+              "and the count of counted people; noise multiplier m from the analytic Gaussian (Balle & Wang 2018) "
+              "at the policy's evaluation.epsilon/delta; noise keyed on the release and the counted set")
+_EVAL_SENS = ("add/remove one evaluation person: ≤ evaluation.nll_clip per NLL sum, ≤ 1 per accuracy sum, 1 on the "
+              "count: L2 √k over the range-scaled vector (k = 2 per model + 1)")
+_EVAL_COUNTS = ("the plan's evaluation people with a scored token whom the ledger's filter admits (retired people are "
+                "left out of the sums)")
+_EVAL_CHARGE = ("α/(2m²) (Gaussian Rényi curve) to each counted person, once per release (ledger mechanism "
+                "'evaluation'); re-evaluating the same model on the same people republishes the logged values "
+                "without a new charge")
+declare(
+    *(Field("registry.metric", f"eval{m}_{w}", DP, f"{w.replace('_', ' ')} of the {m.strip('_') or 'fine-tuned'} "
+            "model on the evaluation people: a post-processing (ratio over the DP count, clamp, exp) of the release",
+            mechanism=_EVAL_MECH, sensitivity=_EVAL_SENS, counts=_EVAL_COUNTS, charge=_EVAL_CHARGE)
+      for m in ("", "_base", "_reference") for w in ("perplexity", "next_token_accuracy")),
+    Field("registry.tag", "evaluation.caveat", P, _CONST),
+    Field("registry.tag", "evaluation.definition", P, _CONST),
+    Field("registry.tag", "evaluation.mechanism", P, _CONST),
+    Field("registry.tag", "evaluation.epsilon", P, _POLICY),
+    Field("registry.tag", "evaluation.delta", P, _POLICY),
+    Field("registry.tag", "evaluation.nll_clip", P, _POLICY),
+    Field("registry.tag", "evaluation.noise_multiplier", P, "calibrated from the policy's ε, δ and the number of "
+          "evaluated models (public)"),
+    Field("registry.tag", "evaluation.ledger_release_id", P, "the ledger's release counter (how many releases "
+          "Veil made, not whom they counted)"),
+)
+
+# `veil ledger --json` for governance readers (issue 22, case 7): nothing any person's presence moves.
+# Exact counts of people, retirements, secrets and the spread of per-person spend are administrators-only
+# (`veil ledger --admin`, labelled so), never on this channel.
+declare(
+    Field("cli.ledger", "budget", P, _POLICY),
+    Field("cli.ledger", "budget.*", P, _POLICY),
+    Field("cli.ledger", "releases", P, "how many releases were reserved: operator actions, each release id already "
+          "public on its registry tags"),
+    Field("cli.ledger", "orders", P, _CONST + " (the ledger's Rényi orders, fixed at its creation)"),
+    Field("cli.ledger", "spend_definition", P, _CONST),
+    Field("cli.ledger", "secrets_definition", P, _CONST),
+    Field("cli.ledger", "note", P, _CONST),
+)
+
+# PMixED answers (`POST /v1/completions`): sampled tokens only, never probabilities, λ or the selection.
+_PMIXED_MECH = ("PMixED per private token: Poisson selection of partition members at rate q, each member's "
+                "distribution mollified into the D∞ ball of radius r around the public model's, their mixture sampled "
+                "with a CSPRNG (docs/privacy/pmixed.md); public-only tokens are drawn from the public model alone")
+declare(
+    Field("pmixed.response", "text", DP, "the sampled tokens, decoded", mechanism=_PMIXED_MECH,
+          sensitivity="add/remove one person changes at most one partition's member (people are partitioned)",
+          counts="the people of the ensemble's partitions that the ledger admitted at build time",
+          charge=("the ensemble's whole private-token budget as one Rényi curve per person, reserved at build time "
+                  "(ledger mechanism 'pmixed'); the durable prepaid counter keeps answers within it")),
+    Field("pmixed.response", "tokens", DP, "how many tokens the answer holds (where the sampled EOS fell)",
+          post_processing_of="pmixed.response:text"),
+    Field("pmixed.response", "budget_remaining_tokens", DP, "the private-token budget left: the build's public "
+          "budget minus the private tokens drawn so far (a function of earlier answers)",
+          post_processing_of="pmixed.response:text"),
+)
+
+# Multi-owner certificates: the group guarantee is computed from σ, T and q = B/N with N public under
+# the fixed-graph replace relation (docs/privacy/multi-owner.md): public under that relation only.
+declare(Field("certificate", "group_guarantee.**", P, "ELS's group-of-k guarantee recomputed from σ, T and q = B/N",
+              relation="replace owned records, fixed graph (els-owners)"))
+declare(Field("certificate", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed "
+              "flags (policy values and constants; never a count of the data)"))

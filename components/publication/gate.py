@@ -216,3 +216,48 @@ def recording() -> Iterator[list[Published]]:
     finally:
         with _lock:
             _recorders.remove(rec)
+
+
+def table_markdown() -> str:
+    """The published-field table of docs/privacy/threat-model.md, generated from the declarations."""
+    _load()
+
+    def cell(x: str) -> str:
+        return x.replace("|", "\\|").replace("\n", " ")
+
+    lines = []
+    for name, ch in _CHANNELS.items():
+        lines += [f"### `{name}` — {cell(ch.readers)}", "",
+                  "| field | kind | what | mechanism · sensitivity · counts · charge / coarsening · test |",
+                  "|---|---|---|---|"]
+        for prefix, source in _MIRRORS.get(name, ()):
+            lines.append(f"| `{prefix}.**` | as `{source}` | declared by channel `{source}` | |")
+        for f in _FIELDS[name]:
+            kind = f.kind.value + (f" (under {f.relation})" if f.relation else "") + \
+                (", hiding" if f.hiding else "") + (", digest" if f.digest else "")
+            if f.kind is Kind.DP:
+                how = (f"post-processing of `{f.post_processing_of}`" if f.post_processing_of else
+                       f"{f.mechanism} · {f.sensitivity} · {f.counts} · {f.charge}")
+            elif f.kind is Kind.UNCOVERED:
+                how = f"{f.coarsening} · `{f.test}`"
+            else:
+                how = ""
+            lines.append(f"| `{f.pattern}` | {kind} | {cell(f.what)} | {cell(how)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+BEGIN = ("<!-- published-fields:begin — generated from components/publication/fields.py by "
+         "`python -m components.publication --write`; do not edit by hand -->")
+END = "<!-- published-fields:end -->"
+
+
+def with_table(doc: str) -> str:
+    """`doc` (the threat model) with its generated section replaced (or appended)."""
+    body = f"{BEGIN}\n\n{table_markdown()}\n{END}"
+    if BEGIN in doc and END in doc:
+        head, rest = doc.split(BEGIN, 1)
+        return head + body + rest.split(END, 1)[1]
+    return doc.rstrip() + "\n\n## Every published field\n\nEach value Veil publishes passes one gate " \
+        "(`components/publication`, docs/privacy/publication.md); this table is generated from its " \
+        "declarations.\n\n" + body + "\n"

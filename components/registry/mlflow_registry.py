@@ -293,7 +293,8 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
             raise VeilError(f"ledger: no release {rid}: not registered")
         if row.plan_sha256 is not None and row.plan_sha256 != plan.get("sha256"):
             raise VeilError(f"ledger: release {rid} was reserved for another plan: not registered")
-        if row.admitted == 0:
+        # a release with no person-level claim (secret protection) admits nobody by design: not a refusal
+        if row.admitted == 0 and get_mechanism(plan.get("mechanism")).ledger_person_claim:
             led.record(int(rid), "refused", reason="the filter retired everyone")
             raise VeilError("ledger: the per-person filter retired every person of this release (no budget left): "
                             "not registered")
@@ -431,24 +432,31 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
     return new
 
 
-EVALUATION_CAVEAT = ("computed on the evaluation people's private held-out text (reserved at plan time, never "
-                     "trained on); not covered by the certificate: these numbers are not differentially private")
+def record_evaluation(settings: Settings, run_id: str, published) -> dict:
+    """Log one DP evaluation release (`components.evaluation.release.PublishedEvaluation`: noisy
+    `eval_*` metrics and the `evaluation.*` tags) on the model's run, each through the publication gate.
 
+    Anything else is refused: exact evaluation figures are a near-exact function of every evaluation
+    person's text (issue 22, case 4), so the registry takes them only as a release that the ledger
+    charged. Never on the version's tags, and never counts of the evaluation people or records."""
+    from components.evaluation.release import PublishedEvaluation
+    from components.publication import publish
 
-def record_evaluation(settings: Settings, run_id: str, metrics: Mapping[str, float | None]) -> dict:
-    """Log evaluation metrics (`eval_*`, 4 significant digits) and the `evaluation.caveat` tag on the
-    model's run. Never on the version's tags, and never counts of the evaluation people or records
-    (exact private counts: the operator's CLI shows them, the registry does not)."""
-    client = _client(settings)
-    logged = {k: float(f"{float(v):.4g}") for k, v in metrics.items() if v is not None}
-    bad = [k for k in logged if not k.startswith("eval_") or k.endswith(("_people", "_records", "_tokens"))]
+    if not isinstance(published, PublishedEvaluation):
+        raise VeilError("evaluation: refusing to log metrics that are not a DP evaluation release "
+                        "(components.evaluation.release.publish_evaluation)")
+    metrics = {k: float(v) for k, v in published.metrics.items() if v is not None}
+    bad = [k for k in metrics if not k.startswith("eval_") or k.endswith(("_people", "_records", "_tokens"))]
     if bad:
         raise VeilError(f"evaluation: refusing to log {', '.join(bad)} (eval_* rates only; counts are private)")
-    for key, value in publish("registry.metric", logged, subject=run_id).items():
+    publish("registry.metric", metrics, subject=run_id)
+    publish("registry.tag", published.tags, subject=run_id)
+    client = _client(settings)
+    for key, value in metrics.items():
         client.log_metric(run_id, key, value)
-    client.set_tag(run_id, "evaluation.caveat", publish("registry.tag", {"evaluation.caveat": EVALUATION_CAVEAT},
-                                                       subject=run_id)["evaluation.caveat"])
-    return logged
+    for key, value in published.tags.items():
+        client.set_tag(run_id, key, value)
+    return metrics
 
 
 def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[dict, dict]:

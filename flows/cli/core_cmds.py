@@ -120,7 +120,8 @@ def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=Non
     aud = stages.audit(s, reg["model_uri"], policy=policy, truth=truth) if audit else None
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,
-            "audit": aud["summary"] if aud else None, "evaluation": stages.evaluate(s, reg["model_uri"], missing_ok=True)}
+            "audit": aud["summary"] if aud else None, "evaluation": stages.evaluate(s, reg["model_uri"], missing_ok=True,
+                                                                     policy=policy)}
 
 
 def demo_data(out_dir: Optional[Path] = typer.Option(None, "--out", help="folder (default: $VEIL_HOME/demo-org)"),

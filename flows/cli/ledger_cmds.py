@@ -1,4 +1,5 @@
-"""`veil ledger`: the per-person privacy ledger's spend distribution (aggregates only)."""
+"""`veil ledger`: the ledger's budget and releases for governance readers; with `--admin`, for
+administrators only, the exact counts of people and the spread of per-person spend."""
 from __future__ import annotations
 
 import typer
@@ -11,40 +12,59 @@ def _fmt(x) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
-def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout")) -> None:
-    """Budget, people, retired, releases and the spread of per-person spend; per secret class the secrets
-    charged and their max lifetime KL and γ; per-person and per-secret rows go only to the private area,
-    a burn-down plot to VEIL_HOME."""
-    from components.ledger.report import ledger_report
+def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
+               admin: bool = typer.Option(False, "--admin",
+                                          help="also the administrators-only part: exact counts of people, "
+                                               "retirements and secrets, the spread of per-person spend")) -> None:
+    """Budget, releases and the Rényi orders (for governance readers); with --admin, for administrators
+    only, the number of people and retirements, the spread of per-person spend and per secret class the
+    secrets charged and their max lifetime KL and γ. Per-person and per-secret rows go only to the private
+    area, a burn-down plot to VEIL_HOME."""
+    from components.ledger.report import admin_view, governance_view, ledger_report
+    from components.publication import publish
 
-    doc = ledger_report(common.settings())
+    full = ledger_report(common.settings())
+    gov = publish("cli.ledger", governance_view(full))
+    adm = admin_view(full) if admin else None
     if json_out:
-        common.print_json(doc)
+        # the administrators' part is theirs (their terminal), never on the governance channel
+        common.print_json({**gov, "administrators_only": adm} if admin else gov)
         return
-    b = doc["budget"]
+    b = gov["budget"]
     t = Table(title="Privacy ledger (per person, Rényi filter)", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("budget", "none set (charging only)" if b is None else f"ε={b['epsilon']:g} at δ={b['delta']:g} per person")
-    t.add_row("people", str(doc["people"]))
-    t.add_row("retired", f"{doc['retired']} (left out of at least one release)")
-    t.add_row("releases", str(doc["releases"]))
-    s = doc["spend"]
-    t.add_row("spend ε", f"max {_fmt(s['max_epsilon'])} · median {_fmt(s['median_epsilon'])} · "
+    t.add_row("releases", str(gov["releases"]))
+    nc = gov.get("persons_not_covered") or {}
+    if nc.get("releases"):
+        t.add_row("persons not covered", nc["statement"])
+    if adm is None:
+        t.add_row("people, spend", gov["note"])
+        common.out.print(t)
+        return
+    common.out.print(t)
+    a = Table(title="Administrators only — exact counts of people; never for governance readers", show_header=False)
+    a.add_column("what", style="bold")
+    a.add_column("value")
+    a.add_row("people", str(adm["people"]))
+    a.add_row("retired", f"{adm['retired']} (left out of at least one release)")
+    s = adm["spend"]
+    a.add_row("spend ε", f"max {_fmt(s['max_epsilon'])} · median {_fmt(s['median_epsilon'])} · "
                          f"min {_fmt(s['min_epsilon'])}")
-    if doc.get("pld_estimate") and doc["pld_estimate"].get("max_epsilon") is not None:
-        t.add_row("PLD (estimate)", f"{doc['pld_estimate']['max_epsilon']:.3f} for the most-charged person — "
+    if adm.get("pld_estimate") and adm["pld_estimate"].get("max_epsilon") is not None:
+        a.add_row("PLD (estimate)", f"{adm['pld_estimate']['max_epsilon']:.3f} for the most-charged person — "
                                     "non-adaptive estimate, not the guarantee")
-    if doc.get("burn_down_png"):
-        t.add_row("burn-down plot", doc["burn_down_png"])
-    for cls, c in (doc.get("secrets") or {}).items():
-        t.add_row(f"secrets: {cls}", f"{c['secrets_charged']} charged · {c['secrets_dropped']} dropped · max lifetime "
+    if adm.get("burn_down_png"):
+        a.add_row("burn-down plot", adm["burn_down_png"])
+    for cls, c in (adm.get("secrets") or {}).items():
+        a.add_row(f"secrets: {cls}", f"{c['secrets_charged']} charged · {c['secrets_dropped']} dropped · max lifetime "
                                      f"KL {c['max_lifetime_kl']:.4g} of {c['kl_budget']:.4g} · max γ "
                                      f"{c['max_lifetime_gamma']:.4g} (κ={c['kappa']:g}, target {c['gamma_target']:g})")
-    t.add_row("per-person rows", f"{doc['private_rows']} (private)")
-    if doc.get("private_secret_rows"):
-        t.add_row("per-secret rows", f"{doc['private_secret_rows']} (private)")
-    common.out.print(t)
+    a.add_row("per-person rows", f"{adm['private_rows']} (private)")
+    if adm.get("private_secret_rows"):
+        a.add_row("per-secret rows", f"{adm['private_secret_rows']} (private)")
+    common.out.print(a)
 
 
 def register(app: typer.Typer) -> None:

@@ -82,7 +82,9 @@ def test_pipeline_through_prefect(prefect_harness, veil_home, tiny_policy, tiny_
     import mlflow
 
     run = mlflow.tracking.MlflowClient(load_settings(veil_home).mlflow_tracking_uri).get_run(reg["run_id"])
-    assert run.data.metrics["eval_perplexity"] == pytest.approx(ev["perplexity"], rel=1e-3)
+    # the run holds the DP release (charged to the evaluation people), never the exact figures
+    assert run.data.metrics["eval_perplexity"] == ev["published"]["metrics"]["eval_perplexity"]
+    assert run.data.metrics["eval_perplexity"] != pytest.approx(ev["perplexity"], rel=1e-6)
     assert "evaluation.caveat" in run.data.tags
     assert not [k for k in run.data.metrics if "people" in k or "records" in k]
     assert result["plan"]["utility_forecast"]["verdict"] in ("ok", "marginal", "hopeless")

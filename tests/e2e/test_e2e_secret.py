@@ -43,6 +43,8 @@ def test_secret_protection_pipeline(veil_home, tmp_path):
 
     led_doc = ledger_report(settings, estimate=False)
     assert set(led_doc["secrets"]) == set(cert["secrets"])
+    # no person-level claim (issue 22, case 3): trained, certified and registered with nobody charged
+    assert led_doc["persons_not_covered"]["releases"] == 1 and led_doc["spend"]["max_epsilon"] in (None, 0.0)
     for cls, c in led_doc["secrets"].items():
         assert c["secrets_charged"] == cert["secrets"][cls]["n_secrets"] and c["secrets_dropped"] == 0, cls
         assert c["max_lifetime_gamma"] <= c["gamma_target"], cls

@@ -248,8 +248,9 @@ private_selection: {distribution: truncated-negative-binomial, eta: 1, gamma: 0.
     sel = doc["selection"]
     assert doc["selected"]["key"] == "uls-e8-lora"
     assert not {"k", "trials", "scores"} & (set(sel) | set(doc))  # K and the losing trials stay private
-    # independent computation: the point's ULS curve (dp-accounting, plus the N̂ Laplace's pure-DP
-    # curve), the score's Gaussian curve, the max of both, then Theorem 2 with η = 1 (E[K] = 1/γ)
+    # independent computation: the point's ULS curve (dp-accounting), the score's Gaussian curve, the
+    # max of both, then Theorem 2 with η = 1 (E[K] = 1/γ); plus the plan's N̂ (Laplace, pure DP), which
+    # is released with the plan before any trial and composes outside the theorem
     pol_sha = hashlib.sha256((Path(doc["dir"]) / "policies" / "uls-e8-lora.yaml").read_bytes()).hexdigest()
     plan = next(p for p in (load_plan(f).to_dict() for f in settings.plans_dir.glob("*.json"))
                 if p["policy"]["sha256"] == pol_sha)
@@ -258,10 +259,10 @@ private_selection: {distribution: truncated-negative-binomial, eta: 1, gamma: 0.
         plan["sampling_rate"], dp_accounting.GaussianDpEvent(plan["noise_multiplier"])), plan["steps"]))
     a = np.asarray(ORDERS)
     eps_n = plan["data"]["population"]["epsilon"]
-    train_curve = np.asarray(acc._rdp) + np.minimum(eps_n, a * eps_n ** 2 / 2)
+    train_curve = np.asarray(acc._rdp)
     q_curve = np.maximum(train_curve, a / (2 * 3.0 ** 2))
     hat = min([2 * math.log(1 / 0.8)] + [2 * (1 - 1 / h) * c + 2 * math.log(1 / 0.8) / h for h, c in zip(a, q_curve)])
-    want = q_curve + hat + math.log(1 / 0.8) / (a - 1)
+    want = q_curve + hat + math.log(1 / 0.8) / (a - 1) + np.minimum(eps_n, a * eps_n ** 2 / 2)
     want_eps = min(want + math.log(1 / plan["target"]["delta"]) / (a - 1))
     assert sel["epsilon"] == pytest.approx(want_eps, rel=1e-9)
     led = Ledger.open(settings)
@@ -269,7 +270,8 @@ private_selection: {distribution: truncated-negative-binomial, eta: 1, gamma: 0.
         rows = led.person_rows()
     finally:
         led.dispose()
-    assert rows and _ledger_releases(settings) == 1  # the study's tuning runs charged nothing before
+    # the study's tuning runs charged nothing before; the plan's N̂ and the selection are one release each
+    assert rows and _ledger_releases(settings) == 2
     # the score's sensitivity is B only if each person's scored texts depend on that person alone
     from flows.private_selection import score_texts
 

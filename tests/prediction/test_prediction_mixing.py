@@ -15,6 +15,7 @@ from _pmixed_exact import lam_bruteforce, softmax  # noqa: E402
 from components.core.errors import VeilError  # noqa: E402
 from components.prediction import mechanism as mech  # noqa: E402
 from components.prediction.mixing import log_softmax64, mixture_log, poisson_select, sample_token  # noqa: E402
+from components.prediction import mixing  # noqa: E402
 
 
 def test_mixture_matches_bruteforce_over_a_large_vocabulary():
@@ -116,3 +117,40 @@ def test_lambda_survives_extreme_ratios_and_radii():
     assert solve_lambda(lp, lp0, 1e6) == 1.0          # an unbounded radius admits the member as is
     lam = solve_lambda(lp, lp0, 0.5)
     assert 0 < lam < 1e-298 and in_ball(mix_log(lp, lp0, lam), lp0, 0.5)
+
+
+def test_a_token_impossible_for_every_model_is_never_served():
+    """Issue 22, case 7: a −inf logit (a token the public model and every member rule out) made the
+    mixture NaN there, and the sampler then returned that impossible token (the last one) every time."""
+    base = np.array([1.0, 2.0, 0.5, 0.3, 0.1, -np.inf])
+    lp0 = mixing.log_softmax64(base)
+    members = [mixing.log_softmax64(base + np.array([0.2, -0.1, 0.3, 0.5, -0.2, 0.0]) * (i + 1)) for i in range(3)]
+    logp, _ = mixing.mixture_log(members, lp0, 0.5)
+    assert not np.any(np.isnan(logp))
+    assert np.isneginf(logp[-1]) and np.all(np.isfinite(logp[:-1]))
+    assert math.isclose(float(np.exp(logp).sum()), 1.0, rel_tol=1e-12)
+    rng = random.Random(5)
+    draws = [mixing.sample_token(logp, rng) for _ in range(2000)]
+    assert 5 not in draws and set(draws) == {0, 1, 2, 3, 4}
+    # even a uniform at the very top of [0, 1) never lands on a trailing impossible token
+    class Top:
+        def random(self):
+            return 1.0 - 2.0 ** -53
+    assert mixing.sample_token(np.log(np.array([0.5, 0.5, 0.0])), Top()) == 1
+    # a −inf the public model has but a member lacks: that member is mollified back to p₀ there
+    lone = mixing.log_softmax64(np.array([1.0, 2.0, 0.5, 0.3, 0.1, 0.0]))
+    logp, lams = mixing.mixture_log([lone], lp0, 0.5)
+    assert lams == [0.0] and np.isneginf(logp[-1]) and not np.any(np.isnan(logp))
+
+
+def test_nan_never_reaches_the_sampler():
+    with pytest.raises(VeilError, match="NaN"):
+        mixing.log_softmax64(np.array([0.0, np.nan, 1.0]))
+    with pytest.raises(VeilError, match="NaN"):
+        mixing.log_softmax64(np.array([0.0, np.inf, 1.0]))
+    with pytest.raises(VeilError, match="every logit"):
+        mixing.log_softmax64(np.array([-np.inf, -np.inf]))
+    with pytest.raises(VeilError, match="NaN"):
+        mixing.sample_token(np.array([-1.0, np.nan, -2.0]), random.Random(0))
+    with pytest.raises(VeilError, match="no token"):
+        mixing.sample_token(np.array([-np.inf, -np.inf]), random.Random(0))

@@ -96,11 +96,13 @@ def snapshot(rows: list[dict], *, upto_week: int | None = None, without: str | N
     """The snapshot of `rows` (up to a week), less every record `without` authors or owns."""
     keep = [r for r in rows if (upto_week is None or r["week"] <= upto_week)
             and r["user_id"] != without and without not in (r.get("owners") or ())]
+    # recipients as the mail connector writes them (metadata to/cc): the policy's people rules make them
+    # owners (components.planning.people), exactly as for a catalog snapshot
+    meta = [json.dumps({"to": [o for o in r["owners"] if o != r["user_id"]]}) if r.get("owners") else "{}"
+            for r in keep]
     cols = {"record_id": [r["record_id"] for r in keep], "user_id": [r["user_id"] for r in keep],
             "text": [r["text"] for r in keep], "source": ["mail"] * len(keep),
-            "created_at": [None] * len(keep), "metadata": ["{}"] * len(keep)}
-    if keep and "owners" in keep[0]:
-        cols["owners"] = [r["owners"] for r in keep]
+            "created_at": [None] * len(keep), "metadata": meta}
     spans = [{"record_id": r["record_id"], "secret_id": r["secret"], "secret_class": r["secret"].split(":")[0],
               "detector": "literal", "detector_version": "1", "start": 0, "end": 1} for r in keep if r["secret"]]
     digest = sha256_bytes("".join(cols["record_id"]).encode())
@@ -126,7 +128,7 @@ def policy(tmp: Path, name: str, *, base: str = "demo.yaml", steps: int = 6, bat
         spec.pop("lifetime_budget", None)
     else:
         spec["lifetime_budget"] = {"epsilon": budget[0], "delta": budget[1]}
-    if epsilon is not None:
+    if epsilon is not None and "target" in spec:      # a secret policy's targets are per class
         spec["target"]["epsilon"] = epsilon
     if edit:
         edit(spec)
@@ -324,6 +326,14 @@ def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]
     return bad
 
 
+def person_rates_of(annex: dict) -> dict:
+    """person id → their training rows' rates in a plan (from its private annex)."""
+    from components.ledger.release import person_rates
+    from components.planning.data import train_rows
+
+    return person_rates(train_rows(annex), 0.0)
+
+
 class _FieldRef:
     post_processing_of = "plan:data.population.estimate"
     pattern = "data.population.estimate"
@@ -365,8 +375,10 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
                 moved.add((doc[0], path))
             elif owner is None:
                 findings.append(Finding(name, u, doc[0], path, "a differing field the harness cannot price"))
-            elif f.kind is Kind.PUBLIC:
-                findings.extend(_relation_claim(name, full, u, doc[0], path, f, owner[0]))
+            elif f.kind is Kind.PUBLIC or _public_n(owner[0]):
+                # public under a relation — or DP only through an N̂ this release does not have: its N is
+                # public under the relation it claims, so everything computed from N is too
+                findings.extend(_relation_claim(name, full, u, doc[0], path, f, owner))
             else:
                 findings.extend(_dp_charged(name, full, u, doc[0], path, f, charged, owner))
     return findings, moved
@@ -374,6 +386,8 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
 
 def _dp_charged(name, full: Run, u, channel, path, f, charged, owner) -> list[Finding]:
     plan, annex = owner
+    if f.mechanism == "DP-SGD" and _public_n(plan):
+        return _relation_claim(name, full, u, channel, path, f, owner)
     if f.mechanism == "DP-SGD":
         # the weights: u's training charge, or — retired, so not trained on — the N̂ that set their q
         from components.ledger import Ledger
@@ -395,22 +409,32 @@ def _dp_charged(name, full: Run, u, channel, path, f, charged, owner) -> list[Fi
     return []
 
 
-def _relation_claim(name, full: Run, u, channel, path, f, plan) -> list[Finding]:
-    """Public only under a relation: the release must claim it, and a secret release charges no person."""
+def _public_n(plan: dict) -> bool:
+    return ((plan.get("data") or {}).get("population") or {}).get("mechanism") != "laplace"
+
+
+def _relation_claim(name, full: Run, u, channel, path, f, owner) -> list[Finding]:
+    """Public only under a relation: the release must claim it (not add/remove); a secret release charges
+    no person; any other release charges u when it trained on u's records (u is in its training rows)."""
     from components.ledger import Ledger
 
+    plan, annex = owner
     if str(plan.get("neighbouring", "")).startswith("add_remove"):
-        return [Finding(name, u, channel, path, f"public only under '{f.relation}' but the release claims "
-                                                f"{plan['neighbouring']}")]
+        return [Finding(name, u, channel, path, f"public only under '{f.relation or 'its relation'}' but the "
+                                                f"release claims {plan['neighbouring']}")]
+    led = Ledger.open(full.settings)
+    try:
+        rids = set(led.releases_for_plan(plan["sha256"]))
+    finally:
+        led.dispose()
+    charged = person_charges(full.settings, u)
     if plan.get("privacy_unit") == "secret":
-        led = Ledger.open(full.settings)
-        try:
-            rids = set(led.releases_for_plan(plan["sha256"]))
-        finally:
-            led.dispose()
-        if rids & person_charges(full.settings, u):
+        if rids & charged:
             return [Finding(name, u, channel, path, "a secret release moves with this person, yet charges persons "
                                                     "as if add/remove were covered")]
+    elif u in person_rates_of(annex) and not rids & charged:
+        return [Finding(name, u, channel, path, "the release trained on this person's records but holds no charge "
+                                                "for them")]
     return []
 
 

@@ -111,8 +111,8 @@ def test_secret_kl_adds_across_releases_and_matches_independent_computation(sett
         assert s["max_lifetime_kl"] == pytest.approx(2 * one, rel=1e-12)
         assert s["max_lifetime_gamma"] == pytest.approx(_gamma_lemma32(2 * one, KAPPA), rel=1e-9)
         assert s["max_lifetime_gamma"] <= GAMMA and s["kl_budget"] == pytest.approx(_budget(), rel=1e-12)
-        # the person side of the same release is charged as before (rows at their rates)
-        assert np.all(led.spend([PERSON])[PERSON] > 0)
+        # no person side: a secret release makes no person-level claim (issue 22, case 3)
+        assert np.all(led.spend([PERSON])[PERSON] == 0)
     finally:
         led.dispose()
 
@@ -154,7 +154,7 @@ def test_secret_over_its_class_target_is_dropped_and_others_go_on(settings):
         assert r3.secrets_dropped == (SECRET,) and r3.secrets_charged == (OTHER,)
         assert led.secret_spend([SECRET])[SECRET] == before           # a dropped secret is not charged
         assert led.secret_spend([OTHER])[OTHER] == pytest.approx(one, rel=1e-12)
-        assert r3.admitted  # the release goes on for people (the person filter is separate)
+        assert not r3.admitted and not r3.retired   # the release goes on; no person is charged or retired
         ev = led.events(r3.release_id)[0]
         assert ev["status"] == "reserved" and ev["secrets_dropped"] == 1 and ev["secrets_charged"] == 1
         s = led.summary()["secrets"]["credential"]

@@ -84,14 +84,16 @@ def test_cli_ledger_json_is_aggregate_only(settings, tmp_path):
     reserve_release(settings, PLAN, {n: 1 for n in NAMES}, ledger=None)
     reserve_release(settings, PLAN, {n: 1 for n in NAMES + ["dave@example.com"]}, ledger=None)
     env = {**os.environ, "VEIL_HOME": str(settings.home), "PYTHONPATH": os.getcwd()}
-    p = subprocess.run([sys.executable, "-c", CLI, "ledger", "--json"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", CLI, "ledger", "--json", "--admin"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["budget"] == {"epsilon": 4.0, "delta": 1e-5}
-    assert doc["people"] == 4 and doc["releases"] == 2 and doc["retired"] == 0
-    assert 0 < doc["spend"]["min_epsilon"] <= doc["spend"]["median_epsilon"] <= doc["spend"]["max_epsilon"] <= 4.0
-    assert doc["pld_estimate"]["max_epsilon"] < doc["spend"]["max_epsilon"]     # RDP+filter is the pessimistic one
+    assert doc["budget"] == {"epsilon": 4.0, "delta": 1e-5} and doc["releases"] == 2
+    adm = doc["administrators_only"]
+    assert "administrators only" in adm["readers"]
+    assert adm["people"] == 4 and adm["retired"] == 0
+    assert 0 < adm["spend"]["min_epsilon"] <= adm["spend"]["median_epsilon"] <= adm["spend"]["max_epsilon"] <= 4.0
+    assert adm["pld_estimate"]["max_epsilon"] < adm["spend"]["max_epsilon"]     # RDP+filter is the pessimistic one
     rows = (settings.private_dir / "ledger-people.csv").read_text()
     assert rows.count("\n") == 5 and stat.S_IMODE(os.stat(settings.private_dir / "ledger-people.csv").st_mode) == 0o600
     assert (settings.home / "ledger-burndown.png").read_bytes()[:4] == b"\x89PNG"
@@ -102,3 +104,34 @@ def test_cli_ledger_json_is_aggregate_only(settings, tmp_path):
     bad = subprocess.run([sys.executable, "-c", CLI, "ledger"], capture_output=True, text=True, timeout=120,
                          env={**env, "VEIL_LEDGER_URL": "mysql://u:secretpw@h/db"})
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "secretpw" not in bad.stderr
+
+
+def _ledger_json(settings, people: list[str], *extra: str) -> dict:
+    reserve_release(settings, PLAN, {n: 1 for n in people[:3]}, ledger=None)
+    reserve_release(settings, PLAN, {n: 1 for n in people}, ledger=None)
+    env = {**os.environ, "VEIL_HOME": str(settings.home), "PYTHONPATH": os.getcwd()}
+    p = subprocess.run([sys.executable, "-c", CLI, "ledger", "--json", *extra], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_governance_ledger_view_is_the_same_with_or_without_any_one_person(tmp_path, monkeypatch):
+    """Issue 22, case 7: `veil ledger --json` printed the exact number of people (and retirements, and
+    the spread of per-person spend) to governance readers, whom the threat model names as
+    non-administrators: one person's presence changed it. The governance view is now identical on a
+    ledger and on the same ledger without any one person; the counts are in the administrators-only
+    part, printed only with --admin and labelled so."""
+    from components.core.settings import load_settings
+    from components.publication.gate import field_for
+
+    everyone = NAMES + ["dave@example.com"]
+    views = []
+    for i, gone in enumerate([None, NAMES[0], "dave@example.com"]):   # a person of both releases, of one
+        home = tmp_path / f"home{i}"
+        monkeypatch.setenv("VEIL_HOME", str(home))
+        s = load_settings(home).ensure()
+        views.append(_ledger_json(s, [p for p in everyone if p != gone]))
+    assert all(v == views[0] for v in views[1:]), "one person moved the governance view"
+    assert not {"people", "retired", "spend", "pld_estimate", "administrators_only"} & set(views[0])
+    assert all(field_for("cli.ledger", k) is not None for k in views[0])
