@@ -104,7 +104,9 @@ def main(argv=None) -> dict:
     train_data = pa.concat_tables([data, extra])
     from catalog.snapshots import load_snapshot
 
-    snap = load_snapshot(settings, plan["data"]["snapshot_id"])
+    from flows.stages import plan_snapshot_id
+
+    snap = load_snapshot(settings, plan_snapshot_id(settings, plan))
     samples = pa.concat_tables([attacker_samples(plan, snap.records, settings),
                                 pa.Table.from_pylist(att_rows).cast(
                                     pa.schema([("user_id", pa.string()), ("text", pa.string()), ("member", pa.bool_())]))])

@@ -34,9 +34,11 @@ def export_training_people(settings, plan_doc: dict, out: Path) -> int:
     from components.planning.annex import load_annex
     from components.planning.data import train_rows
 
+    from components.planning.annex import plan_snapshot_ref
+
     annex = load_annex(settings.private_dir, plan_doc)
     rows = train_rows(annex)
-    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    snap = load_snapshot(settings, plan_snapshot_ref(plan_doc, annex)[0])
     joined = rows.select(["record_id", "user_id"]).join(snap.records.select(["record_id", "text"]), keys="record_id")
     with open(out, "w") as f:
         for u, t in zip(joined.column("user_id").to_pylist(), joined.column("text").to_pylist()):

@@ -60,7 +60,7 @@ def _release(tmp: Path):
                  "privacy_unit": "user", "neighbouring": "add_remove_user", "target": {"epsilon": 8.0, "delta": 1e-5},
                  "sampling_rate": q, "noise_multiplier": sigma, "steps": T, "expected_batch_size": 16,
                  "clip_norm": 1.0, "records_per_user": None, "selection": "all", "training": {}, "accounting": {},
-                 "data": {"snapshot_id": "bench", "snapshot_sha256": "00" * 32},
+                 "data": {"snapshot_commitment": "00" * 32},
                  "audit": {"held_out_users": [], "thresholds": {"max_user_inference_auroc": 0.6}},
                  "policy": {"name": "bench", "sha256": "11" * 32}})
     cert = build_certificate(plan, {"steps_run": T, "mechanism": "uls", "noise_multiplier": sigma,

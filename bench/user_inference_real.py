@@ -245,7 +245,10 @@ def main() -> None:
     if not (att["uls"]["record_id"].equals(att["els"]["record_id"]) and att["uls"]["member"].equals(att["els"]["member"])):
         raise SystemExit("the ULS and ELS plans split people differently: the settings would not be comparable")
     uls_plan = plans["uls"]
-    snap = load_snapshot(s, uls_plan["data"]["snapshot_id"])
+    from flows.stages import plan_snapshot_id
+
+    uls_snapshot = plan_snapshot_id(s, uls_plan)     # the operator's own report: the real id (annex)
+    snap = load_snapshot(s, uls_snapshot)
     texts = dict(zip(snap.records["record_id"].to_pylist(), snap.records["text"].to_pylist()))
     a = att["uls"]
     samples = pa.table({"user_id": a["user_id"], "text": [texts[r] for r in a["record_id"].to_pylist()],
@@ -358,7 +361,7 @@ def main() -> None:
               f"bins {[None if b['auroc'] is None else round(b['auroc'], 3) for b in bins]}  {t_train:.0f}s",
               file=sys.stderr, flush=True)
 
-    doc = {"corpus": {"snapshot_id": uls_plan["data"]["snapshot_id"], "source": str(args.source),
+    doc = {"corpus": {"snapshot_id": uls_snapshot, "source": str(args.source),
                       "training_rows_found_in_source": matched},
            "split": {"holdout_probability": args.holdout, "attacker_samples_per_user": args.m,
                      "fresh_samples": "each scored person's m attacker records are reserved before training "

@@ -92,9 +92,10 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     home = str(settings.home)
     log = get_run_logger()
     ing = ingest_task(home, source, fmt, policy, mapping or {})
-    # Prefect's readers are not the operator: the snapshot id only; exact record counts are private
-    # (the CLI's summary shows them on the operator's terminal)
-    log.info("ingested %s", publish("prefect", {"snapshot_id": ing["snapshot_id"]})["snapshot_id"])
+    # Prefect's readers are not the operator: the snapshot's salted commitment only (its id is a content
+    # hash, issue 22); exact record counts are private (the CLI's summary shows them on the operator's terminal)
+    log.info("ingested snapshot commitment %s…", publish("prefect", {"snapshot_commitment": stages.snapshot_commitment_of(
+        settings, ing["snapshot_id"])[:12]})["snapshot_commitment"])
     base = base_model_task(home, public_corpus, base_model_dir)
     planned = plan_task(home, policy, ing["snapshot_id"], base)
     trained = train_task(home, planned["plan_path"], base)

@@ -65,6 +65,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     from components.prediction import partition as part
     from components.prediction.ensemble import ShardTraining, dir_sha256
     from components.prediction.policy import load_prediction_policy
+    from components.planning.annex import plan_key, snapshot_commitment
     from components.prediction.release import (commitment, make_certificate, manifest_of, private_root,
                                                register_ensemble)
     from flows import stages
@@ -123,7 +124,8 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     os.chmod(root / "partition.json", 0o600)
     commits = [commitment(settings, f["sha256"]) for f in facts]
     cert = make_certificate(params=params, target=spec.target.model_dump(), policy_name=pol.metadata.name,
-                            policy_sha256=policy_sha, snapshot_id=snap.snapshot_id, snapshot_sha256=snap.sha256,
+                            policy_sha256=policy_sha, snapshot_commitment=snapshot_commitment(plan_key(settings.private_dir),
+                                                                       snap.snapshot_id, snap.sha256)[1],
                             base_sha256=base_sha, commitments=commits, when_exhausted=spec.when_exhausted,
                             ledger=ledger_facts, ensemble_id=ensemble_id, people=people_public)
     from components.prediction.budget import TokenBudget

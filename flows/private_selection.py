@@ -125,9 +125,10 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
     from catalog.snapshots import load_snapshot
     from components.planning import evaluation_records
     from components.planning.annex import load_annex
+    from flows.stages import plan_snapshot_id
 
     annex = load_annex(settings.private_dir, plan_doc)
-    t = evaluation_records(plan_doc, annex, load_snapshot(settings, plan_doc["data"]["snapshot_id"]).records)
+    t = evaluation_records(plan_doc, annex, load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex)).records)
     by: dict[str, list[str]] = {}
     for u, x in zip(t.column("user_id").to_pylist(), t.column("text").to_pylist()):
         if u not in excluded:

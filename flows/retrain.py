@@ -81,12 +81,22 @@ def base_content(base_dir: str) -> str:
 # The flat names policies use for certificate fields that live in a section of the certificate
 # (`veil.certificate/v1`): without them `policy_sha256` — in every shipped policy — is never found.
 FIELD_PATHS = {"policy_sha256": "policy.sha256", "policy_name": "policy.name",
-               "snapshot_sha256": "dataset.snapshot_sha256", "snapshot_id": "dataset.snapshot_id",
+               "snapshot_commitment": "dataset.snapshot_commitment",
                "train_records_commitment": "dataset.train_records_commitment",
                "device": "run.device", "precision": "run.precision"}
+# Issue 22: certificates no longer carry the snapshot's id or sha256 (content hashes, a membership test);
+# they bind the snapshot by `dataset.snapshot_commitment`. A policy that still requires the old names
+# (every shipped policy names `snapshot_sha256`) asks that the certificate bind its snapshot, which the
+# commitment does: the old names are aliases of it. A certificate from before the change still
+# satisfies them with the field it has.
+SNAPSHOT_ALIASES = {"snapshot_sha256": "dataset.snapshot_sha256", "snapshot_id": "dataset.snapshot_id",
+                    "dataset.snapshot_sha256": "dataset.snapshot_sha256", "dataset.snapshot_id": "dataset.snapshot_id"}
 
 
 def _field(cert: dict, path: str):
+    if path in SNAPSHOT_ALIASES:
+        found = _at(cert, "dataset.snapshot_commitment")
+        return found if found is not None else _at(cert, SNAPSHOT_ALIASES[path])
     found = _at(cert, path)
     return found if found is not None or path not in FIELD_PATHS else _at(cert, FIELD_PATHS[path])
 
@@ -285,8 +295,10 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     last = load_state(settings, key)
     base_sha = base_content(base)
     if last and last.get("snapshot_content_sha256") == content and last.get("base_sha256") == base_sha:
+        # Prefect readers are not the operator: the snapshot's salted commitment, never its id (issue 22)
         reason = (f"the data eligible for training did not change since {last['model_uri']} "
-                  f"(snapshot {ing['snapshot_id']}, same base model): nothing trained, no budget spent")
+                  f"(snapshot commitment {stages.snapshot_commitment_of(settings, ing['snapshot_id'])[:12]}…, same base "
+                  "model): nothing trained, no budget spent")
         log.info("skipped: %s", publish("prefect", {"skipped": reason})["skipped"])
         return _skip(reason, last.get("model_uri"))
 

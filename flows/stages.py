@@ -251,9 +251,9 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
     private annex (checked against the plan's commitment), less the records in `drop_records`."""
     from components.planning.data import training_records
 
-    snap = _plan_snapshot(settings, plan_doc)
-    return training_records(plan_doc, _annex(settings, plan_doc) if annex is None else annex, snap.records,
-                            drop_records=drop_records)
+    annex = _annex(settings, plan_doc) if annex is None else annex
+    snap = _plan_snapshot(settings, plan_doc, annex)
+    return training_records(plan_doc, annex, snap.records, drop_records=drop_records)
 
 
 RESERVATION_FILE = "ledger_reservation.json"
@@ -313,7 +313,7 @@ def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
 
     if not secret_ids:
         return []
-    spans = load_snapshot(settings, plan_doc["data"]["snapshot_id"]).secret_spans
+    spans = load_snapshot(settings, plan_snapshot_id(settings, plan_doc)).secret_spans
     hit = spans.filter(pc.is_in(spans["secret_id"], pa.array(sorted(set(secret_ids)), spans["secret_id"].type)))
     return sorted({str(r) for r in hit.column("record_id").to_pylist()})
 
@@ -440,7 +440,7 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
     from components.planning.data import train_rows
     from components.planning.secret_plan import untagged_max_rate
 
-    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    snap = load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
     return untagged_max_rate(train_rows(_annex(settings, plan_doc)), snap.secret_spans, plan_doc["target"]["secrets"])
 
 
@@ -503,7 +503,7 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
     from components.registry import load_model, record_audit
 
     loaded = load_model(model_uri, settings)
-    snap = load_snapshot(settings, loaded.plan["data"]["snapshot_id"])
+    snap = load_snapshot(settings, plan_snapshot_id(settings, loaded.plan))
     thresholds = load_policy(policy).spec.audit if policy else None
     truth_doc = json.loads(Path(truth).read_text()) if truth else None
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
@@ -582,7 +582,7 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
         return None
     # multi-owner data: only what each evaluation person owns alone is scored (planning.data), so one
     # person's content moves their own figures only
-    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan).records, single_owner=True)
+    rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan, annex).records, single_owner=True)
     if rows.num_rows == 0:
         raise VeilError(f"{model_uri}: no evaluation person owns a record alone (multi-owner data); nothing to score")
     texts = rows.column("text").to_pylist()
@@ -638,11 +638,37 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     return out
 
 
-def _plan_snapshot(settings: Settings, plan_doc: dict):
+def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = None) -> tuple[str, str]:
+    """(snapshot_id, snapshot_sha256) of the plan's snapshot. The public plan carries only a salted
+    commitment to them (issue 22); they are read from the plan's private annex (loaded here when not
+    given). A plan from before the commitment still names them in its public data section."""
+    from components.planning.annex import plan_snapshot_ref as ref
+
+    data = plan_doc.get("data") or {}
+    if annex is None and data.get("snapshot_commitment"):
+        annex = _annex(settings, plan_doc)
+    return ref(plan_doc, annex)
+
+
+def snapshot_commitment_of(settings: Settings, snapshot_id: str) -> str:
+    """The salted commitment a plan of this snapshot publishes (`data.snapshot_commitment`): how logs that
+    leave the private area (Prefect) name a snapshot. Keyed by this home's plan key."""
+    from catalog.snapshots import load_snapshot
+    from components.planning.annex import plan_key, snapshot_commitment
+
+    return snapshot_commitment(plan_key(settings.private_dir), snapshot_id,
+                               load_snapshot(settings, snapshot_id, verify=False).sha256)[1]
+
+
+def plan_snapshot_id(settings: Settings, plan_doc: dict, annex: dict | None = None) -> str:
+    return plan_snapshot_ref(settings, plan_doc, annex)[0]
+
+
+def _plan_snapshot(settings: Settings, plan_doc: dict, annex: dict | None = None):
     from catalog.snapshots import load_snapshot
 
-    data = plan_doc["data"]
-    snap = load_snapshot(settings, data["snapshot_id"])
-    if snap.sha256 != data["snapshot_sha256"]:
-        raise VeilError(f"snapshot {data['snapshot_id']} changed since planning (sha256 differs)")
+    sid, sha = plan_snapshot_ref(settings, plan_doc, annex)
+    snap = load_snapshot(settings, sid)
+    if snap.sha256 != sha:
+        raise VeilError(f"snapshot {sid} changed since planning (sha256 differs)")
     return snap

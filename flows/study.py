@@ -66,8 +66,10 @@ def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[li
     from components.planning import evaluation_records
     from components.planning.annex import load_annex
 
+    from flows.stages import plan_snapshot_id
+
     annex = load_annex(settings.private_dir, plan_doc)
-    snap = load_snapshot(settings, plan_doc["data"]["snapshot_id"])
+    snap = load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))
     t = evaluation_records(plan_doc, annex, snap.records)
     rows = list(zip(t.column("user_id").to_pylist(), t.column("text").to_pylist()))
     rows.sort(key=lambda r: hashlib.sha256((r[0] + "\x1f" + r[1]).encode()).hexdigest())

@@ -33,6 +33,7 @@ from components.audit.user_inference import (_check_samples, aggregate_user_scor
                                             user_inference_report)
 from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED, combine, exposure_verdict
 from components.core.errors import VeilError
+from components.planning.annex import snapshot_label
 from components.core.hashing import sha256_file, sha256_json
 
 # `veil audit --json` puts these first: what a caller checks before anything else.
@@ -127,7 +128,7 @@ def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings,
     missing = joined.filter(pc.is_null(joined["text"])).num_rows
     if missing:
         raise VeilError(f"audit: {missing} attacker record(s) of the plan are not in snapshot "
-                        f"{plan['data']['snapshot_id']}")
+                        f"{snapshot_label(plan)}")
     return joined.select(["user_id", "text", "member"]).sort_by([("user_id", "ascending")])
 
 

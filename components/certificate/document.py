@@ -155,6 +155,16 @@ def population_epsilon(doc: Mapping[str, Any]) -> float:
     return float(((doc.get("dataset") or {}).get("population") or {}).get("epsilon") or 0.0)
 
 
+def _snapshot_fields(data: Mapping[str, Any]) -> dict:
+    """The certificate's snapshot binding: the plan's salted commitment (issue 22: the snapshot's id and
+    sha256 are content hashes, a membership test for anyone who knows the rest of the data). A plan from
+    before the commitment is refused: certifying it would publish the content hash again."""
+    if not data.get("snapshot_commitment"):
+        raise VeilError("plan: no data.snapshot_commitment (a plan from before issue 22 names its snapshot by "
+                        "content hash, which would leak membership); re-plan it")
+    return {"snapshot_commitment": data["snapshot_commitment"]}
+
+
 def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at: str | None,
             version: str | None, train_result: Mapping[str, Any]) -> dict:
     data = plan["data"]
@@ -179,7 +189,8 @@ def _common(plan: Mapping[str, Any], steps: int, caveats: list[str], created_at:
         "releases": "all intermediate models (the accountant composes every step)",
         # No exact private count and no bare membership hash: a salted commitment and the population
         # section (a DP estimate, or a count public under the neighbouring relation).
-        "dataset": {"snapshot_id": data["snapshot_id"], "snapshot_sha256": data["snapshot_sha256"],
+        # the snapshot's id and sha256 are content hashes: the plan's salted commitment only
+        "dataset": {**_snapshot_fields(data),
                     "train_records_commitment": data.get("train_records_commitment"),
                     "population": pop},
         "policy": {"name": plan["policy"].get("name"), "sha256": plan["policy"]["sha256"]},

@@ -110,6 +110,49 @@ def commitment(salt: str, obj: Any) -> str:
     return sha256_bytes(bytes.fromhex(salt) + canonical_json(obj))
 
 
+def snapshot_commitment(key: bytes, snapshot_id: str, snapshot_sha256: str) -> tuple[str, str]:
+    """(salt, commitment) of the snapshot a plan, certificate or PMixED release was built on.
+
+    The snapshot's id and sha256 are content hashes (`snap-<16 hex>` names the records): published
+    bare, anyone who knows every record but whether person u's are in the data recomputes both and
+    learns membership exactly (issue 22). Public documents carry this salted commitment instead; the
+    real id and sha256 stay in the plan's annex (`plan_inputs`), with the salt. The salt is the keyed
+    PRF of the snapshot's sha256, so one snapshot always gives the same commitment (two releases of
+    it are linkable, which says nothing about a person) and another snapshot an unrelated one."""
+    salt = prf(key, "snapshot-commitment", snapshot_sha256).hex()
+    return salt, commitment(salt, {"snapshot_id": snapshot_id, "snapshot_sha256": snapshot_sha256})
+
+
+def plan_snapshot_ref(plan: Mapping, annex: Mapping | None = None) -> tuple[str, str]:
+    """(snapshot_id, snapshot_sha256) the plan was built on, from its private annex (`plan_inputs`).
+
+    The annex's salt opens the plan's public `data.snapshot_commitment`, which is checked. A plan
+    from before the commitment (its public data section still names the snapshot) is read from there,
+    so the plans of already-registered models keep loading."""
+    data = plan.get("data") or {}
+    inputs = (annex or {}).get("plan_inputs") or {}
+    if inputs.get("snapshot_id") and inputs.get("snapshot_sha256"):
+        sid, sha = str(inputs["snapshot_id"]), str(inputs["snapshot_sha256"])
+        want, salt = data.get("snapshot_commitment"), inputs.get("snapshot_salt")
+        if want and salt and commitment(salt, {"snapshot_id": sid, "snapshot_sha256": sha}) != want:
+            raise VeilError(f"plan {str(plan.get('sha256'))[:12]}…: its annex's snapshot does not open the plan's "
+                            "snapshot commitment; refusing to use it")
+        return sid, sha
+    if data.get("snapshot_id") and data.get("snapshot_sha256"):     # a plan from before the commitment
+        return str(data["snapshot_id"]), str(data["snapshot_sha256"])
+    raise VeilError(f"plan {str(plan.get('sha256'))[:12]}…: its snapshot is named only in its private annex; "
+                    "load the annex (components.planning.annex.load_annex) to find it")
+
+
+def snapshot_label(doc: Mapping) -> str:
+    """How a plan or certificate's snapshot is named where the public reads: its commitment's prefix
+    (`snapshot commitment 1a2b3c4d5e6f…`), or the id an old document published anyway."""
+    data = doc.get("data") or doc.get("dataset") or {}
+    if data.get("snapshot_commitment"):
+        return f"commitment {str(data['snapshot_commitment'])[:12]}…"
+    return str(data.get("snapshot_id") or "?")
+
+
 def annex_dir(private_dir: str | Path) -> Path:
     return Path(private_dir) / "plans"
 

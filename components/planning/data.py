@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.planning.annex import annex_file
+from components.planning.annex import annex_file, plan_snapshot_ref
 
 # Schema metadata key carrying the sha256 of the train-records file the table was read from: the
 # trainer records it and the certificate checks it against the plan (engine.TRAIN_RECORDS_SHA256_KEY).
@@ -70,7 +70,6 @@ def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, 
     schema metadata carries the sha256 of the bytes actually read (TRAIN_RECORDS_SHA256_KEY).
     `drop_records`: record ids left out (every row of each), e.g. the records holding a secret the
     per-secret ledger dropped from this release."""
-    data = plan["data"]
     chosen = train_rows(annex)
     read_sha = chosen.schema.metadata[b"veil.sha256"]  # what was actually read, not what the annex says
     if drop_records:
@@ -84,7 +83,7 @@ def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, 
     joined = chosen.join(plan_texts(annex, snapshot_records), keys="record_id", join_type="inner")
     if joined.num_rows != chosen.num_rows:
         raise VeilError(f"plan: {chosen.num_rows - joined.num_rows} planned record(s) are missing from snapshot "
-                        f"{data['snapshot_id']}")
+                        f"{plan_snapshot_ref(plan, annex)[0]}")
     joined = joined.sort_by([("user_id", "ascending"), ("record_id", "ascending"), ("_row", "ascending")])
     cols = ["user_id", "text"] + (["rate"] if "rate" in joined.column_names else [])
     return joined.select(cols).replace_schema_metadata({TRAIN_RECORDS_SHA256_KEY: read_sha})
@@ -112,7 +111,7 @@ def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table
     joined = table.join(snapshot_records.select(["record_id", "text"]), keys="record_id", join_type="inner")
     if joined.num_rows != table.num_rows:
         raise VeilError(f"plan: {table.num_rows - joined.num_rows} evaluation record(s) are missing from snapshot "
-                        f"{plan['data']['snapshot_id']}")
+                        f"{plan_snapshot_ref(plan, annex)[0]}")
     if single_owner and "owners" in snapshot_records.column_names:
         from components.planning.owners import owner_set
 

@@ -19,7 +19,7 @@ from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.mechanisms import Bounded, Calibrated, PlanContext, get
 from components.mechanisms.auto import Resolved, resolve
-from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex
+from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
 from components.planning.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
 from components.planning.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
@@ -231,15 +231,17 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     eval_public, eval_annex = evaluation_sections(spec.evaluation.fraction, split.evaluation,
                                                   lambda t, stem: _write_parquet(_sorted(t), out_dir, stem))
     # The private annex: everything that names a person or a record, and every exact private count.
+    snap_salt, snap_commitment = snapshot_commitment(key, snapshot.snapshot_id, snapshot.sha256)
     annex, annex_commitment = seal_annex(key, {**_annex_body(policy, snapshot, split, canaries, files, bounded,
-                                                             train_tbl, cal, chosen), **eval_annex,
+                                                             train_tbl, cal, chosen, snap_salt), **eval_annex,
                                             **({"people": people[1]} if people else {})})
     caveats = [*BASE_CAVEATS, *chosen.caveats, *bounded.caveats, *cal.caveats]
     if canaries is not None:
         caveats.append(f"{len(canaries.users)} synthetic canary users (seed 003 App. D.2) are part of the training "
                        "data; their records are in the canary records file, not the snapshot")
     body = _public_body(policy, snapshot, mech, ctx, bounded, cal, chosen, caveats,
-                        commitment(annex["salt"], files["train_records"][1]), annex, annex_commitment, created_at)
+                        commitment(annex["salt"], files["train_records"][1]), annex, annex_commitment, created_at,
+                        snap_commitment)
     body["evaluation"] = eval_public
     if people:
         body["data"]["people"] = people[0]      # policy-named exclusions only; person counts stay in the annex
@@ -257,13 +259,15 @@ BASE_CAVEATS = (
 
 
 def _annex_body(policy, snapshot, split: AuditSplit, canaries: _Canaries | None, files: dict, bounded: Bounded,
-                train_tbl: pa.Table, cal: Calibrated, chosen: Resolved) -> dict:
+                train_tbl: pa.Table, cal: Calibrated, chosen: Resolved, snapshot_salt: str) -> dict:
     named = {}
     for name, (file, sha) in files.items():
         named[f"{name}_file"], named[f"{name}_sha256"] = file, sha
     return {
+        # the snapshot's real id and sha256 (content hashes: private), and the salt that opens the
+        # public data.snapshot_commitment
         "plan_inputs": {"snapshot_id": snapshot.snapshot_id, "snapshot_sha256": snapshot.sha256,
-                        "policy_sha256": policy.sha256},
+                        "snapshot_salt": snapshot_salt, "policy_sha256": policy.sha256},
         "held_out_users": list(split.held_out_users),
         "canary_users": list(canaries.users) if canaries is not None else [],
         **named,
@@ -278,7 +282,7 @@ def _annex_body(policy, snapshot, split: AuditSplit, canaries: _Canaries | None,
 
 def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal: Calibrated, chosen: Resolved,
                  caveats: list[str], train_commitment: str, annex: dict, annex_commitment: str,
-                 created_at: str | None) -> dict:
+                 created_at: str | None, snap_commitment: str) -> dict:
     spec, tr = policy.spec, policy.spec.training
     lora = tr.lora.model_dump() if tr.lora is not None else None
     if lora is not None and lora["target_modules"] is not None:
@@ -302,7 +306,9 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
         "training": {"learning_rate": float(tr.learning_rate), "seq_len": int(tr.seq_len),
                      "micro_batch_size": int(tr.micro_batch_size), "seed": int(tr.seed), "lora": lora},
         "accounting": cal.accounting,
-        "data": {"snapshot_id": snapshot.snapshot_id, "snapshot_sha256": snapshot.sha256,
+        # the snapshot's id and sha256 are content hashes (a membership test for anyone who knows the rest
+        # of the data): a salted commitment only; the annex holds them (plan_inputs)
+        "data": {"snapshot_commitment": snap_commitment,
                  # salted: the bare sha256 of a membership file can be matched against guessed files
                  "train_records_commitment": train_commitment,
                  "population": cal.population},

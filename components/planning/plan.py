@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
@@ -84,8 +84,9 @@ class Plan:
     def to_dict(self) -> dict:
         return json.loads(json.dumps(self.doc))
 
-    def summary_rows(self) -> list[tuple[str, str]]:
-        """(label, value) rows for a readable summary table."""
+    def summary_rows(self, annex: Mapping | None = None) -> list[tuple[str, str]]:
+        """(label, value) rows for a readable summary table. With the plan's private `annex` (the
+        operator's own terminal) the snapshot row names the real snapshot; without it, its commitment."""
         d = self.doc
         data, audit = d["data"], d["audit"]
         acc = d["accounting"]
@@ -94,7 +95,9 @@ class Plan:
 
         rows = [
             ("policy", f"{d['policy']['name']} ({d['policy']['sha256'][:12]}…)"),
-            ("snapshot", f"{data['snapshot_id']} ({data['snapshot_sha256'][:12]}…)"),
+            # the public plan carries a commitment only; the operator's terminal (`summary_rows(annex)`)
+            # may show the real snapshot id
+            ("snapshot", _snapshot_row(data, annex)),
             ("privacy unit", f"{d['privacy_unit']} · {d['neighbouring']}"),
             ("mechanism", d["mechanism"]),
         ]
@@ -175,3 +178,12 @@ def load_plan(path: str | Path) -> Plan:
         return Plan(doc)
     except VeilError as e:
         raise VeilError(f"{path}: {e}") from None
+
+
+def _snapshot_row(data: Mapping, annex: Mapping | None) -> str:
+    inputs = (annex or {}).get("plan_inputs") or {}
+    sid, sha = inputs.get("snapshot_id") or data.get("snapshot_id"), inputs.get("snapshot_sha256") or data.get("snapshot_sha256")
+    commit = data.get("snapshot_commitment")
+    if sid and sha:
+        return f"{sid} ({sha[:12]}…)" + (f" · commitment {commit[:12]}…" if commit else "")
+    return f"commitment {commit[:12]}…" if commit else "?"

@@ -44,7 +44,7 @@ def commitment(settings, adapter_sha256: str) -> str:
 
 
 def make_certificate(*, params: mech.MechanismParams, target: Mapping, policy_name: str, policy_sha256: str,
-                     snapshot_id: str, snapshot_sha256: str, base_sha256: str, commitments: Sequence[str],
+                     snapshot_commitment: str, base_sha256: str, commitments: Sequence[str],
                      when_exhausted: str, ledger: Mapping | None, ensemble_id: str,
                      people: Mapping | None = None) -> dict:
     """Every number recomputed here from the public parameters by `mechanism` (tests check it independently)."""
@@ -73,7 +73,9 @@ def make_certificate(*, params: mech.MechanismParams, target: Mapping, policy_na
                      "decoding": "ancestral sampling from the mixture; temperature per model before mixing",
                      "adapter_commitments": list(commitments), "adapters_released": False},
         "public_model": {"sha256": base_sha256, "assumed_independent_of_private_data": True},
-        "dataset": {"snapshot_id": snapshot_id, "snapshot_sha256": snapshot_sha256,
+        # the snapshot's id and sha256 are content hashes (a membership test): its salted commitment only,
+        # the same one a plan of this snapshot publishes (components.planning.annex.snapshot_commitment)
+        "dataset": {"snapshot_commitment": snapshot_commitment,
                     **({"people": dict(people)} if people else {})},   # policy-named exclusions only
         "policy": {"name": policy_name, "sha256": policy_sha256},
         "ledger": dict(ledger) if ledger else None,

@@ -49,8 +49,6 @@ _PLAN_SHARED = [
     ("annex.**", P, _PUBHASH), ("policy.**", P, "the policy's name, path and sha256"),
     ("lifetime_budget", P, _POLICY), ("lifetime_budget.**", P, _POLICY), ("release.**", P, _POLICY),
     ("audit.**", P, "policy values and fixed wording"), ("evaluation.**", P, "policy values and fixed wording"),
-    ("data.snapshot_id", P, "the snapshot's id (public manifest)"),
-    ("data.snapshot_sha256", P, "the snapshot's sha256 (public manifest)"),
     ("data.people.**", P, "policy-named exclusions only"),
     ("filter.**", P, _POLICY), ("decision.requested", P, _POLICY),
     ("utility_forecast.thresholds.**", P, _CONST), ("utility_forecast.measure", P, _CONST),
@@ -58,7 +56,9 @@ _PLAN_SHARED = [
 declare(*(Field("plan", p, k, w) for p, k, w in _PLAN_SHARED))
 _COMMIT = "a salted commitment (sha256 of a private salt ‖ the private value): hiding without the salt"
 _DIGEST = "the sha256 of this document's other fields"
-declare(Field("plan", "data.train_records_commitment", P, _COMMIT, hiding=True),
+# the snapshot's id and sha256 are content hashes (a membership test, issue 22): a commitment only
+declare(Field("plan", "data.snapshot_commitment", P, _COMMIT, hiding=True),
+        Field("plan", "data.train_records_commitment", P, _COMMIT, hiding=True),
         Field("plan", "annex.commitment", P, _COMMIT, hiding=True),
         Field("plan", "sha256", P, _DIGEST, digest=True))
 declare(
@@ -96,8 +96,6 @@ _CERT_PUBLIC = [
     ("clip_norm", _POLICY), ("steps_planned", _POLICY), ("policy.**", "the policy's name and sha256"),
     ("contribution_bound.**", _POLICY),
     ("assumptions", _CONST), ("coverage", _CONST), ("ignored_classes", _POLICY), ("sampling", _CONST),
-    ("dataset.snapshot_id", "the snapshot's id (public manifest)"),
-    ("dataset.snapshot_sha256", "the snapshot's sha256 (public manifest)"),
 
     ("run.base_model.**", "hashes of the public base model"), ("run.tokenizer.**", "hashes of the public tokenizer"),
     ("run.weights.kind", _CONST), ("run.device", "the operator's hardware"), ("run.precision", _POLICY),
@@ -109,7 +107,8 @@ _CERT_PUBLIC = [
     ("secrets.*.kappa", _POLICY), ("secrets.*.gamma_target", _POLICY), ("untagged_records.policy", _POLICY),
 ]
 declare(*(Field("certificate", p, P, w) for p, w in _CERT_PUBLIC))
-declare(Field("certificate", "dataset.train_records_commitment", P, _COMMIT, hiding=True),
+declare(Field("certificate", "dataset.snapshot_commitment", P, _COMMIT, hiding=True),
+        Field("certificate", "dataset.train_records_commitment", P, _COMMIT, hiding=True),
         Field("certificate", "run.train_records_commitment", P, _COMMIT, hiding=True),
         Field("certificate", "sha256", P, _DIGEST, digest=True),
         Field("certificate", "plan_sha256", P, "the plan's sha256 (a digest of the public plan)", digest=True))
@@ -162,7 +161,7 @@ declare(
     *(Field("registry.tag", p, P, w) for p, w in [
         ("privacy.schema", _CONST), ("privacy.certificate_sha256", "the certificate's hash"),
         ("privacy.unit", "the plan's"), ("privacy.neighbouring", "the plan's"), ("privacy.mechanism", "the plan's"),
-        ("privacy.clip_norm", _POLICY), ("privacy.accountant", _CONST), ("privacy.snapshot_id", "public manifest"),
+        ("privacy.clip_norm", _POLICY), ("privacy.accountant", _CONST),
         ("privacy.policy_sha256", "the policy's hash"), ("privacy.signing_key", "the signer's key fingerprint"),
         ("privacy.ledger_release_id", "the ledger's release number (public sequence)"),
         ("privacy.lifetime_budget", _POLICY), ("privacy.delta", _POLICY), ("privacy.secret.*.kappa", _POLICY),
@@ -171,6 +170,7 @@ declare(
     *(Field("registry.tag", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
         ("privacy.noise_multiplier", "σ"), ("privacy.sampling_rate", "q"), ("privacy.steps", "steps run"),
         ("privacy.epsilon", "the certificate's ε"), ("privacy.secret.*.max_gamma", "per-class γ")]),
+    Field("registry.tag", "privacy.snapshot_commitment", P, _COMMIT, hiding=True),
     Field("registry.tag", "audit.*", U, "the audit's verdict and buckets", coarsening=_AUDIT_Q, test=_AUDIT_T),
     *(Field("registry.param", p, P, w) for p, w in [
         ("mechanism", "the plan's"), ("clip_norm", _POLICY), ("delta", _POLICY), ("shards", _POLICY),
@@ -243,11 +243,11 @@ declare(
 
 # --- Prefect (flow-run names, parameters, log lines; results are not persisted) -----------------------------------
 declare(
-    Field("prefect", "snapshot_id", P, "the snapshot's id (public manifest)"),
+    Field("prefect", "snapshot_commitment", P, "the prefix of the snapshot's salted commitment", hiding=True),
     Field("prefect", "certificate", P, "the certificate's hash prefix and its one-line guarantee (public values)"),
     Field("prefect", "registered", P, "model URI, plan and certificate hash prefixes"),
     Field("prefect", "promotion", P, "the promotion decision and its reason (public verdicts and policy fields)"),
-    Field("prefect", "skipped", P, "why a retrain did nothing: unchanged data (snapshot id, model URI) or no "
+    Field("prefect", "skipped", P, "why a retrain did nothing: unchanged data (snapshot commitment, model URI) or no "
           "budget left for anyone (a fact about the whole organization, from the ledger's public budget)"),
 )
 

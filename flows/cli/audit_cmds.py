@@ -102,6 +102,7 @@ def audit_cmd(
     from components.audit import run_audit
     from components.core.settings import load_settings
     from components.registry import load_model
+    from flows.stages import plan_snapshot_id
 
     settings = load_settings().ensure()
     settings.apply_environment()
@@ -118,7 +119,7 @@ def audit_cmd(
             raise VeilError(f"{truth}: cannot read truth file ({e})") from None
     loaded = load_model(model_uri, settings)
     plan = loaded.plan
-    snap = load_snapshot(settings, plan["data"]["snapshot_id"])
+    snap = load_snapshot(settings, plan_snapshot_id(settings, plan))
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
                        secret_spans=None if truth_doc is not None else snap.secret_spans,
                        n_candidates=candidates, max_secrets_per_class=per_class, bootstrap=bootstrap,

@@ -133,7 +133,10 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    for k, v in p.summary_rows():
+    from components.planning.annex import load_annex
+
+    # the operator's own terminal: the real snapshot id, from the plan's private annex
+    for k, v in p.summary_rows(load_annex(s.private_dir, p.to_dict())):
         t.add_row(k, v)
     out.print(t)
     fc = p.to_dict().get("utility_forecast") or {}

@@ -122,9 +122,11 @@ def secrets_cmd(
     from components.planning.annex import load_annex
     from components.planning.data import train_rows
 
+    from components.planning.annex import plan_snapshot_ref
+
     plan = load_plan(plan_path).to_dict()
-    data = plan["data"]
-    train = train_rows(load_annex(load_settings().private_dir, plan))
+    annex = load_annex(load_settings().private_dir, plan)
+    train = train_rows(annex)
     if spans is not None:
         if not spans.is_file():
             raise VeilError(f"--spans: {spans} does not exist")
@@ -132,7 +134,7 @@ def secrets_cmd(
     else:
         from catalog.snapshots import load_snapshot
 
-        span_tbl = load_snapshot(load_settings(), data["snapshot_id"]).secret_spans
+        span_tbl = load_snapshot(load_settings(), plan_snapshot_ref(plan, annex)[0]).secret_spans
     from components.mechanisms import get as get_mechanism
 
     per_user = get_mechanism(plan["mechanism"]).samples_users

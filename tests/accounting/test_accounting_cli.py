@@ -85,7 +85,7 @@ def _write_plan(tmp: Path, *, mechanism="secret", policy_path=None, rates=True) 
         "neighbouring": "secret_substitution", "target": {"epsilon": None, "delta": None},
         "sampling_rate": 0.05, "noise_multiplier": 2.0, "steps": 100, "expected_batch_size": 1,
         "clip_norm": 1.0, "records_per_user": None, "selection": None, "training": {}, "accounting": {},
-        "data": {"snapshot_id": "s", "snapshot_sha256": "x"},
+        "data": {"snapshot_commitment": "x"},
         "audit": {}, "policy": {"name": "demo", "path": policy_path, "sha256": "z"},
     }
     # the training rows live in the plan's private annex, in this Veil home's private area

@@ -23,7 +23,7 @@ def _plan(steps=120, mechanism="uls", k=None):
         "schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": mechanism, "privacy_unit": "user",
         "target": {"epsilon": 8.0, "delta": DELTA}, "sampling_rate": Q, "noise_multiplier": SIGMA,
         "steps": steps, "expected_batch_size": 16, "clip_norm": 1.0, "records_per_user": k or 4,
-        "selection": "random", "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32,
+        "selection": "random", "data": {"snapshot_commitment": "cd" * 32,
                                         "train_records_commitment": "ef" * 32, "n_train_users": 200,
                                         "n_train_records": 4000},
         "policy": {"name": "demo", "path": "policies/demo.yaml", "sha256": "01" * 32},
@@ -82,7 +82,7 @@ def test_certificate_fields_and_hash():
     from importlib.metadata import version
 
     assert version("dp-accounting") in cert["accountant"]["library_version"]
-    assert cert["dataset"]["snapshot_sha256"] == "cd" * 32 and cert["policy"]["sha256"] == "01" * 32
+    assert cert["dataset"]["snapshot_commitment"] == "cd" * 32 and cert["policy"]["sha256"] == "01" * 32
     verify_certificate(cert)
     tampered = dict(cert, epsilon=cert["epsilon"] / 2)
     with pytest.raises(VeilError, match="sha256 mismatch"):

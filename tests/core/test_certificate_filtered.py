@@ -33,7 +33,7 @@ def _plan(sigma, n_users, variant="veil"):
         "target": {"epsilon": EPS, "delta": DELTA}, "sampling_rate": 1.0, "noise_multiplier": sigma,
         "steps": T, "expected_batch_size": n_users, "clip_norm": 1.0, "records_per_user": 4, "selection": "random",
         "filter": {"tau": 0.5, "epsilon": EPS, "delta": DELTA, "variant": variant},
-        "data": {"snapshot_id": "snap-1", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32,
+        "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32,
                  "population": {"unit": "users", "exact": n_users, "mechanism": "none", "epsilon": 0.0,
                                 "delta": 0.0, "why": "replace-one"}},
         "policy": {"name": "demo", "path": "policies/demo.yaml", "sha256": "01" * 32},

@@ -45,7 +45,7 @@ def _plan_and_cert(epsilon_target=8.0, lifetime_budget=None):
     plan = {"schema": "veil.plan/v1", "mechanism": "uls", "target": {"epsilon": epsilon_target, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
-            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "t", "sha256": "01" * 32}}
     if lifetime_budget is not None:
         plan["lifetime_budget"] = lifetime_budget

@@ -36,7 +36,7 @@ def _plan(**kw):
     return {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "privacy_unit": "user",
             "target": {"epsilon": 8.0, "delta": DELTA}, "sampling_rate": Q, "noise_multiplier": SIGMA, "steps": T,
             "expected_batch_size": 16, "clip_norm": 1.0, "records_per_user": 4, "selection": "random",
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "p", "sha256": "01" * 32}, **kw}
 
 

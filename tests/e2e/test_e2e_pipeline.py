@@ -53,7 +53,10 @@ def test_pipeline_through_prefect(prefect_harness, veil_home, tiny_policy, tiny_
     # the certificate states user-level ε within the policy's target, for the steps actually run
     assert cert["privacy_unit"] == "user" and cert["steps"] == result["train"]["steps_run"] == 4
     assert 0 < cert["epsilon"] <= policy["spec"]["target"]["epsilon"]
-    assert cert["dataset"]["snapshot_id"] == ing["snapshot_id"]
+    # the certificate binds the snapshot by its salted commitment, never its content-hash id (issue 22)
+    assert cert["dataset"]["snapshot_commitment"] == plan["data"]["snapshot_commitment"] == \
+        stages.snapshot_commitment_of(load_settings(veil_home), ing["snapshot_id"])
+    assert ing["snapshot_id"] not in json.dumps(cert) and ing["snapshot_id"] not in json.dumps(plan)
     assert cert["audit"] is not None and "auroc" in cert["audit"] and cert["audit"]["covered_by_certificate"] is False
     assert reg["model_uri"] == "models:/e2e/1"
 

@@ -79,7 +79,7 @@ def test_evaluate_json_matches_a_hand_computation(release):
     plan = res["plan"]
     annex = load_annex(s.private_dir, plan)
     people = set(annex["eval_users"])
-    snap = load_snapshot(s, plan["data"]["snapshot_id"])
+    snap = load_snapshot(s, annex["plan_inputs"]["snapshot_id"])
     seen, texts = set(), []
     for u, t, rid in sorted(zip(snap.records["user_id"].to_pylist(), snap.records["text"].to_pylist(),
                                 snap.records["record_id"].to_pylist()), key=lambda x: (x[0], x[2])):

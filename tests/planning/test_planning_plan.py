@@ -56,7 +56,8 @@ def test_plan_has_the_contract_keys(demo_plan):
     assert set(d["training"]) == {"learning_rate", "seq_len", "micro_batch_size", "seed", "lora"}
     assert set(d["training"]["lora"]) == {"r", "alpha", "dropout", "target_modules"}
     assert {"epsilon", "delta", "mechanism", "dp_event", "accountant", "library_version"} <= set(d["accounting"])
-    assert set(d["data"]) == {"snapshot_id", "snapshot_sha256", "train_records_commitment", "population"}
+    # the snapshot's id and sha256 are content hashes: a salted commitment only (issue 22)
+    assert set(d["data"]) == {"snapshot_commitment", "train_records_commitment", "population"}
     assert {"holdout_probability", "attacker_samples_per_user", "canaries", "thresholds"} <= set(d["audit"])
     assert set(d["annex"]) == {"schema", "commitment", "where"}
     assert set(d["policy"]) == {"name", "path", "sha256"}

@@ -106,8 +106,8 @@ def snapshot(rows: list[dict], *, upto_week: int | None = None, without: str | N
     spans = [{"record_id": r["record_id"], "secret_id": r["secret"], "secret_class": r["secret"].split(":")[0],
               "detector": "literal", "detector_version": "1", "start": 0, "end": 1} for r in keep if r["secret"]]
     digest = sha256_bytes("".join(cols["record_id"]).encode())
-    # the snapshot id and date are the catalog's (public manifest): the same for D and D − u, as a
-    # catalog cut at the same moment would name them; only the records differ
+    # named as the catalog names a snapshot: its id is a content hash (D and D − u differ), which is why
+    # public documents carry only a salted commitment to it (issue 22); the date is the same for both
     return Snap(f"snap-{digest[:16]}", digest, pa.table(cols), pa.Table.from_pylist(spans, schema=SPAN_SCHEMA),
                 {"created_at": "2026-11-01T00:00:00+00:00"})
 
@@ -286,14 +286,7 @@ def release_of_plan(settings, plan: dict, annex: dict, field) -> tuple[int | Non
 
 # Leaks the harness found that are not fixed yet, each named by the issue that owns it. They are skipped
 # by the diff (so the rest stays checked) and listed by `known_open` in every report.
-KNOWN_OPEN = {
-    ("plan", "data.snapshot_sha256"): "the snapshot's unsalted content hash: a membership test for anyone who "
-                                       "knows the rest of the data (publish a salted commitment instead)",
-    ("plan", "data.snapshot_id"): "snap-<16 hex of the content hash>: the same leak, shortened",
-    ("certificate", "dataset.snapshot_sha256"): "as plan data.snapshot_sha256",
-    ("certificate", "dataset.snapshot_id"): "as plan data.snapshot_id",
-    ("registry.tag", "privacy.snapshot_id"): "as plan data.snapshot_id",
-}
+KNOWN_OPEN: dict[tuple[str, str], str] = {}      # the snapshot id/sha256 (issue 22): now a salted commitment
 
 
 @dataclasses.dataclass

@@ -44,7 +44,7 @@ def plan_and_certificate(weights_dir=None, base_dir=None) -> tuple[dict, dict]:
         "privacy_unit": "user", "neighbouring": "add_remove_user", "target": {"epsilon": 8.0, "delta": 1e-5},
         "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": STEPS, "expected_batch_size": 10,
         "clip_norm": 1.0, "records_per_user": 2, "selection": "random", "training": {"lr": 0.01},
-        "accounting": {}, "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32,
+        "accounting": {}, "data": {"snapshot_commitment": "cd" * 32,
                                    "train_records_commitment": "ef" * 32},
         "audit": {"thresholds": {"max_user_inference_auroc": 0.6, "max_canary_auroc": 0.6,
                                                         "max_secret_exposure": 4.0}},

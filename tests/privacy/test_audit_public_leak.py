@@ -61,7 +61,7 @@ def _certificate():
     plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "target": {"epsilon": 8.0, "delta": 1e-5},
             "sampling_rate": 0.05, "noise_multiplier": 1.0, "steps": 30, "clip_norm": 1.0, "records_per_user": 2,
             "expected_batch_size": 10, "selection": "random",
-            "data": {"snapshot_id": "snap-x", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "t", "sha256": "01" * 32}}
     res = {**bound_run.binding(plan), "steps_run": 30, "mechanism": "uls", "noise_multiplier": 1.0, "sampling_rate": 0.05, "clip_norm": 1.0}
     return build_certificate(plan, res).to_dict()

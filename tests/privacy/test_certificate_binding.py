@@ -55,7 +55,7 @@ def run(tmp_path_factory):
     plan = {"schema": "veil.plan/v1", "sha256": "ab" * 32, "mechanism": "uls", "privacy_unit": "user",
             "target": {"epsilon": 50.0, "delta": 1e-5}, "sampling_rate": 0.5, "noise_multiplier": 1.1, "steps": 2,
             "expected_batch_size": 3, "clip_norm": 1.0, "records_per_user": 2, "selection": "random",
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": commitment(SALT, DATA_SHA)},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": commitment(SALT, DATA_SHA)},
             "policy": {"name": "t", "sha256": "01" * 32}}
     return plan, res, base
 

@@ -126,7 +126,7 @@ def test_ledger_charge_equals_the_certificates_per_secret_kl(settings):
 
     plan = {**_plan(), "schema": "veil.plan/v1", "expected_batch_size": 8, "clip_norm": 1.0,
             "records_per_user": None, "selection": "all", "secret_lp": {"untagged_records": "keep"},
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "code", "sha256": "01" * 32}}
     res = {**bound_run.binding(plan), "steps_run": T, "steps_attempted": T, "mechanism": "secret",
            "noise_multiplier": SIGMA, "sampling_rate": 0.05, "clip_norm": 1.0, "private_seed_source": "os_entropy"}

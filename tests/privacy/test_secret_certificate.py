@@ -27,7 +27,7 @@ def _plan(untagged="keep"):
             "sampling_rate": 0.02, "noise_multiplier": SIGMA, "steps": T, "expected_batch_size": 8, "clip_norm": 1.0,
             "records_per_user": None, "selection": "all",
             "secret_lp": {"untagged_records": untagged, "ignored_classes": ["phone", "email"]},
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "code", "sha256": "01" * 32}}
 
 

@@ -36,7 +36,7 @@ def _plan(sha="ab"):
             "sampling_rate": 0.02, "noise_multiplier": SIGMA, "steps": T, "expected_batch_size": 8, "clip_norm": 1.0,
             "records_per_user": None, "selection": "all", "neighbouring": "secret_substitution",
             "secret_lp": {"untagged_records": "keep", "ignored_classes": []},
-            "data": {"snapshot_id": "s", "snapshot_sha256": "cd" * 32, "train_records_commitment": "ef" * 32},
+            "data": {"snapshot_commitment": "cd" * 32, "train_records_commitment": "ef" * 32},
             "policy": {"name": "code", "sha256": "01" * 32}}
 
 
