@@ -1,6 +1,7 @@
 """The ledger's tables and its one write transaction (SQLAlchemy 2 Core; SQLite or PostgreSQL).
 
-Append-only by construction: this module has no UPDATE and no DELETE. A release's status is the last
+Append-only by construction: this module has no UPDATE and no DELETE. A DP-SGD plan has at most one
+release (`ledger_plan_releases`, checked in the reserving transaction). A release's status is the last
 of its events; a person's spend is the sum of their charges, and a secret's lifetime KL the sum of its
 KL charges, which are only ever inserted.
 
@@ -92,6 +93,15 @@ secret_drops = Table("ledger_secret_drops", metadata,
                      Column("release_id", Integer, ForeignKey("ledger_releases.id"), primary_key=True),
                      Column("secret_class", String(128), ForeignKey("ledger_secret_classes.secret_class"),
                             nullable=False))
+
+# One release per plan (issue 28): a DP-SGD plan's release is unique by its plan's sha256. The reserving
+# transaction checks `ledger_releases` under the write lock (SQLite) / SERIALIZABLE (PostgreSQL), and
+# this primary key makes a second insert fail in the database itself whatever the isolation; a table
+# of its own so that `create_all` adds it to ledgers made before it (their older releases are found
+# by the check on `ledger_releases`).
+plan_releases = Table("ledger_plan_releases", metadata,
+                      Column("plan_sha256", String(64), primary_key=True),
+                      Column("release_id", Integer, ForeignKey("ledger_releases.id"), nullable=False))
 
 RETRY_SQLSTATES = ("40001", "40P01")
 MAX_ATTEMPTS = 200
