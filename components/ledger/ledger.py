@@ -111,6 +111,12 @@ class Ledger:
         fp = _keys.key_fingerprint(key)
 
         def init(conn: Connection) -> dict:
+            if "schema" not in st.read_meta(conn) and \
+                    conn.execute(select(func.count()).select_from(st.releases)).scalar_one():
+                # releases without the ledger's own record (its order grid, key, budget): not made by
+                # this code, or damaged; re-stamping it would re-price and re-key every charge
+                raise VeilError(f"ledger {self._where()} holds releases but no ledger metadata (schema, orders, key): "
+                                f"damaged; {st.RESTORE}")
             st.insert_ignore(conn, st.meta, [
                 {"key": "schema", "value": st.SCHEMA_VERSION},
                 {"key": "orders", "value": json.dumps([float(a) for a in orders])},
