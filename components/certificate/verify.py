@@ -130,7 +130,8 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
         raise VeilError(f"certificate ε={stated!r} is not a number")
     if float(stated) < eps * (1 - LAST_BITS_RTOL) - 1e-12:
         raise VeilError(f"certificate says ε={float(stated):.9g}, below what its parameters (σ={cert['noise_multiplier']}, "
-                        f"q={cert['sampling_rate']}, steps={cert['steps']}, δ={cert['delta']}) give: ε={eps:.9g}")
+                        f"q={cert['sampling_rate']}, steps={cert['steps']}, δ={cert['delta']}) give ε={eps:.9g}: "
+                        "an understatement")
     if float(stated) > eps * (1 + EPSILON_RTOL + PUBLISHED_RTOL) + 1e-9:
         raise VeilError(f"certificate says ε={float(stated):.6g} but its parameters (σ={cert['noise_multiplier']}, "
                         f"q={cert['sampling_rate']}, steps={cert['steps']}, δ={cert['delta']}) give ε={eps:.6g}")
@@ -181,7 +182,7 @@ def _recheck_secrets(cert: Mapping[str, Any]) -> dict[str, float]:
         if bool(c.get("all_within_target")) and gamma > float(c["gamma_target"]) * (1 + GAMMA_RTOL):
             raise VeilError(f"secret class {cls}: γ={gamma:.6g} is above its target {c['gamma_target']} "
                             "but the certificate says it is within")
-        out[cls] = gamma
+        out[cls] = stated_gamma     # checked: never below the recomputed γ (the certificate's figure)
     if not out:
         raise VeilError("secret certificate lists no secret classes")
     return out
