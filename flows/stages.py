@@ -6,6 +6,8 @@ tests call them directly.
 from __future__ import annotations
 
 import json
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +210,14 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
 
 RESERVATION_FILE = "ledger_reservation.json"
 TRAIN_LOCK_FILE = ".train.lock"
+RANK0_WAIT_S = 600.0   # how long a torchrun rank > 0 waits for rank 0's reservation
+
+
+def _rank() -> tuple[int, int]:
+    """(global rank, local rank) under torchrun; (0, 0) otherwise."""
+    import os
+
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("LOCAL_RANK", "0") or 0)
 
 
 def _already_released(plan_doc: dict, release_id: int, status: str | None, settings: Settings) -> VeilError:
@@ -264,6 +274,16 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
     led = Ledger.open(settings)
     try:
         first = led.plan_release(sha)
+        if _rank()[0] > 0:
+            # torchrun: rank 0 reserves the one release; the other ranks wait for it and resume it
+            # (reading the same retired people and dropped secrets, so every rank trains the same data)
+            deadline = time.monotonic() + RANK0_WAIT_S
+            while first is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                first = led.plan_release(sha)
+            if first is None:
+                raise VeilError(f"plan {sha[:12]}: rank {_rank()[0]} waited {RANK0_WAIT_S:g} s for rank 0's ledger "
+                                "reservation and none came; see rank 0's error")
         if first is None and path.is_file():
             saved = json.loads(path.read_text())
             raise VeilError(f"{path}: names ledger release {saved.get('release_id')} for plan {sha[:12]}, but the ledger "
@@ -441,7 +461,9 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     device = resolve_device(settings.device)
     # One trainer per run folder for the whole training (RunLock); the ledger's one release per plan
     # covers trainers on other machines.
-    with RunLock(settings, out_dir, plan_doc["sha256"] if release else None):
+    # (under torchrun, the job's local rank 0 holds it for the ranks on its machine)
+    lock = RunLock(settings, out_dir, plan_doc["sha256"] if release else None) if _rank()[1] == 0 else nullcontext()
+    with lock:
         reservation = reserve(settings, plan_doc, annex, out_dir) if release else None
         if reservation and reservation.get("dropped_records"):
             # The per-secret filter's decision reads only the ledger and that secret: its records go.

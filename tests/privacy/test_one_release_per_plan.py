@@ -261,3 +261,24 @@ def test_a_second_trainer_of_a_run_folder_refuses_in_one_line(veil_home, setting
     t0 = time.monotonic()
     with RunLock(settings, run, None):
         assert time.monotonic() - t0 < 5
+
+
+def test_torchrun_ranks_share_rank_zeros_one_release(veil_home, settings, monkeypatch):
+    """Under torchrun every rank runs the train stage: rank 0 reserves, the others (here: on another
+    machine, without rank 0's run folder) resume that release instead of reserving their own."""
+    from flows import stages
+
+    plan = _plan(veil_home)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(stages, "RANK0_WAIT_S", 1.0)
+    with pytest.raises(VeilError, match="waited .* for rank 0's ledger reservation"):
+        _stage_reserve(str(veil_home))          # nothing reserved yet: never reserves on its own
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    rid = _stage_reserve(str(veil_home))["release_id"]
+    (settings.runs_dir / plan["sha256"][:16] / "ledger_reservation.json").unlink()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert _stage_reserve(str(veil_home))["release_id"] == rid
+    assert set(_charges_per_person(settings, plan).values()) == {1}
