@@ -24,8 +24,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/veil demo
 
+# Test files run in parallel (pytest-xdist), one file per worker at a time so that a file's module
+# fixtures (trained tiny models, servers) are built once: much of the suite waits on servers it starts
+# (Prefect, MLflow, PostgreSQL), so 3 workers on 2 cores still pay. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/accounting.py

@@ -6,6 +6,8 @@ tests call them directly.
 from __future__ import annotations
 
 import json
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,52 +259,183 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
 
 
 RESERVATION_FILE = "ledger_reservation.json"
+TRAIN_LOCK_FILE = ".train.lock"
+RANK0_WAIT_S = 600.0   # how long a torchrun rank > 0 waits for rank 0's reservation
+
+
+def _rank() -> tuple[int, int]:
+    """(global rank, local rank) under torchrun; (0, 0) otherwise."""
+    import os
+
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+def _already_released(plan_doc: dict, release_id: int, status: str | None, settings: Settings) -> VeilError:
+    """One line for a plan whose one release is past training: what to do instead. Never "make a new
+    plan": a new plan of the same data charges the same people again."""
+    sha = plan_doc["sha256"]
+    run = settings.runs_dir / sha[:16]
+    after = {
+        "trained": f"its trained run is in {run}: certify and register it (`veil register --plan PLAN --base-model "
+                   "DIR` after `veil train` wrote its certificate, or `veil retrain`, which goes on from a finished run)",
+        "registered": "it is registered already (`veil models`)",
+        "audit_failed": "it was registered and failed its audit; its charge stays",
+        "deleted": "its model was deleted; its charge stays",
+        "refused": "nothing was trained: everyone in it had spent their lifetime budget",
+    }.get(status or "", "see `veil ledger --json`")
+    return VeilError(f"plan {sha[:12]}: its ledger release {release_id} is already {status}; training it again would "
+                     f"charge the same people a second time for the same data, so it is refused — {after}")
+
+
+def _write_private_json(path: Path, doc: dict) -> None:
+    """Atomically (aside, then renamed into place), 0600: a kill leaves the old file or the new one."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> dict | None:
     """The release's cost, reserved in the per-person ledger before any training (a trained model on
     disk is a release: crashes, refusals and deletions keep their charge).
 
-    One reservation per plan run: a run that crashed and is started again resumes under its own
-    reservation (same people, the planned steps were charged in full), kept privately in the run folder.
-    A plan whose release already finished training is refused rather than trained (and charged) again.
+    One release per plan, and the ledger is the source of truth (issue 28): it refuses a second release
+    of the same plan sha256 inside its serialized transaction (`components.ledger.PlanAlreadyReleased`).
+    A plan whose release is `reserved` or `crashed` resumes under it — also when the process died between
+    the ledger's commit and writing the run folder's copy (`ledger_reservation.json`, a cache): the
+    retired people and dropped secrets are read back from the ledger. A plan whose release already
+    finished training is refused rather than trained (and charged) again, with what to do instead.
     Secret-protection plans are also charged per secret (KL, composed across releases) in the same
     transaction; the records holding a secret that has no KL budget left are dropped from the release.
     Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
     mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
-    from components.ledger import Ledger, reserve_release
+    from components.ledger import Ledger, PlanAlreadyReleased, reserve_release
     from components.planning.data import train_rows
 
     path = out_dir / RESERVATION_FILE
+    sha = plan_doc["sha256"]
+    mech = get_mechanism(plan_doc["mechanism"])
     led = Ledger.open(settings)
     try:
+        first = led.plan_release(sha)
+        if _rank()[0] > 0:
+            # torchrun: rank 0 reserves the one release; the other ranks wait for it and resume it
+            # (reading the same retired people and dropped secrets, so every rank trains the same data)
+            deadline = time.monotonic() + RANK0_WAIT_S
+            while first is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                first = led.plan_release(sha)
+            if first is None:
+                raise VeilError(f"plan {sha[:12]}: rank {_rank()[0]} waited {RANK0_WAIT_S:g} s for rank 0's ledger "
+                                "reservation and none came; see rank 0's error")
+        if first is None and path.is_file():
+            saved = json.loads(path.read_text())
+            raise VeilError(f"{path}: names ledger release {saved.get('release_id')} for plan {sha[:12]}, but the ledger "
+                            f"at {led._where()} has no release of this plan: it was replaced or restored from an older "
+                            "copy; restore the ledger that holds that release (charging again would count these "
+                            "people twice)")
+        if first is None:
+            if not mech.ledger_curve and plan_doc.get("lifetime_budget") is None and led.budget() is None:
+                return None
+            targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
+            try:
+                res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets,
+                                      population_release_key=(annex.get("population") or {}).get("release_key"))
+            except PlanAlreadyReleased as e:      # another trainer's reservation committed first
+                raise VeilError(f"plan {sha[:12]}: another trainer reserved it a moment ago (ledger release "
+                                f"{e.release_id}, {e.status}); this run stops without charging anyone — wait for "
+                                "that one, or run this again once it is gone to resume its release") from None
+            # a release with no person-level claim (secret protection) charges and admits nobody: not a refusal
+            if not res.admitted and mech.ledger_person_claim:
+                led.record(res.release_id, "refused", reason="the filter retired everyone")
+                raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
+                                "(the policy's lifetime_budget is the governance team's call)")
+            # Record ids, not secret ids, are kept in the run folder: a secret id carries the secret's value.
+            saved = {"release_id": int(res.release_id), "retired": sorted(res.retired),
+                     "dropped_records": secret_records(settings, plan_doc, res.secrets_dropped)}
+            _write_private_json(path, saved)
+            return saved
+        release_id, status = first
+        if status not in ("reserved", "crashed"):
+            raise _already_released(plan_doc, release_id, status, settings)
         if path.is_file():
             saved = json.loads(path.read_text())
-            status = led.status(int(saved["release_id"]))
-            if status in ("reserved", "crashed"):
+            if int(saved.get("release_id", -1)) == release_id:
                 return saved
-            raise VeilError(f"plan {plan_doc['sha256'][:12]}: its release {saved['release_id']} is already "
-                            f"{status}; training it again would be a second release — make a new plan")
-        mech = get_mechanism(plan_doc["mechanism"])
-        if not mech.ledger_curve and plan_doc.get("lifetime_budget") is None and led.budget() is None:
-            return None
-        targets = secret_targets(settings, plan_doc) if mech.secret_targets else None
-        res = reserve_release(settings, plan_doc, train_rows(annex), ledger=led, secrets=targets,
-                              population_release_key=(annex.get("population") or {}).get("release_key"))
-        # a release with no person-level claim (secret protection) charges and admits nobody: not a refusal
-        if not res.admitted and mech.ledger_person_claim:
-            led.record(res.release_id, "refused", reason="the filter retired everyone")
-            raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
-                            "(the policy's lifetime_budget is the governance team's call)")
-        # Record ids, not secret ids, are kept in the run folder: a secret id carries the secret's value.
-        saved = {"release_id": int(res.release_id), "retired": sorted(res.retired),
-                 "dropped_records": secret_records(settings, plan_doc, res.secrets_dropped)}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(saved))
-        path.chmod(0o600)
+        # Resume from the ledger: the process that reserved died before (or while) writing the cache.
+        targets = secret_targets(settings, plan_doc) if mech.secret_targets else []
+        retired, dropped = led.reservation_of(release_id, [str(u) for u in set(train_rows(annex)["user_id"].to_pylist())],
+                                              [t.secret_id for t in targets])
+        saved = {"release_id": int(release_id), "retired": retired,
+                 "dropped_records": secret_records(settings, plan_doc, dropped)}
+        _write_private_json(path, saved)
         return saved
     finally:
         led.dispose()
+
+
+class RunLock:
+    """An exclusive lock on a run folder for the whole of a training (fcntl.flock on `.train.lock`): a
+    second trainer of the same plan on this machine refuses in one line naming the first, instead of
+    racing it on the checkpoints and `private_seed.tmp`. The kernel drops the lock when its process
+    dies, so a killed run never leaves it stale. (Across machines, the ledger's one release per plan
+    stops the second trainer before any charge.)"""
+
+    def __init__(self, settings: Settings, out_dir: Path, plan_sha256: str | None = None):
+        self.settings, self.out_dir, self.plan_sha256 = settings, Path(out_dir), plan_sha256
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        import datetime as _dt
+        import fcntl
+        import os
+        import socket
+
+        self.out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.out_dir / TRAIN_LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise VeilError(f"{self.out_dir}: already being trained by {holder}{self._release_words()}; "
+                            "this one stops without charging anyone (run it again once that one has finished "
+                            "or died: it resumes the same release)") from None
+        me = (f"pid {os.getpid()} on {socket.gethostname()} since "
+              f"{_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}").encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me, 0)
+        self._fd = fd
+        return self
+
+    def _release_words(self) -> str:
+        if not self.plan_sha256:
+            return ""
+        try:
+            from components.ledger import Ledger
+
+            led = Ledger.open(self.settings)
+            try:
+                first = led.plan_release(self.plan_sha256)
+            finally:
+                led.dispose()
+        except VeilError:
+            return ""
+        return "" if first is None else f" (ledger release {first[0]}, {first[1]})"
+
+    def __exit__(self, *exc) -> None:
+        import os
+
+        if self._fd is not None:
+            os.close(self._fd)      # closing the descriptor releases the flock
+            self._fd = None
 
 
 def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
@@ -328,16 +461,16 @@ def finished_training(settings: Settings, plan_path: str | Path) -> dict | None:
 
     plan_doc = load_plan(plan_path).to_dict()
     out_dir = settings.runs_dir / plan_doc["sha256"][:16]
-    res_file, reservation = out_dir / "train_result.json", out_dir / RESERVATION_FILE
+    res_file = out_dir / "train_result.json"
     if not res_file.is_file():
         return None
-    if reservation.is_file():
-        led = Ledger.open(settings)
-        try:
-            if led.status(int(json.loads(reservation.read_text())["release_id"])) in ("reserved", "crashed"):
-                return None
-        finally:
-            led.dispose()
+    led = Ledger.open(settings)
+    try:   # the ledger, not the run folder's cache, says whether the release finished training
+        first = led.plan_release(plan_doc["sha256"])
+        if first is not None and first[1] in ("reserved", "crashed"):
+            return None
+    finally:
+        led.dispose()
     res = json.loads(res_file.read_text())
     return {k: v for k, v in res.items() if k not in PRIVATE_FIELDS}
 
@@ -378,42 +511,47 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     out_dir = Path(out_dir) if out_dir is not None else settings.runs_dir / plan_doc["sha256"][:16]
     # the operator's device, checked before any charge: a missing GPU is an error, not a CPU fallback
     device = resolve_device(settings.device)
-    reservation = reserve(settings, plan_doc, annex, out_dir) if release else None
-    if reservation and reservation.get("dropped_records"):
-        # The per-secret filter's decision reads only the ledger and that secret: its records go.
-        data = training_data(settings, plan_doc, annex, drop_records=reservation["dropped_records"])
-    retired = sorted(set(reservation["retired"] if reservation else ()) | {str(u) for u in drop_users})
-    rows = train_rows(annex)
-    if retired and "owners" in rows.column_names:
-        # multi-owner: a retired person's records go wherever they are an owner (recipients too)
-        out = set(retired)
-        shared = [r for r, o in zip(rows["record_id"].to_pylist(), rows["owners"].to_pylist()) if set(o or ()) & out]
-        data = training_data(settings, plan_doc, annex,
-                             drop_records=sorted(set(shared) | set((reservation or {}).get("dropped_records") or ())))
-    if retired:
-        # The filter's decision about a person reads only the ledger and that person: their rows go.
-        meta = data.schema.metadata
-        data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
-        data = data.replace_schema_metadata(meta)
-    model, tokenizer = load_base(base_dir, device=device)
-    spec = TrainSpec.from_plan(plan_doc)
-    if adjust is not None:
-        spec = adjust(spec, data)
-    try:
-        result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress,
-                              base_dir=base_dir)
-    except BaseException as e:
-        _ledger_event(settings, reservation, "crashed", reason=type(e).__name__)
-        raise
-    res = result.to_dict()
-    # The run binds to the plan through the salted commitment to the sha256 of the bytes it read
-    # (the raw sha256 stays in the run folder: with the roster it would test membership guesses).
-    if res.get("train_records_sha256"):
-        res["train_records_commitment"] = commitment(annex["salt"], res["train_records_sha256"])
-    if reservation is not None:
-        res["ledger_release_id"] = int(reservation["release_id"])
-    (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
-    _ledger_event(settings, reservation, "trained")
+    # One trainer per run folder for the whole training (RunLock); the ledger's one release per plan
+    # covers trainers on other machines.
+    # (under torchrun, the job's local rank 0 holds it for the ranks on its machine)
+    lock = RunLock(settings, out_dir, plan_doc["sha256"] if release else None) if _rank()[1] == 0 else nullcontext()
+    with lock:
+        reservation = reserve(settings, plan_doc, annex, out_dir) if release else None
+        if reservation and reservation.get("dropped_records"):
+            # The per-secret filter's decision reads only the ledger and that secret: its records go.
+            data = training_data(settings, plan_doc, annex, drop_records=reservation["dropped_records"])
+        retired = sorted(set(reservation["retired"] if reservation else ()) | {str(u) for u in drop_users})
+        rows = train_rows(annex)
+        if retired and "owners" in rows.column_names:
+            # multi-owner: a retired person's records go wherever they are an owner (recipients too)
+            out = set(retired)
+            shared = [r for r, o in zip(rows["record_id"].to_pylist(), rows["owners"].to_pylist()) if set(o or ()) & out]
+            data = training_data(settings, plan_doc, annex,
+                                 drop_records=sorted(set(shared) | set((reservation or {}).get("dropped_records") or ())))
+        if retired:
+            # The filter's decision about a person reads only the ledger and that person: their rows go.
+            meta = data.schema.metadata
+            data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
+            data = data.replace_schema_metadata(meta)
+        model, tokenizer = load_base(base_dir, device=device)
+        spec = TrainSpec.from_plan(plan_doc)
+        if adjust is not None:
+            spec = adjust(spec, data)
+        try:
+            result = run_training(spec, data, model, tokenizer, out_dir, resume=True, progress=progress,
+                                  base_dir=base_dir)
+        except BaseException as e:
+            _ledger_event(settings, reservation, "crashed", reason=type(e).__name__)
+            raise
+        res = result.to_dict()
+        # The run binds to the plan through the salted commitment to the sha256 of the bytes it read
+        # (the raw sha256 stays in the run folder: with the roster it would test membership guesses).
+        if res.get("train_records_sha256"):
+            res["train_records_commitment"] = commitment(annex["salt"], res["train_records_sha256"])
+        if reservation is not None:
+            res["ledger_release_id"] = int(reservation["release_id"])
+        (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
+        _ledger_event(settings, reservation, "trained")
     # Per-step losses, realised batch sizes, exact counts and the count of units dropped for a
     # non-finite gradient are statistics of the sampled private batches: they stay in the run folder.
     pub = result.public_dict()

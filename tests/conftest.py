@@ -18,7 +18,9 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Under pytest-xdist (`make test`: several workers on 2 cores) one thread per worker: more would only
+# fight the other workers for the cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from components.accounting import events as ev
 from components.accounting.mixture_pld import mixture_pld
+from components.core.canonical import epsilon_up, sigma_up
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 
@@ -39,7 +40,9 @@ REFERENCE_DISCRETIZATION = 1e-4
 DISCRETIZATIONS = tuple(REFERENCE_DISCRETIZATION * 2 ** j for j in range(6, -1, -1))
 AGREEMENT = 2.5e-3          # two successive grids this close: accept the finer
 FLOAT_ALLOWANCE = 1e-7      # relative, added to every reported ε
-ACCOUNTANT_VERSION = "veil-pld-1"  # bump when the numerics change (invalidates the calibration cache)
+# bump when the numerics change (invalidates the calibration cache). veil-pld-2: σ and ε of a
+# calibration are published machine-independently (components.core.canonical).
+ACCOUNTANT_VERSION = "veil-pld-2"
 
 try:
     LIBRARY_VERSION = _pkg_version("dp-accounting")
@@ -330,10 +333,11 @@ def bisect_sigma(f: Callable[[float], float], target: float, *, tol: float, sigm
 
 def calibrate(mechanism: str, *, epsilon: float, delta: float, sampling_rate: float, steps: int, k: int = 1,
               cache_dir: Path | str | None = None, tolerance: float = 1e-3) -> Calibration:
-    """Smallest σ (within relative `tolerance`, rounded up) with epsilon(σ) ≤ target ε.
+    """Smallest σ (within relative `tolerance`, rounded up to canonical.SIGMA_DIGITS significant
+    digits) with epsilon(σ) ≤ target ε.
 
-    The returned `epsilon` is exactly what `epsilon(...)` reports at that σ, so a certificate that
-    recomputes it finds the same value.
+    The returned `epsilon` is what `epsilon(...)` reports at that σ, rounded up to
+    canonical.EPSILON_DIGITS significant digits: never below what a certificate recomputes.
     """
     ev.validate(mechanism, sampling_rate=sampling_rate, steps=steps, delta=delta, k=k, epsilon=epsilon)
     if not 0 < tolerance < 0.5:
@@ -364,14 +368,20 @@ def calibrate(mechanism: str, *, epsilon: float, delta: float, sampling_rate: fl
         sigma = _refine_on_grid(mechanism, q, T, d, k, epsilon_result.discretization, target, sigma,
                                 epsilon_result.epsilon, f_coarse, tolerance)
         epsilon_result = _eval(mechanism, q, sigma, T, d, k)
-    for _ in range(20):  # epsilon() may settle on another grid at the new σ; step up until it agrees
-        if epsilon_result.epsilon <= target:
+    # σ is published rounded up (more noise) and ε recomputed there and rounded up, so that a plan is
+    # the same on every CPU (components.core.canonical); epsilon() may also settle on another grid at
+    # the new σ. Step up until the published ε meets the target.
+    if sigma_up(sigma) != sigma:
+        sigma = sigma_up(sigma)
+        epsilon_result = _eval(mechanism, q, sigma, T, d, k)
+    for _ in range(20):
+        if epsilon_up(epsilon_result.epsilon) <= target:
             break
-        sigma *= 1.0 + tolerance
+        sigma = sigma_up(sigma * (1.0 + tolerance))
         epsilon_result = _eval(mechanism, q, sigma, T, d, k)
     else:
         raise VeilError(f"{what}: calibration did not converge")
-    cal = Calibration(noise_multiplier=sigma, epsilon=epsilon_result.epsilon, delta=d,
+    cal = Calibration(noise_multiplier=sigma, epsilon=epsilon_up(epsilon_result.epsilon), delta=d,
                       seconds=time.perf_counter() - t0, dp_event=epsilon_result.dp_event, mechanism=mechanism,
                       target_epsilon=target, sampling_rate=q, steps=T, k=k,
                       discretization=epsilon_result.discretization, tolerance=tolerance,

@@ -96,6 +96,23 @@ def gamma_from_kl(kl: float, kappa: float) -> float:
     return hi
 
 
+def published_bounds(kl: float, steps: int, kappa: float) -> tuple[float, float, float]:
+    """(KL per step, KL, γ) of a secret (class) as plans and certificates publish them
+    (components.core.canonical: machine-independent, never below the computed values): the per-step KL
+    rounded up, the run's KL = steps × that (so a verifier recomputes it exactly from the per-step
+    figure), γ from that KL rounded up."""
+    from components.core.canonical import EPSILON_DIGITS, ceil_sig, epsilon_up
+
+    T, raw = int(steps), float(kl)
+    if T <= 0 or raw <= 0.0:
+        return 0.0, 0.0, float(kappa)
+    step = epsilon_up(raw / T)
+    while T * step < raw:   # the float product may land below the exact one: never publish less
+        step = ceil_sig(math.nextafter(step, math.inf), EPSILON_DIGITS)
+    total = T * step
+    return step, total, min(1.0, epsilon_up(gamma_from_kl(total, kappa)))
+
+
 # --- the per-secret mixture -----------------------------------------------------------------------
 
 def _binom_pmf(n: int, p: float) -> np.ndarray:
@@ -358,7 +375,16 @@ def calibrate_secrets(targets: Iterable[SecretTarget], *, steps: int, sensitivit
             sigma, binding = s_star, sid
     if sigma == 0.0:
         raise VeilError("secrets: no secret is ever sampled (all rates 0); nothing to calibrate")
-    reports = report_secrets(targets, sigma, T, sensitivity)
+    # σ as published (rounded up: more noise), and the per-secret bounds at it as published (rounded
+    # up): step σ up until every published γ still meets its target (components.core.canonical)
+    from components.core.canonical import sigma_up
+
+    sigma = sigma_up(sigma)
+    for _ in range(20):
+        reports = report_secrets(targets, sigma, T, sensitivity)
+        if all(r.gamma_target is None or published_bounds(r.kl, T, r.kappa)[2] <= r.gamma_target for r in reports):
+            break
+        sigma = sigma_up(sigma * (1.0 + tolerance))
     bad = [r.secret_id for r in reports if not r.meets_target]
     if bad:  # pragma: no cover - guarded by construction; never certify a miss
         raise VeilError(f"secrets: calibrated σ={sigma:g} misses the target for {', '.join(bad[:5])}")

@@ -35,6 +35,16 @@ from components.core.hashing import model_dir_hashes, not_cache, sha256_dir, sha
 from components.accounting.accountant import AGREEMENT as EPSILON_RTOL  # noqa: E402
 
 GAMMA_RTOL = 1e-9   # γ = gamma_from_kl(T · KL_step, κ) is closed-form up to bisection round-off
+# A certificate's ε, KL and γ are the accountant's rounded UP to canonical.EPSILON_DIGITS significant
+# digits (components.core.canonical: the same figures on every CPU). So a stated figure may exceed
+# the recomputed one by that rounding (at most one unit in its last digit, PUBLISHED_RTOL), or for ε by
+# the grids' agreement on another dp-accounting build; it may fall BELOW the recomputed one only by
+# the last-bit differences between CPUs (LAST_BITS_RTOL — inside the accountant's own 1e-7 allowance
+# already added to every ε). Anything lower states less privacy loss than the parameters give.
+from components.core.canonical import EPSILON_DIGITS  # noqa: E402
+
+PUBLISHED_RTOL = 10.0 ** (1 - EPSILON_DIGITS)
+LAST_BITS_RTOL = 1e-9
 
 
 class ReleaseInvalid(VeilError):
@@ -97,7 +107,8 @@ class Verification:
 def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | None]:
     """Recompute ε (or each secret class' γ) from the certificate's own parameters; raise on a mismatch.
 
-    Returns (ε, None) or (None, {class: γ}). A certificate whose stated numbers are not what its
+    Returns (ε, None) or (None, {class: γ}): the certificate's ε once checked against the recomputed
+    one; each class' recomputed γ. A certificate whose stated numbers are not what its
     mechanism, σ, q and steps give — ε edited, or steps edited beside an unchanged ε — is refused.
     """
     from components.certificate.document import recompute_epsilon
@@ -117,7 +128,11 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
     stated = cert.get("epsilon")
     if not isinstance(stated, (int, float)) or not math.isfinite(float(stated)):
         raise VeilError(f"certificate ε={stated!r} is not a number")
-    if abs(float(stated) - eps) > EPSILON_RTOL * eps + 1e-9:
+    if float(stated) < eps * (1 - LAST_BITS_RTOL) - 1e-12:
+        raise VeilError(f"certificate says ε={float(stated):.9g}, below what its parameters (σ={cert['noise_multiplier']}, "
+                        f"q={cert['sampling_rate']}, steps={cert['steps']}, δ={cert['delta']}) give ε={eps:.9g}: "
+                        "an understatement")
+    if float(stated) > eps * (1 + EPSILON_RTOL + PUBLISHED_RTOL) + 1e-9:
         raise VeilError(f"certificate says ε={float(stated):.6g} but its parameters (σ={cert['noise_multiplier']}, "
                         f"q={cert['sampling_rate']}, steps={cert['steps']}, δ={cert['delta']}) give ε={eps:.6g}")
     target = (cert.get("target") or {}).get("epsilon")
@@ -126,7 +141,9 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
         if bool(cert["within_target"]) != expect:
             raise VeilError(f"certificate says within_target={cert['within_target']} for ε={float(stated):.6g} "
                             f"against target ε={target}")
-    return eps, None
+    # the certificate's own figure, now checked not to understate the recomputed one (it is that one
+    # rounded up): the number a reader of the certificate sees
+    return float(stated), None
 
 
 def _coverage(cert: Mapping[str, Any]) -> str | None:
@@ -169,13 +186,14 @@ def _recheck_secrets(cert: Mapping[str, Any]) -> dict[str, float]:
         if abs(kl - float(c["max_kl"])) > 1e-9 * max(kl, 1e-300):
             raise VeilError(f"secret class {cls}: max_kl={c['max_kl']} is not steps × per-step KL = {kl:.6g}")
         gamma = gamma_from_kl(kl, float(c["kappa"]))
-        if abs(gamma - float(c["max_gamma"])) > GAMMA_RTOL * gamma:
+        stated_gamma = float(c["max_gamma"])
+        if stated_gamma < gamma * (1 - GAMMA_RTOL) or stated_gamma > gamma * (1 + PUBLISHED_RTOL) + 1e-300:
             raise VeilError(f"secret class {cls}: certificate says γ={c['max_gamma']} but KL {kl:.6g} at "
                             f"κ={c['kappa']} gives γ={gamma:.6g}")
         if bool(c.get("all_within_target")) and gamma > float(c["gamma_target"]) * (1 + GAMMA_RTOL):
             raise VeilError(f"secret class {cls}: γ={gamma:.6g} is above its target {c['gamma_target']} "
                             "but the certificate says it is within")
-        out[cls] = gamma
+        out[cls] = stated_gamma     # checked: never below the recomputed γ (the certificate's figure)
     if not out:
         raise VeilError("secret certificate lists no secret classes")
     return out

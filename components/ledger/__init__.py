@@ -8,8 +8,9 @@
 Default store: SQLite at settings.private_dir / "ledger.db"; `ledger_url` (VEIL_LEDGER_URL) names a
 PostgreSQL database for a team. Derivations: docs/privacy/ledger.md.
 """
-from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation, SecretCost, default_url
+from components.ledger.ledger import (Budget, Ledger, PersonCost, PlanAlreadyReleased, Reservation, SecretCost,
+                                      default_url)
 from components.ledger.release import charge_population, release_costs, reserve_release, secret_costs
 
-__all__ = ["Ledger", "Budget", "PersonCost", "Reservation", "SecretCost", "default_url", "release_costs",
-           "reserve_release", "secret_costs", "charge_population"]
+__all__ = ["Ledger", "Budget", "PersonCost", "PlanAlreadyReleased", "Reservation", "SecretCost", "default_url",
+           "release_costs", "reserve_release", "secret_costs", "charge_population"]

@@ -71,6 +71,16 @@ class SecretCost:
     records: int = 0
 
 
+class PlanAlreadyReleased(VeilError):
+    """A plan's one release exists already (components.ledger.store.plan_releases): a second would
+    charge the same people again for the same data."""
+
+    def __init__(self, plan_sha256: str, release_id: int, status: str | None):
+        self.plan_sha256, self.release_id, self.status = plan_sha256, int(release_id), status
+        super().__init__(f"ledger: plan {plan_sha256[:12]} already has release {release_id} ({status or 'no status'}); "
+                         "a plan is released once")
+
+
 @dataclass(frozen=True)
 class Reservation:
     """The filter's decision for one release. `admitted`/`retired` hold the caller's own person ids:
@@ -110,6 +120,12 @@ class Ledger:
         fp = _keys.key_fingerprint(key)
 
         def init(conn: Connection) -> dict:
+            if "schema" not in st.read_meta(conn) and \
+                    conn.execute(select(func.count()).select_from(st.releases)).scalar_one():
+                # releases without the ledger's own record (its order grid, key, budget): not made by
+                # this code, or damaged; re-stamping it would re-price and re-key every charge
+                raise VeilError(f"ledger {self._where()} holds releases but no ledger metadata (schema, orders, key): "
+                                f"damaged; {st.RESTORE}")
             st.insert_ignore(conn, st.meta, [
                 {"key": "schema", "value": st.SCHEMA_VERSION},
                 {"key": "orders", "value": json.dumps([float(a) for a in orders])},
@@ -156,7 +172,7 @@ class Ledger:
 
     def reserve(self, *, kind: str, mechanism: str, plan_sha256: str | None, params: Mapping,
                 costs: Mapping[str, PersonCost], budget: Budget | None,
-                secrets: Sequence[SecretCost] | None = None) -> Reservation:
+                secrets: Sequence[SecretCost] | None = None, one_per_plan: bool | None = None) -> Reservation:
         """Charge every admitted person and record who was retired, atomically, before training.
 
         A person is admitted iff some order α has spend_α + cost_α ≤ B_α (module rdp); the decision reads
@@ -165,7 +181,16 @@ class Ledger:
 
         `secrets` (secret-protection releases): in the same transaction, each secret is charged its KL iff
         its lifetime KL with this release stays within its class' budget d_KL(γ‖κ) (Lemma 3.2); otherwise
-        it is dropped: the caller must train on none of the records holding it (docs/privacy/ledger.md)."""
+        it is dropped: the caller must train on none of the records holding it (docs/privacy/ledger.md).
+
+        `one_per_plan` (default: the mechanism is a certified DP-SGD one, `_one_per_plan`): the plan's
+        sha256 may have one release only. A second reservation of it — a concurrent trainer, or a rerun
+        that lost its run folder's cache — raises PlanAlreadyReleased naming the first, inside the same
+        serialized transaction, so nothing is charged twice. (PMixED builds and private selections key
+        their releases on a policy or parameters that may legitimately be released again.)"""
+        if one_per_plan is None:
+            one_per_plan = _one_per_plan(mechanism)
+        unique = bool(one_per_plan and plan_sha256)
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
         if len(set(pkeys)) != len(pkeys):
@@ -185,6 +210,10 @@ class Ledger:
             raise VeilError("ledger: a secret is listed twice in this release (after canonicalisation)")
 
         def work(conn: Connection) -> tuple[int, np.ndarray, Budget | None, np.ndarray]:
+            if unique:
+                first = _plan_release(conn, str(plan_sha256))
+                if first is not None:
+                    raise PlanAlreadyReleased(str(plan_sha256), *first)
             m = st.read_meta(conn)
             have = _budget_of(m)
             if have is None and asked is not None:
@@ -211,6 +240,8 @@ class Ledger:
                 kind=kind, mechanism=mechanism, plan_sha256=plan_sha256,
                 params=json.dumps(dict(params), sort_keys=True, default=float),
                 admitted=int(ok.sum()), retired=int((~ok).sum()), created_at=at)).inserted_primary_key[0]
+            if unique:   # the database's own guard: a second row for this plan cannot commit
+                conn.execute(st.plan_releases.insert().values(plan_sha256=str(plan_sha256), release_id=rid))
             st.insert_ignore(conn, st.people, [{"person_key": k, "first_release_id": rid, "created_at": at}
                                                for k in pkeys])
             sok = _reserve_secrets(conn, rid, sec, skeys)
@@ -334,6 +365,26 @@ class Ledger:
             rows = conn.execute(select(st.events).where(st.events.c.release_id == int(release_id))
                                 .order_by(st.events.c.id)).all()
         return [{"status": r.status, "at": r.at, **json.loads(r.detail)} for r in rows]
+
+    def plan_release(self, plan_sha256: str) -> tuple[int, str | None] | None:
+        """(release id, its status) of the plan's release — the first, for ledgers that hold several
+        from before one release per plan was enforced — or None."""
+        with st.read_only(self.engine) as conn:
+            return _plan_release(conn, plan_sha256)
+
+    def reservation_of(self, release_id: int, person_ids: Sequence[str],
+                       secret_ids: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+        """(retired person ids, dropped secret ids) of a release, among the ids given: what a reserving
+        process knew when it committed, rebuilt from the ledger (a crash after the commit loses the
+        run folder's copy, never the ledger's). Private: ids."""
+        pk = {self.person_key(i): i for i in person_ids}
+        sk = {self.secret_key(i): i for i in secret_ids}
+        with st.read_only(self.engine) as conn:
+            ret = {r.person_key for r in conn.execute(select(st.exclusions.c.person_key)
+                                                       .where(st.exclusions.c.release_id == int(release_id)))}
+            drop = {r.secret_key for r in conn.execute(select(st.secret_drops.c.secret_key)
+                                                        .where(st.secret_drops.c.release_id == int(release_id)))}
+        return sorted(pk[k] for k in ret if k in pk), sorted(sk[k] for k in drop if k in sk)
 
     def releases_for_plan(self, plan_sha256: str) -> list[int]:
         with st.read_only(self.engine) as conn:
@@ -503,6 +554,28 @@ class Ledger:
                         "max_epsilon": float(np.max(e)) if len(e) else 0.0,
                         "median_epsilon": float(np.median(e)) if len(e) else 0.0})
         return out
+
+
+def _plan_release(conn: Connection, plan_sha256: str) -> tuple[int, str | None] | None:
+    row = conn.execute(select(st.releases.c.id).where(st.releases.c.plan_sha256 == plan_sha256)
+                       .order_by(st.releases.c.id).limit(1)).first()
+    if row is None:
+        return None
+    last = conn.execute(select(st.events.c.status).where(st.events.c.release_id == row.id)
+                        .order_by(st.events.c.id.desc()).limit(1)).first()
+    return int(row.id), (None if last is None else last.status)
+
+
+def _one_per_plan(mechanism: str) -> bool:
+    """A DP-SGD plan's release (a registered mechanism that is certified from its plan) is unique per plan.
+    Releases of other kinds (PMixED's builds, private selections) key theirs on a policy or parameters
+    that may be released again on purpose."""
+    from components.mechanisms import get as get_mechanism
+
+    try:
+        return bool(get_mechanism(mechanism).certifiable)
+    except VeilError:
+        return False
 
 
 def relation_of(mechanism: str) -> str:

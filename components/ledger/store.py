@@ -1,6 +1,7 @@
 """The ledger's tables and its one write transaction (SQLAlchemy 2 Core; SQLite or PostgreSQL).
 
-Append-only by construction: this module has no UPDATE and no DELETE. A release's status is the last
+Append-only by construction: this module has no UPDATE and no DELETE. A DP-SGD plan has at most one
+release (`ledger_plan_releases`, checked in the reserving transaction). A release's status is the last
 of its events; a person's spend is the sum of their charges, and a secret's lifetime KL the sum of its
 KL charges, which are only ever inserted.
 
@@ -93,6 +94,15 @@ secret_drops = Table("ledger_secret_drops", metadata,
                      Column("secret_class", String(128), ForeignKey("ledger_secret_classes.secret_class"),
                             nullable=False))
 
+# One release per plan (issue 28): a DP-SGD plan's release is unique by its plan's sha256. The reserving
+# transaction checks `ledger_releases` under the write lock (SQLite) / SERIALIZABLE (PostgreSQL), and
+# this primary key makes a second insert fail in the database itself whatever the isolation; a table
+# of its own so that `create_all` adds it to ledgers made before it (their older releases are found
+# by the check on `ledger_releases`).
+plan_releases = Table("ledger_plan_releases", metadata,
+                      Column("plan_sha256", String(64), primary_key=True),
+                      Column("release_id", Integer, ForeignKey("ledger_releases.id"), nullable=False))
+
 RETRY_SQLSTATES = ("40001", "40P01")
 MAX_ATTEMPTS = 200
 _CHUNK = 500  # IN-list size (SQLite allows 32766 variables; keep statements small)
@@ -110,18 +120,51 @@ def _sqlite_path(url: str) -> Path | None:
     return None
 
 
+RESTORE = ("restore it from a backup (it holds every person's lifetime spend: a new, empty ledger would reset "
+           "everyone's budget), or point VEIL_LEDGER_URL at the team's ledger")
+
+
+def _create_aside(path: Path) -> None:
+    """Create an SQLite ledger's file once, atomically: the schema is written to a private file beside
+    it, which is then hard-linked into place (never over an existing file: a concurrent creator's wins).
+    So `path` never exists empty or half-made, and an empty or garbled file found there later is damage
+    to refuse, not a ledger to re-initialise (components.core.sqlite_files)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{random.randrange(1 << 30)}.new")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))   # private: per-person rows
+    try:
+        eng = create_engine(f"sqlite:///{tmp}")
+        try:
+            with eng.begin() as conn:
+                metadata.create_all(conn)
+        finally:
+            eng.dispose()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def make_engine(url: str) -> Engine:
     """An engine whose `begin()` is serializable for the ledger's purposes (module docstring)."""
     if url.startswith("sqlite"):
+        from components.core.sqlite_files import check_existing
+
         path = _sqlite_path(url)
         if path is None or str(path) in ("", ":memory:"):
             raise VeilError(f"ledger url {url!r}: an SQLite ledger must be a file (sqlite:////absolute/path.db)")
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():  # private: per-person rows; created 0600 before SQLite opens it
-            try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            except FileExistsError:
-                pass
+        check_existing(path, "ledger", RESTORE)
+        if not path.exists():
+            _create_aside(path)
         engine = create_engine(url, connect_args={"timeout": 300, "isolation_level": None})
 
         @event.listens_for(engine, "connect")
@@ -163,6 +206,16 @@ def _retryable(e: BaseException) -> bool:
     return False
 
 
+def _damaged(engine: Engine, e: BaseException) -> VeilError | None:
+    """A damaged SQLite file (SQLite's own words) as one line with what to restore."""
+    from components.core.sqlite_files import unreadable
+
+    if engine.dialect.name == "sqlite" and unreadable(e):
+        msg = str(getattr(e, "orig", e)).splitlines()[0]
+        return VeilError(f"ledger {engine.url.database} is damaged ({msg}); {RESTORE}")
+    return None
+
+
 def transact(engine: Engine, work: Callable[[Connection], T]) -> T:
     """Run `work` in one serializable transaction, retrying it whole on a serialization failure."""
     delay = 0.005
@@ -173,6 +226,9 @@ def transact(engine: Engine, work: Callable[[Connection], T]) -> T:
                     pass  # BEGIN IMMEDIATE already holds the write lock
                 return work(conn)
         except (DBAPIError, IntegrityError) as e:
+            bad = _damaged(engine, e)
+            if bad is not None:
+                raise bad from None
             if not _retryable(e) or attempt == MAX_ATTEMPTS - 1:
                 raise
             time.sleep(delay * (1 + random.random()))
@@ -181,10 +237,20 @@ def transact(engine: Engine, work: Callable[[Connection], T]) -> T:
 
 
 def create(engine: Engine) -> None:
-    """Create the tables once; concurrent first opens serialize on the transaction (and PG's lock)."""
+    """Create the tables once; concurrent first opens serialize on the transaction (and PG's lock).
+
+    An SQLite ledger's file is created with its tables (`_create_aside`); here it only gains tables
+    added since it was made. A file without the ledger's own table is not a ledger — another
+    application's database, or one emptied — and is refused rather than turned into a fresh one."""
     def work(conn: Connection) -> None:
         if engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(716172)"))  # DDL of several processes at once
+        else:
+            from sqlalchemy import inspect as _inspect
+
+            if meta.name not in _inspect(conn).get_table_names():
+                raise VeilError(f"ledger {engine.url.database} is an SQLite database without the ledger's tables "
+                                f"(emptied, or another application's file); {RESTORE}")
         metadata.create_all(conn, checkfirst=True)
     transact(engine, work)
 
@@ -239,5 +305,11 @@ def dumps_curve(v: np.ndarray) -> str:
 
 @contextmanager
 def read_only(engine: Engine) -> Iterator[Connection]:
-    with engine.connect() as conn:
-        yield conn
+    try:
+        with engine.connect() as conn:
+            yield conn
+    except DBAPIError as e:
+        bad = _damaged(engine, e)
+        if bad is not None:
+            raise bad from None
+        raise

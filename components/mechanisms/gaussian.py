@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from components.core.canonical import described_event, epsilon_up, round_sig, sum_up
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext
 
@@ -33,7 +34,7 @@ def accounting_section(cal: Any, model: str) -> dict:
         "epsilon": float(d["epsilon"]),
         "delta": float(d["delta"]),
         "mechanism": model,
-        "dp_event": d.get("dp_event"),
+        "dp_event": described_event(d.get("dp_event")),
         "accountant": (f"dp_accounting PLD ({d.get('accountant', 'pld')}, "
                        f"{'pessimistic' if d.get('pessimistic', True) else 'optimistic'}, "
                        f"discretization {d.get('discretization', 'default')}, "
@@ -56,7 +57,11 @@ def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: i
     scale = sensitivity / eps_n
     parts = ("population/v2", counted, mechanism, int(k), repr(float(scale)))
     noise = laplace_noise(key, scale, *parts)
-    estimate = float(n_exact) + noise
+    # N̂ is rounded (post-processing of the Laplace release) so that libm's last bits in the draw
+    # (log1p) cannot change q = B/N̂ and with it the plan's identity from one machine to another
+    # (components.core.canonical); the annex keeps the noise actually added, N̂ − N.
+    estimate = round_sig(float(n_exact) + noise, what="population estimate")
+    noise = estimate - float(n_exact)
     public = {"unit": unit, "estimate": estimate, "mechanism": "laplace", "epsilon": eps_n, "delta": 0.0,
               "sensitivity": sensitivity, "scale": scale, "sensitivity_reason": why,
               "composition": "basic: the certificate's ε is ε_N + ε_DP-SGD at the same δ"}
@@ -106,8 +111,8 @@ class SubsampledGaussian(Mechanism):
                               steps=ctx.steps, k=self.accounting_k(ctx.k), cache_dir=ctx.cache_dir)
         sigma = float(cal.noise_multiplier)
         accounting = accounting_section(cal, model)
-        eps_sgd = accounting["epsilon"]
-        accounting.update({"epsilon": eps_n + eps_sgd, "epsilon_dp_sgd": eps_sgd, "epsilon_population": eps_n})
+        eps_sgd = accounting["epsilon"]     # the calibration's, at the rounded σ, rounded up
+        accounting.update({"epsilon": sum_up(eps_n, eps_sgd), "epsilon_dp_sgd": eps_sgd, "epsilon_population": eps_n})
         if accounting["epsilon"] > target["epsilon"] * (1 + 1e-9):
             raise VeilError(f"accounting: calibrated σ={sigma:g} gives ε={accounting['epsilon']:g} (ε_N {eps_n:g} + "
                             f"DP-SGD {eps_sgd:g}) above the target {target['epsilon']:g}; refusing to plan")
@@ -130,15 +135,18 @@ class SubsampledGaussian(Mechanism):
             res = account(model, sampling_rate=float(plan["sampling_rate"]),
                           noise_multiplier=float(plan["noise_multiplier"]), steps=steps, delta=delta,
                           k=self.accounting_k(plan.get("records_per_user")))
-            eps_sgd, event = float(res.epsilon), res.dp_event
+            # rounded up like the plan's (components.core.canonical): the same on every machine, and
+            # never below what a verifier recomputes
+            eps_sgd, event = float(res.epsilon), described_event(res.dp_event)
             if not math.isfinite(eps_sgd):
                 raise VeilError(f"no finite ε reaches δ={delta:g} for this run: not certifiable")
+            eps_sgd = epsilon_up(eps_sgd)
             meta = {"library_version": res.library_version, "pessimistic": res.pessimistic,
                     "discretization": res.discretization, "notes": list(res.notes)}
         # The population estimate N̂ was released with the plan (q depends on it), steps or not.
         pop = (plan.get("data") or {}).get("population") or {}
         eps_n = float(pop.get("epsilon") or 0.0)
-        eps_value = eps_n + eps_sgd
+        eps_value = sum_up(eps_n, eps_sgd)
         return {
             "privacy_unit": self.privacy_unit,
             "neighbouring": self.neighbouring,

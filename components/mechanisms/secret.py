@@ -89,6 +89,7 @@ class Secret(Mechanism):
             DEFAULT_SENSITIVITY,
             DOMINANCE_NOTE,
             SENSITIVITY_REASON,
+            published_bounds,
             report_secrets,
         )
 
@@ -104,12 +105,18 @@ class Secret(Mechanism):
                                      "max_kl": 0.0, "max_kl_per_step": 0.0, "all_within_target": True})["n_secrets"] += 1
         for r in reports:
             c = classes[r.secret_id.split(":", 1)[0]]
-            c["max_gamma"] = max(c["max_gamma"], float(r.gamma))
             c["max_kl"] = max(c["max_kl"], float(r.kl))
-            # KL composes linearly over steps (accounting.secrets.secret_kl): kept so that a verifier can
-            # recompute γ from this certificate's own steps (components.certificate.verify).
-            c["max_kl_per_step"] = max(c["max_kl_per_step"], float(r.kl) / steps)
             c["all_within_target"] = c["all_within_target"] and bool(r.meets_target)
+        for c in classes.values():
+            if c["max_kl"] > 0:
+                # KL composes linearly over steps (accounting.secrets.secret_kl): the per-step figure is
+                # kept so that a verifier can recompute γ from this certificate's own steps
+                # (components.certificate.verify). All three as published: rounded up, the same on
+                # every machine (components.core.canonical); γ is monotone in KL, so the class' γ is
+                # that of its largest KL.
+                c["max_kl_per_step"], c["max_kl"], c["max_gamma"] = published_bounds(c["max_kl"], steps, c["kappa"])
+                c["all_within_target"] = c["all_within_target"] and (c["gamma_target"] is None
+                                                                 or c["max_gamma"] <= float(c["gamma_target"]))
         return {
             "privacy_unit": self.privacy_unit,
             "neighbouring": self.neighbouring,

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from components.core.canonical import described, epsilon_up, sum_up
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, PlainStep, PlanContext, register
 from components.mechanisms.gaussian import accounting_section
@@ -45,10 +46,13 @@ class FilteredULS(ULS):
         noise = filtered_noise(epsilon=target["epsilon"], delta=target["delta"], steps=ctx.steps, n_users=n_units,
                                tau=float(spec.filter.tau), noise_multiplier=sigma)
         gauss = accounting_section(cal, "record")
-        accounting = {**gauss, "mechanism": self.name, "epsilon": target["epsilon"] / 2 + gauss["epsilon"],
+        # ε_Gaussian is the calibration's (rounded up at the rounded σ); the filter's constants come from
+        # libm's exp/log and are described to DESCRIBED_DIGITS (the trainer recomputes them): the plan is
+        # the same on every machine (components.core.canonical)
+        accounting = {**gauss, "mechanism": self.name, "epsilon": sum_up(target["epsilon"] / 2, gauss["epsilon"]),
                       "delta": target["delta"] / 2 + target["delta"] / 4,  # Gaussian δ/2 + e^ε·δ1 = δ/4
                       "epsilon_sparse_vector": target["epsilon"] / 2, "epsilon_gaussian": gauss["epsilon"],
-                      "filter_noise": noise.to_dict()}
+                      "filter_noise": described(noise.to_dict())}
         population = {"unit": "users", "exact": n_units, "mechanism": "none", "epsilon": 0.0, "delta": 0.0,
                       "why": "replace-one-user neighbouring keeps the number of users fixed, so it is public under "
                              "this relation (the filter's noise is calibrated to it)"}
@@ -131,6 +135,12 @@ class FilteredULS(ULS):
                                noise_multiplier=float(plan["noise_multiplier"]))
         acc = filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),
                                noise_multiplier=float(plan["noise_multiplier"]), steps_run=steps)
+        # as published (components.core.canonical): ε_Gaussian rounded up, ε the smallest float ≥ the
+        # exact sum; the same on every machine, never below the computed figure. (δ_test = e^ε·δ1 is
+        # δ/4 up to the last bit, exactly on a rounding boundary: rounding it would move it a whole
+        # digit on one machine and not another, so it is left as computed.)
+        eps_g = epsilon_up(float(acc["epsilon_gaussian"]))
+        acc = {**acc, "epsilon_gaussian": eps_g, "epsilon": sum_up(float(acc["epsilon_sparse_vector"]), eps_g)}
         caveats.append("filtered ULS (Asi & Liu 2024, seed 000 Alg. 3) with Veil's own sensitivity bound "
                        "(docs/privacy/filtered-uls.md), under replace-one-user neighbouring with the user count public")
         return {
@@ -147,7 +157,8 @@ class FilteredULS(ULS):
                            "library_version": LIBRARY_VERSION, "pessimistic": True, **acc},
             "dp_event": None,
             "filter": {**f, "halted_at_step": (train_result.get("extra") or {}).get("halted_at_step"),
-                       "gaussian_steps": steps, **{k: v for k, v in noise.to_dict().items() if k != "variant"}},
+                       "gaussian_steps": steps,
+                       **{k: v for k, v in described(noise.to_dict()).items() if k != "variant"}},
             "contribution_bound": {"records_per_user": plan.get("records_per_user"),
                                    "selection": plan.get("selection"), "kind": self.contribution_kind},
         }

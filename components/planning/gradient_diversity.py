@@ -60,14 +60,19 @@ def estimate_user_grad_ratio(model, tokenizer, train: pa.Table, *, g_values: Seq
     finally:
         model.train(was_training)
     base = float(np.median(norms[1])) if norms[1] else float("nan")
-    table = {g: float(np.median(v)) / base for g, v in norms.items() if v and base > 0}
+    # torch's gradient norms differ between CPUs in the last bits; `auto`'s choice and the annex (whose
+    # commitment is in the plan) read these ratios, so they are kept to 6 significant digits
+    # (components.core.canonical, docs/privacy/plan-identity.md)
+    from components.core.canonical import round_sig
+
+    table = {g: round_sig(float(np.median(v)) / base, 6) for g, v in norms.items() if v and base > 0}
     if 1 not in table:
         raise ValueError("gradient diversity: no scorable record among the sampled users")
     xs = np.log2(np.array(sorted(table)))
     ys = np.array([table[g] for g in sorted(table)])
 
     def f(G: int) -> float:
-        return float(np.interp(np.log2(max(1, G)), xs, ys))
+        return round_sig(float(np.interp(np.log2(max(1, G)), xs, ys)), 6)
 
     f.table = table  # type: ignore[attr-defined]
     return f

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.core.errors import VeilError
+from components.core.canonical import described, round_sig
 from components.planning.secret_lp import LPResult, sampling_rates, solve_secret_lp
 
 
@@ -87,16 +88,19 @@ def plan_secret_rates(policy, train: pa.Table, secret_spans: pa.Table, *, expect
     """LP weights and Poisson rates for `train`; returns (plan section, rates, rows with rate > 0)."""
     st = secret_structure(policy, train, secret_spans)
     lp = solve_for_policy(policy, st)
-    rates = sampling_rates(lp.weights, expected_batch_size)
+    # The LP's weights and the numpy sums behind the rates may differ in the last bits between CPUs;
+    # the rates go into the train records file (its commitment is in the plan) and the LP's figures
+    # into the plan, so both are rounded to DESCRIBED_DIGITS (components.core.canonical).
+    rates = np.array([round_sig(r) for r in sampling_rates(lp.weights, expected_batch_size).tolist()], dtype=float)
     keep = np.flatnonzero(rates > 0)
     # the solver's wall time is not part of the plan: the plan's identity (its sha256) must depend on
     # its inputs alone, or a resumed retraining would re-plan under a new identity
     summary = {k: v for k, v in lp.summary().items() if k != "seconds"}
-    section = {**summary, "untagged_records": policy.spec.secrets.untagged_records,
+    section = described({**summary, "untagged_records": policy.spec.secrets.untagged_records,
                "classes": _class_table(st, lp, policy),
                "ignored_classes": list(st.ignored_classes),
                "rates": "per-record Poisson rates p_i = B·w_i/Σw in the train records file ('rate' column); "
-                        "records with w_i = 0 are left out"}
+                        "records with w_i = 0 are left out"})
     return section, rates[keep], train.take(pa.array(keep, pa.int64()))
 
 
@@ -127,6 +131,7 @@ def _secret_target(policy) -> dict:
 
 def _secret_accounting(policy, cal) -> dict:
     from components.accounting import LIBRARY_VERSION
+    from components.accounting.secrets import published_bounds
 
     by_class: dict[str, dict] = {}
     cls_of = {}
@@ -138,6 +143,8 @@ def _secret_accounting(policy, cal) -> dict:
         d["n_secrets"] += 1
         d["max_gamma"] = max(d["max_gamma"], float(r.gamma))
         d["max_kl"] = max(d["max_kl"], float(r.kl))
+    for d in by_class.values():   # as published: rounded up, machine-independent (core.canonical)
+        _, d["max_kl"], d["max_gamma"] = published_bounds(d["max_kl"], cal.steps, d["kappa"])
     return {"epsilon": None, "delta": None, "mechanism": "secret", "dp_event": None,
             "accountant": cal.accountant, "library_version": LIBRARY_VERSION,
             "sensitivity": cal.sensitivity, "sensitivity_reason": cal.sensitivity_reason,

@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from components.core.errors import VeilError
 
+SELECTION_DIGITS = 6   # perplexities compared at this precision (machine-independent selection)
+
 # A scorer maps texts to base-model perplexities (higher = more surprising). Planning stays pure:
 # the caller builds it from the public base model (never a model fine-tuned on private data).
 Scorer = Callable[[Sequence[str]], Sequence[float]]
@@ -94,6 +96,12 @@ def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exact
             score[rows] = s
         if not np.all(np.isfinite(score)):
             raise VeilError(f"selection '{strategy}': the scorer must return one finite perplexity per record")
+        # The base model's perplexities come out of torch kernels whose last bits differ between CPUs;
+        # the records they pick go into the plan (its train-records commitment), so they are compared at
+        # SELECTION_DIGITS significant digits, ties broken by record id (docs/privacy/plan-identity.md)
+        from components.core.canonical import round_sig
+
+        score = np.asarray([round_sig(float(x), SELECTION_DIGITS) for x in score], dtype=float)
     descending = strategy in ("longest", "ppl-high")
 
     keep: list[int] = []

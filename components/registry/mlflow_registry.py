@@ -22,10 +22,26 @@ RUNTIME_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetens
 INPUT_EXAMPLE_PROMPT = "The weekly report"
 
 
+MLFLOW_RESTORE = ("restore it from a backup (it holds the registered models, their runs and aliases); do not "
+                  "move it aside: a new, empty registry forgets every release")
+
+
+def check_store(settings: Settings) -> None:
+    """An SQLite tracking/registry store that exists but is empty, truncated or garbled is refused in one
+    line (components.core.sqlite_files): MLflow would otherwise migrate a fresh schema into an empty
+    file — a registry that lists no models, exit 0 — or die with a long traceback on a damaged one."""
+    from components.core.sqlite_files import check_existing
+
+    for uri in {settings.mlflow_tracking_uri, settings.mlflow_registry_uri}:
+        if uri and uri.startswith("sqlite:///"):
+            check_existing(uri[len("sqlite:///"):], "MLflow store", MLFLOW_RESTORE)
+
+
 def _client(settings: Settings):
     import mlflow
     from mlflow import MlflowClient
 
+    check_store(settings)
     mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
     mlflow.set_registry_uri(settings.mlflow_registry_uri)
     return MlflowClient(tracking_uri=settings.mlflow_tracking_uri, registry_uri=settings.mlflow_registry_uri)

@@ -89,7 +89,9 @@ def test_certificate_fields_and_hash():
         verify_certificate(tampered)
     with pytest.raises(VeilError, match="registered"):
         verify_certificate(cert, expected_sha256="0" * 64)
-    assert math.isclose(recompute_epsilon(cert), cert["epsilon"], rel_tol=1e-9)
+    # the certificate states the recomputed ε rounded up to 6 significant digits (core.canonical)
+    raw = recompute_epsilon(cert)
+    assert raw <= cert["epsilon"] <= raw * (1 + 1e-5)
 
 
 def test_refuses_a_run_that_used_other_numbers_than_the_plan():
@@ -147,9 +149,26 @@ def test_secret_certificate_matches_an_independent_posterior_bound():
     assert cls["n_secrets"] == 2
     # the worst secret is the one sampled at 0.04; ids (which hold the values) never appear
     expected = _independent_gamma(0.04, 3.0, 50, 1e-3)
-    assert cls["max_gamma"] == pytest.approx(expected, rel=1e-6)
+    # rounded up to 6 significant digits (core.canonical): never below, at most one unit of the last digit above
+    assert expected * (1 - 1e-6) <= cls["max_gamma"] <= expected * (1 + 2e-5)
     assert "AKIA" not in json.dumps(cert)
     assert cert["within_target"] == (cls["max_gamma"] <= 0.05)
     verify_certificate(cert)
     with pytest.raises(VeilError, match="posterior"):
         recompute_epsilon(cert)
+
+
+def test_verifier_accepts_rounding_up_and_refuses_any_understatement():
+    """The certificate's ε is the recomputed one rounded UP (components.core.canonical). The verifier
+    tolerates that rounding in the pessimistic direction only: a stated ε 1e-7 below the recomputed one
+    (inside the old symmetric tolerance of 0.25 %) is an understatement and refused."""
+    from components.certificate.verify import recheck_guarantee
+
+    cert = build_certificate(_plan(), _result(120)).to_dict()
+    raw = recompute_epsilon(cert)
+    assert recheck_guarantee(cert)[0] == cert["epsilon"] >= raw
+    assert recheck_guarantee(dict(cert, epsilon=raw * (1 + 5e-6)))[0] == raw * (1 + 5e-6)
+    with pytest.raises(VeilError, match="below what its parameters .* an understatement"):
+        recheck_guarantee(dict(cert, epsilon=raw * (1 - 1e-7)))
+    with pytest.raises(VeilError):
+        recheck_guarantee(dict(cert, epsilon=raw * 1.01))

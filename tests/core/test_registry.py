@@ -115,23 +115,27 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
     people = {f"u{i}": 2 for i in range(5)}
     with pytest.raises(VeilError, match="no reservation"):
         register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"])
-    regs = []
-    for name in ("a", "b"):
-        res = reserve_release(settings, plan, people)
-        assert len(res.admitted) == 5
-        regs.append(register_model(settings, name=name, certificate=cert, plan=plan, base_model_dir=tiny_base,
-                                   adapter_dir=_W["adapter"], ledger_release_id=res.release_id))
-    assert regs[1].lifetime["spend"]["max_epsilon"] == pytest.approx(two_fit)
-    tags = mlflow.get_run(regs[1].run_id).data.tags
-    assert tags["privacy.ledger_release_id"] == str(regs[1].lifetime["ledger_release_id"])
+    # an earlier release of another plan charged the same people once already (a plan is released
+    # once: issue 28, tests/privacy/test_one_release_per_plan.py)
+    assert len(reserve_release(settings, dict(plan, sha256="1" * 64), people).admitted) == 5
+    res = reserve_release(settings, plan, people)
+    assert len(res.admitted) == 5
+    regs = [register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base,
+                           adapter_dir=_W["adapter"], ledger_release_id=res.release_id)]
+    with pytest.raises(VeilError, match="already has release"):
+        reserve_release(settings, plan, people)
+    assert regs[0].lifetime["spend"]["max_epsilon"] == pytest.approx(two_fit)
+    tags = mlflow.get_run(regs[0].run_id).data.tags
+    assert tags["privacy.ledger_release_id"] == str(regs[0].lifetime["ledger_release_id"])
     # exact admitted/retired counts are N: never a public tag
     assert "privacy.ledger_admitted" not in tags and "privacy.ledger_retired" not in tags
-    third = reserve_release(settings, plan, people)
+    plan3, cert3 = _plan_and_cert(epsilon_target=7.5, lifetime_budget=plan["lifetime_budget"])   # a third plan
+    third = reserve_release(settings, plan3, people)
     assert third.admitted == () and len(third.retired) == 5
     with pytest.raises(VeilError, match="retired every person"):
-        register_model(settings, name="c", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"],
-                       ledger_release_id=third.release_id)
-    assert {r["name"] for r in list_models(settings)} == {"a", "b"}
+        register_model(settings, name="c", certificate=cert3, plan=plan3, base_model_dir=tiny_base,
+                       adapter_dir=_W["adapter"], ledger_release_id=third.release_id)
+    assert {r["name"] for r in list_models(settings)} == {"a"}
     # deleting a registered version gives nothing back
     led = Ledger.open(settings)
     before = led.spend(list(people))

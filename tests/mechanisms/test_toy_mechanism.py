@@ -101,7 +101,8 @@ def test_a_registered_toy_mechanism_runs_from_policy_to_certificate(toy, tmp_pat
     assert cert["epsilon"] == pytest.approx(eps_n + eps_sgd, rel=2e-2)
     assert cert["epsilon"] >= eps_n + eps_sgd * (1 - 1e-3)          # never below the finer computation
     assert cert["contribution_bound"]["kind"] == "one record per user (keyed draw)"
-    assert recompute_epsilon(cert) == pytest.approx(cert["epsilon"], rel=1e-9)
+    raw = recompute_epsilon(cert)         # the certificate's is rounded up (core.canonical)
+    assert raw <= cert["epsilon"] <= raw * (1 + 1e-5)
     assert recheck_guarantee(cert)[0] == pytest.approx(cert["epsilon"], rel=1e-6)
     assert certificate_pld(cert) is not None                        # the audit's ceiling has a PLD
     costs = release_costs(plan, {"alice": 1, "bob": 1})             # the ledger can charge it

@@ -31,9 +31,9 @@ def _with_rule(tmp_path, pattern: str) -> Path:
 def test_catastrophic_regex_tags_in_linear_time():
     t = Tagger([{"secret_class": "x", "kind": "regex", "patterns": ["(a+)+$", "(x|x)*y"]}])
     texts = pa.array(["a" * 40 + "b", "a" * 100_000 + "!", "x" * 50_000, "aaaa"])
-    t0 = time.perf_counter()
+    t0 = time.process_time()   # CPU time: a loaded machine (make test runs files in parallel) must not fail it
     spans = t.tag(texts)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert [(s.row, s.start, s.end) for s in spans] == [(3, 0, 4)]
 
 
@@ -60,9 +60,9 @@ def test_alias_bomb_is_refused_fast(tmp_path):
     p = tmp_path / "bomb.yaml"
     p.write_text(DEMO.read_text() + "x-bomb:\n" + "".join("  " + ln + "\n" for ln in bomb.splitlines()))
     assert 500 < len(p.read_bytes()) - len(DEMO.read_bytes()) < 5_000
-    t0 = time.perf_counter()
+    t0 = time.process_time()   # CPU time: a loaded machine (make test runs files in parallel) must not fail it
     problems = check_policy(p)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert len(problems) == 1 and "alias bomb" in problems[0].message
     res = CliRunner().invoke(app, ["policy", "check", str(p)])
     assert res.exit_code == 2 and "alias bomb" in res.output

@@ -35,7 +35,7 @@ def test_charges_survive_every_status_and_never_decrease(settings):
     assert led.status(r1.release_id) == "audit_failed"
     assert [e["status"] for e in led.events(r1.release_id)] == ["reserved", "crashed", "refused", "deleted",
                                                               "audit_failed"]
-    r2 = reserve_release(settings, PLAN, {n: 2 for n in NAMES}, ledger=led)
+    r2 = reserve_release(settings, {**PLAN, "sha256": "b" * 64}, {n: 2 for n in NAMES}, ledger=led)   # another plan
     assert all(np.all(led.spend(NAMES)[n] >= after_one[n]) for n in NAMES) and r2.release_id > r1.release_id
     with pytest.raises(VeilError, match="status"):
         led.record(r1.release_id, "unreserved")
@@ -62,9 +62,10 @@ def test_budget_is_fixed_and_a_foreign_key_is_refused(settings, tmp_path):
     led = Ledger.open(settings)
     reserve_release(settings, PLAN, {"x": 1}, ledger=led)
     with pytest.raises(VeilError, match="budget cannot change"):
-        reserve_release(settings, {**PLAN, "lifetime_budget": {"epsilon": 40.0, "delta": 1e-5}}, {"x": 1}, ledger=led)
+        reserve_release(settings, {**PLAN, "sha256": "b" * 64, "lifetime_budget": {"epsilon": 40.0, "delta": 1e-5}},
+                        {"x": 1}, ledger=led)
     # a release without its own budget is still filtered by the ledger's
-    r = reserve_release(settings, {**PLAN, "lifetime_budget": None}, {"x": 1}, ledger=led)
+    r = reserve_release(settings, {**PLAN, "sha256": "c" * 64, "lifetime_budget": None}, {"x": 1}, ledger=led)
     assert r.budget is not None and r.budget.epsilon == 4.0
     with pytest.raises(VeilError, match="another ledger key"):
         Ledger(led.url, os.urandom(32))
@@ -82,7 +83,7 @@ def test_row_count_prices_each_person_by_their_own_records(settings):
 
 def test_cli_ledger_json_is_aggregate_only(settings, tmp_path):
     reserve_release(settings, PLAN, {n: 1 for n in NAMES}, ledger=None)
-    reserve_release(settings, PLAN, {n: 1 for n in NAMES + ["dave@example.com"]}, ledger=None)
+    reserve_release(settings, {**PLAN, "sha256": "b" * 64}, {n: 1 for n in NAMES + ["dave@example.com"]}, ledger=None)
     env = {**os.environ, "VEIL_HOME": str(settings.home), "PYTHONPATH": os.getcwd()}
     p = subprocess.run([sys.executable, "-c", CLI, "ledger", "--json", "--admin"], capture_output=True, text=True,
                        env=env, timeout=120)

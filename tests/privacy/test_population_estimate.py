@@ -78,7 +78,8 @@ def test_certificate_epsilon_is_population_plus_dp_sgd(tmp_path, snap):
         assert cert["epsilon_parts"]["population_estimate"] == eps_n
         assert cert["epsilon"] == pytest.approx(cert["epsilon_parts"]["population_estimate"]
                                                 + cert["epsilon_parts"]["dp_sgd"])
-        assert recompute_epsilon(cert) == pytest.approx(cert["epsilon"], rel=1e-9)
+        raw = recompute_epsilon(cert)     # the certificate's is rounded up (core.canonical)
+        assert raw <= cert["epsilon"] <= raw * (1 + 1e-5)
         assert cert["dataset"]["population"]["estimate"] == pop["estimate"]
         assert "n_train_users" not in cert["dataset"] and "n_train_records" not in cert["dataset"]
         assert any("population" in c and "Laplace" in c for c in cert["caveats"])

@@ -182,9 +182,11 @@ def test_untouched_release_verifies_on_every_path(rel):
 
     from components.registry import load_model
 
-    t0 = time.perf_counter()
+    # CPU time of this process (the CLI runs in it): wall time on a loaded machine — `make test` runs
+    # files in parallel on 2 cores — measures the other workers, not `veil verify`
+    t0 = time.process_time()
     code, doc = _verify_cli(URI)
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     assert code == 0 and doc["valid"] is True, doc
     assert set(doc["checks"]) >= {"hash", "signature", "epsilon_recomputed", "weights", "base_model", "tokenizer",
                                   "plan", "policy", "embedded_matches_registered", "tags", "metrics"}
