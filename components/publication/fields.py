@@ -381,3 +381,4 @@ declare(Field("certificate", "group_guarantee.**", P, "ELS's group-of-k guarante
               relation="replace owned records, fixed graph (els-owners)"))
 declare(Field("certificate", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed "
               "flags (policy values and constants; never a count of the data)"))
+declare(Field("cli.verify", "certificate_sha256", P, "the checked certificate's sha256", digest=True))

@@ -35,9 +35,19 @@ def _retrain(policy, org, capsys, name="rt"):
 
 
 def _releases(home):
-    from components.ledger.report import ledger_report
+    """Training releases in the ledger (a plan's N̂ and a model's evaluation are releases of their own)."""
+    from sqlalchemy import select
 
-    return ledger_report(load_settings(home))["releases"]
+    from components.ledger import Ledger
+    from components.ledger import store as st
+
+    led = Ledger.open(load_settings(home))
+    try:
+        with st.read_only(led.engine) as conn:
+            rows = conn.execute(select(st.releases.c.kind, st.releases.c.mechanism)).all()
+    finally:
+        led.dispose()
+    return sum(1 for r in rows if r.kind != "population" and r.mechanism != "evaluation")
 
 
 def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, org, capsys):
