@@ -382,3 +382,10 @@ declare(Field("certificate", "group_guarantee.**", P, "ELS's group-of-k guarante
 declare(Field("certificate", "ownership.**", P, "the multi-owner rule: ownership, k, order, the relation and fixed "
               "flags (policy values and constants; never a count of the data)"))
 declare(Field("cli.verify", "certificate_sha256", P, "the checked certificate's sha256", digest=True))
+# Certificates registered by a Veil before the snapshot commitment carried the snapshot's id and sha256.
+# They are already public in the registry; `veil models --json` re-shows them unchanged (a consumer checks
+# the certificate's hash over exactly those bytes). New certificates never carry them: the certificate
+# channel refuses both fields.
+_LEGACY = "a certificate registered before the snapshot commitment (already public, re-shown unchanged)"
+declare(Field("cli.models", "certificate.dataset.snapshot_id", P, _LEGACY),
+        Field("cli.models", "certificate.dataset.snapshot_sha256", P, _LEGACY))

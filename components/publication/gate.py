@@ -173,11 +173,13 @@ def _specificity(f: Field) -> tuple:
 
 def field_for(name: str, path: str) -> Field | None:
     """The most specific declaration matching `path` (fewest wildcards, then the longest pattern)."""
+    hits = [f for f in declared(name) if f.matches(path)]
+    if hits:        # a channel's own declaration wins over the one it mirrors
+        return min(hits, key=_specificity)
     for prefix, source in _MIRRORS.get(name, ()):
         if path == prefix or path.startswith(prefix + "."):
             return field_for(source, path[len(prefix) + 1:])
-    hits = [f for f in declared(name) if f.matches(path)]
-    return min(hits, key=_specificity) if hits else None
+    return None
 
 
 def publish(name: str, doc: Any, *, subject: str = "") -> Any:
