@@ -143,6 +143,10 @@ class Run:
     plans: list[dict]                 # the public plans, in order
     annexes: list[dict]               # their private annexes
     settings: object
+    # releases beyond plans and certificates, as the stages returned them (D run: what prices a field)
+    evaluations: dict = dataclasses.field(default_factory=dict)   # run id → the evaluation release
+    selections: dict = dataclasses.field(default_factory=dict)    # study id → the selection release
+    home: str = ""
 
 
 class Home:
@@ -162,6 +166,11 @@ class Home:
         self.plans: list[dict] = []
         self.annexes: list[dict] = []
         self.refusals: list[str] = []
+        self.key = key
+        self.weights: dict[str, str] = {}      # plan sha → the released weights' fingerprint
+        self.evaluations: dict[str, dict] = {}
+        self.selections: dict[str, dict] = {}
+        self._runs = 0
 
     # the stages, as the pipeline calls them --------------------------------------------------------
     def plan(self, policy_path: Path, snap: Snap, *, exclude_exhausted: bool = True,
@@ -206,6 +215,18 @@ class Home:
                 raise
         finally:
             stages._plan_snapshot = orig
+        # the weights stand-in: a function of what DP-SGD reads (the training rows and the plan's σ, q, T,
+        # C), as trained weights are; not of the plan's sha (which also moves with fields training never
+        # reads, e.g. when an evaluation person is removed)
+        from components.planning.data import training_records
+
+        rows = training_records(plan, annex, snap.records)
+        wdir = out / "weights"
+        wdir.mkdir(parents=True, exist_ok=True)
+        (wdir / "adapter_model.safetensors").write_bytes(b"weights of " + sha256_bytes(json.dumps(
+            [rows.column("user_id").to_pylist(), rows.column("text").to_pylist(), plan["noise_multiplier"],
+             plan["sampling_rate"], plan["steps"], plan["clip_norm"]], default=str).encode()).encode())
+        (wdir / "adapter_config.json").write_text("{}")
         result = {"steps_run": plan["steps"], "steps_attempted": plan["steps"], "mechanism": plan["mechanism"],
                   "noise_multiplier": plan["noise_multiplier"], "sampling_rate": plan["sampling_rate"],
                   "clip_norm": plan["clip_norm"], "private_seed_source": "os_entropy",
@@ -216,7 +237,74 @@ class Home:
         if plan["mechanism"] == "secret":
             kw["secret_targets"] = secret_targets(train_rows(annex), snap.secret_spans, plan["target"]["secrets"])
         build_certificate(plan, result, created_at="2026-11-02T00:00:00+00:00", version="veil harness", **kw)
+        self.weights[plan["sha256"]] = json.dumps(result["weights"], sort_keys=True)
         return reservation
+
+    def mlflow_run(self, name: str) -> str:
+        """A run in the Home's own MLflow store (settings.mlflow_tracking_uri, under VEIL_HOME), its id drawn
+        from the scenario's key: a run id is public randomness, so D and D − u get the same one (as they get
+        the same keys) and a difference downstream is the data's, not MLflow's uuid4."""
+        import types
+        import uuid
+        from unittest import mock
+
+        import mlflow
+        from mlflow.store.tracking import sqlalchemy_store
+
+        self._runs += 1
+        rid = uuid.UUID(bytes=bytes.fromhex(sha256_bytes(b"run" + self.key + str(self._runs).encode())[:32]))
+        client = mlflow.tracking.MlflowClient(self.settings.mlflow_tracking_uri)
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp else client.create_experiment(name)
+        with mock.patch.object(sqlalchemy_store, "uuid", types.SimpleNamespace(uuid4=lambda: rid)):
+            return client.create_run(exp_id).info.run_id
+
+    def evaluate(self, plan: dict, snap: Snap, *, fake_scores: Callable | None = None) -> dict | None:
+        """`stages.evaluate` after a release, on the plan's evaluation people, without a model: each text's
+        statistics are a fixed function of the text and of the *training data the weights saw* (so they
+        move with a trained person, as the real weights would), then the real release: the ledger charge,
+        the keyed noise, the registry's gate and MLflow (`publish_evaluation`)."""
+        if plan is None or plan["sha256"] not in self.weights:
+            return None
+        from components.core.errors import VeilError
+        from components.core.hashing import sha256_json
+        from components.evaluation.dp import person_means
+        from components.evaluation.release import publish_evaluation
+        from components.planning.data import evaluation_records, training_records
+        from flows import stages
+
+        annex = stages._annex(self.settings, plan)
+        rows = evaluation_records(plan, annex, snap.records, single_owner=True)
+        if rows.num_rows == 0:
+            return None
+        texts, users = rows.column("text").to_pylist(), rows.column("user_id").to_pylist()
+        seen = set(" ".join(training_records(plan, annex, snap.records).column("text").to_pylist()).split())
+        stats = {}
+        for name, learned in (("model", seen), ("base", set())):
+            sums, counts, hits = [], [], []
+            for t in texts:
+                words = t.split()
+                h = int(sha256_bytes(f"{name}\x00{t}".encode())[:8], 16) / 16 ** 8
+                nll = 2.0 + 6.0 * h - 0.1 * sum(w in learned for w in words)
+                sums.append(-nll * len(words))
+                counts.append(len(words))
+                hits.append(sum(w in learned for w in words))
+            stats[name] = person_means(users, np.array(sums), np.array(counts), np.array(hits, dtype=float))
+        if fake_scores:
+            stats = fake_scores(stats)
+        run_id = self.mlflow_run("harness-" + plan["sha256"][:8])
+        params = stages.evaluation_params(plan)
+        try:
+            rel = publish_evaluation(self.settings, plan=plan, run_id=run_id,
+                                     models={"model": "run:" + run_id, "base": "base:" + sha256_json({"b": 1})},
+                                     per_model=stats, epsilon=float(params.epsilon), delta=float(params.delta),
+                                     nll_clip=float(params.nll_clip))
+        except VeilError as e:
+            self.refusals.append(str(e))
+            return None
+        self.evaluations[run_id] = {"release_name": rel.release_name, "release_id": rel.release_id,
+                                    "plan_sha256": plan["sha256"]}
+        return self.evaluations[run_id]
 
 
 def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key: bytes, *,
@@ -225,27 +313,32 @@ def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key:
     policies.mkdir(parents=True, exist_ok=True)
     with recording() as rec:
         scenario(home, policies, without)
-    return Run(published=list(rec), plans=home.plans, annexes=home.annexes, settings=home.settings)
+    return Run(published=list(rec), plans=home.plans, annexes=home.annexes, settings=home.settings,
+               evaluations=home.evaluations, selections=home.selections, home=str(Path(home_dir).resolve()))
 
 
 # --- the checks ----------------------------------------------------------------------------------------------
 
-def _docs(rec: list[Published]) -> tuple[dict[tuple[str, int], dict[str, list]], dict]:
-    """(channel, n-th document of that channel) → path → sorted values; and (channel, path) → declaration."""
+def _docs(rec: list[Published], home: str = "") -> tuple[dict[tuple[str, int], dict[str, list]], dict, dict]:
+    """(channel, n-th document of that channel) → path → sorted values; (channel, path) → declaration;
+    and (channel, n) → the document's subject. The run's VEIL_HOME is written `$VEIL_HOME` in values (the
+    D and D − u runs live in two folders; where a folder is is not the data's)."""
     out: dict[tuple[str, int], dict[str, list]] = {}
     order: dict[str, list[int]] = {}
-    fields = {}
+    fields, subjects = {}, {}
     for p in rec:
         calls = order.setdefault(p.channel, [])
         if not calls or calls[-1] != p.call:
             calls.append(p.call)
         d = out.setdefault((p.channel, len(calls) - 1), {})
-        d.setdefault(p.path, []).append(json.dumps(p.value, sort_keys=True, default=str))
+        subjects[(p.channel, len(calls) - 1)] = p.subject
+        v = json.dumps(p.value, sort_keys=True, default=str)
+        d.setdefault(p.path, []).append(v.replace(home, "$VEIL_HOME") if home else v)
         fields[(p.channel, p.path)] = p.field
     for d in out.values():
         for k in d:
             d[k].sort()
-    return out, fields
+    return out, fields, subjects
 
 
 def person_charges(settings, person: str) -> set[int]:
@@ -355,8 +448,8 @@ def _plan_of(doc: str, values: dict[str, list], plans: dict) -> tuple[dict, dict
 
 def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tuple[str, str]]]:
     """Findings for one removed person, and the uncovered fields that person moved."""
-    a, fa = _docs(full.published)
-    b, fb = _docs(less.published)
+    a, fa, sa = _docs(full.published, full.home)
+    b, fb, _ = _docs(less.published, less.home)
     findings, moved = [], set()
     charged = person_charges(full.settings, u)
     plans = {p["sha256"]: (p, x) for p, x in zip(full.plans, full.annexes)}
@@ -366,6 +459,7 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
             findings.append(Finding(name, u, doc[0], "", f"document {doc[1]} is published only without this person"))
             continue
         owner = _plan_of(doc[0], da, plans)
+        other = _release_of_doc(full, doc[0], sa.get(doc))
         for path in sorted(set(da) | set(db)):
             if da.get(path) == db.get(path):
                 continue
@@ -378,6 +472,8 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
                 findings.append(Finding(name, u, doc[0], path, f"public-by-construction field differs ({f.what})"))
             elif f.kind is Kind.UNCOVERED:
                 moved.add((doc[0], path))
+            elif other is not None and f.kind is Kind.DP:
+                findings.extend(other(name, full, u, doc[0], path, f, charged))
             elif owner is None:
                 findings.append(Finding(name, u, doc[0], path, "a differing field the harness cannot price"))
             elif f.kind is Kind.PUBLIC:
@@ -385,6 +481,63 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
             else:
                 findings.extend(_dp_charged(name, full, u, doc[0], path, f, charged, owner))
     return findings, moved
+
+
+def _release_of_doc(full: Run, channel: str, subject: str | None):
+    """The pricing of a document that is not a plan or a certificate: the evaluation release logged on a
+    run (registry metrics and tags, subject = run id), or a private selection (subject = study id)."""
+    if channel in ("registry.metric", "registry.tag") and subject in full.evaluations:
+        ev = full.evaluations[subject]
+        return lambda *a: _evaluation_charged(*a, ev=ev)
+    if channel == "selection" and subject in full.selections:
+        sel = full.selections[subject]
+        return lambda *a: _selection_charged(*a, sel=sel)
+    return None
+
+
+def _ledger_ids(settings, name: str, mechanism: str | None = None) -> set[int]:
+    """The ledger releases reserved under `name` (a plan sha, or a release's own name), of `mechanism`."""
+    from sqlalchemy import select
+
+    from components.ledger import Ledger
+    from components.ledger import store as st
+
+    led = Ledger.open(settings)
+    try:
+        ids = set(led.releases_for_plan(name))
+        if mechanism is not None and ids:
+            with st.read_only(led.engine) as conn:
+                rows = conn.execute(select(st.releases.c.id, st.releases.c.mechanism).where(
+                    st.releases.c.id.in_(sorted(ids)))).all()
+            ids = {int(r.id) for r in rows if r.mechanism == mechanism}
+        return ids
+    finally:
+        led.dispose()
+
+
+def _weights_charges(full: Run, plan_sha: str) -> set[int]:
+    """What prices the weights of a plan: its training reservation, and the N̂ that set q."""
+    plans = {p["sha256"]: (p, x) for p, x in zip(full.plans, full.annexes)}
+    out = _ledger_ids(full.settings, plan_sha)
+    if plan_sha in plans:
+        pop, _ = release_of_plan(full.settings, *plans[plan_sha], _FieldRef())
+        out |= {pop} - {None}
+    return out
+
+
+def _evaluation_charged(name, full: Run, u, channel, path, f, charged, *, ev) -> list[Finding]:
+    """eval_*: the evaluation release (ledger mechanism 'evaluation', named by `_release_name`) that u was
+    counted and charged in; or — the metrics are a function of the evaluated weights — u's charge for the
+    weights (a trained person moves the model, hence its figures)."""
+    rids = _ledger_ids(full.settings, ev["release_name"], "evaluation")
+    if not rids:
+        return [Finding(name, u, channel, path, "evaluation metric with no 'evaluation' ledger release")]
+    if rids & charged:
+        return []
+    if _weights_charges(full, ev["plan_sha256"]) & charged:
+        return []
+    return [Finding(name, u, channel, path, "evaluation metric differs but the person holds no charge for the "
+                                            "evaluation release nor for the evaluated weights")]
 
 
 def _dp_charged(name, full: Run, u, channel, path, f, charged, owner) -> list[Finding]:

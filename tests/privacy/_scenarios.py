@@ -54,5 +54,15 @@ def make(n_people: int = 14, seed: int = 11):
         snap = snapshot(owned, without=without)
         home.release(home.plan(pol, snap), snap)
 
-    return people, {"growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
+    def evaluation(home, policies: Path, without):
+        """A release, then its DP evaluation (ledger mechanism 'evaluation'; eval_* metrics and evaluation.*
+        tags through the registry's gate into the Home's own MLflow store), evaluated twice: the second
+        time republishes the same release without a new charge."""
+        pol = policy(policies, "evaluated", edit=lambda s: s.__setitem__("evaluation", {"fraction": 0.3}))
+        snap = snapshot(org, without=without)
+        plan = home.plan(pol, snap)
+        home.release(plan, snap)
+        home.evaluate(plan, snap)
+
+    return people, {"evaluation": evaluation, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
                     "retired_midway": retired_midway, "secret_release": secret_release, "multi_owner": multi_owner}
