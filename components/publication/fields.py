@@ -285,6 +285,9 @@ declare(
     Field("selection", "selection.composition.selection_release_id", P, "the ledger's release number"),
     Field("selection", "selection.composition.population_estimates.*", P, "each distinct N̂ of the plans: the "
           "plan's sha256, its ε_N (policy value) and the ledger release that charged it"),
+    Field("selection", "selection.composition.population_estimates.plan_sha256", P, "the sha256 of a published "
+          "plan (plan channel): a digest of that document, which moves exactly when one of its leaves does, and "
+          "those are declared and checked where the plan is published", digest=True),
     Field("selection", "covered_by_certificate", P, _CONST),
     Field("selection", "caveat", P, "fixed wording"),
     Field("selection", "note", P, "fixed wording (said only when K = 0 drew nothing: A's output ⊥)"),

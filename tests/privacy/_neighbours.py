@@ -307,6 +307,70 @@ class Home:
         return self.evaluations[run_id]
 
 
+    def select(self, policy_path: Path, grid_path: Path, snap: Snap) -> dict | None:
+        """`veil study --private-selection` (flows/private_selection.py, real: the exclusions, every point
+        planned with its N̂ charged, the selection theorem's reservation, the published `selection`
+        document), with what needs a model replaced as tests/privacy/test_private_selection_composition.py
+        does: the catalog's snapshot is `snap`, a trial's training is a no-op, its score is the real
+        per-person clipped sum over the real evaluation records, of a fixed per-text NLL, minus the point's
+        ε. The public randomness (the study id, K and the points drawn, the score noise) comes from the
+        scenario's key, so D and D − u draw the same."""
+        import random
+        from unittest import mock
+
+        import catalog.snapshots
+        import flows.private_selection as ps
+        import flows.study as study
+        from components.core.errors import VeilError
+        from flows import stages
+
+        home = self
+        seed = int(sha256_bytes(b"selection" + self.key)[:16], 16)
+        base = Path(self.settings.private_dir) / "harness-base"
+
+        def plan(settings, pp, *, base_dir=None, exclude_people=None, **kw):
+            res = stages.plan_snapshot(settings, pp, Snap(snap.snapshot_id, snap.sha256, snap.records,
+                                                          snap.secret_spans, snap.manifest),
+                                       exclude_people=exclude_people)
+            home.plans.append(res["plan"])
+            home.annexes.append(stages._annex(settings, res["plan"]))
+            return res
+
+        def new_study_dir(settings, grid):
+            sid = f"{grid.name}-harness-{seed % 10 ** 6:06d}"
+            out = study.studies_dir(settings) / sid
+            out.mkdir(mode=0o700, parents=True)
+            return sid, out
+
+        noise = np.random.default_rng(seed)
+
+        def score(settings, plan_doc, base_dir, tr, params, excluded):
+            users, texts = ps.score_texts(settings, plan_doc, int(params["score_records_per_person"]), excluded)
+            nll = [2.0 + 6.0 * int(sha256_bytes(t.encode())[:8], 16) / 16 ** 8 for t in texts]
+            counts = np.array([max(1, len(t.split())) for t in texts], dtype=float)
+            return ps.noisy_score(users, -np.array(nll) * counts, counts, float(params["score_clip"]),
+                                  float(params["score_noise"]), noise) - float(plan_doc["target"]["epsilon"])
+
+        with mock.patch.object(catalog.snapshots, "load_snapshot", lambda *a, **k: snap), \
+                mock.patch.object(stages, "plan", plan), \
+                mock.patch.object(stages, "base_model", lambda *a, **k: str(base)), \
+                mock.patch.object(stages, "train", lambda *a, **k: {}), \
+                mock.patch.object(ps, "score_trial", score), \
+                mock.patch.object(study, "new_study_dir", new_study_dir):
+            try:
+                doc = ps.run_private_selection(self.settings, policy_path, grid_path, base_dir=str(base),
+                                               rng=random.Random(seed))
+            except VeilError as e:
+                self.refusals.append(str(e))
+                return None
+        sel = doc["selection"]
+        self.selections[doc["study_id"]] = {
+            "release_id": int(sel["ledger_release_id"]),
+            "plans": [e["plan_sha256"] for e in sel["composition"]["population_estimates"]],
+            "population_releases": [int(e["ledger_release_id"]) for e in sel["composition"]["population_estimates"]]}
+        return doc
+
+
 def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key: bytes, *,
         without: str | None, policies: Path) -> Run:
     home = Home(home_dir, key)
@@ -538,6 +602,25 @@ def _evaluation_charged(name, full: Run, u, channel, path, f, charged, *, ev) ->
         return []
     return [Finding(name, u, channel, path, "evaluation metric differs but the person holds no charge for the "
                                             "evaluation release nor for the evaluated weights")]
+
+
+def _selection_charged(name, full: Run, u, channel, path, f, charged, *, sel) -> list[Finding]:
+    """The selection document: A's output (the chosen point, its noisy score) is priced by the selection's
+    ledger release (mechanism 'private-selection'); its ε and order, functions of the plans' public fields,
+    by every N̂ the selection composed (each plan's population release)."""
+    root = f.post_processing_of or f"{channel}:{f.pattern}"
+    if root == "selection:selected":
+        if sel["release_id"] not in charged:
+            return [Finding(name, u, channel, path, "A's output differs but the person holds no charge for the "
+                                                    "selection's ledger release")]
+        return []
+    if root == "plan:data.population.estimate":
+        missing = [r for r in sel["population_releases"] if r not in charged]
+        if missing or not sel["population_releases"]:
+            return [Finding(name, u, channel, path, f"differs with the plans' N̂ but the person holds no charge "
+                                                    f"for population release(s) {missing}")]
+        return []
+    return [Finding(name, u, channel, path, f"a DP selection field the harness cannot price ({root})")]
 
 
 def _dp_charged(name, full: Run, u, channel, path, f, charged, owner) -> list[Finding]:

@@ -64,5 +64,15 @@ def make(n_people: int = 14, seed: int = 11):
         home.release(plan, snap)
         home.evaluate(plan, snap)
 
-    return people, {"evaluation": evaluation, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
+    def private_selection(home, policies: Path, without):
+        """`veil study --private-selection` over a two-point ε grid (training replaced, scoring on the real
+        evaluation records): every point planned (a fresh N̂ each, charged), the selection theorem reserved,
+        the `selection` document published."""
+        pol = policy(policies, "selecting", edit=lambda s: s.__setitem__("evaluation", {"fraction": 0.3}))
+        grid = policies / "grid.yaml"
+        grid.write_text("name: psel\naxes: {mechanism: [uls], epsilon: [2, 4]}\n"
+                        "private_selection: {eta: 0, gamma: 0.3, score_noise: 2.0}\n")
+        home.select(pol, grid, snapshot(org, without=without))
+
+    return people, {"evaluation": evaluation, "private_selection": private_selection, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
                     "retired_midway": retired_midway, "secret_release": secret_release, "multi_owner": multi_owner}

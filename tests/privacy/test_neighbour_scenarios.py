@@ -18,7 +18,7 @@ import _scenarios as sc  # noqa: E402
 PEOPLE, SCENARIOS = sc.make(14)
 REMOVED = PEOPLE[3::7]            # 2 people
 # evaluation: under KEYS, p008 is an evaluation person (the plan's keyed draw) and p003 a trained one
-REMOVED_FOR = {"evaluation": [PEOPLE[3], PEOPLE[8]]}
+REMOVED_FOR = {"evaluation": [PEOPLE[3], PEOPLE[8]], "private_selection": [PEOPLE[3], PEOPLE[8]]}
 KEYS = [b"\x01" * 32]
 
 
@@ -51,6 +51,28 @@ def test_harness_finds_an_evaluation_person_counted_but_not_charged(tmp_path, mo
     monkeypatch.setattr(Ledger, "reserve", reserve)
     monkeypatch.setenv("VEIL_HOME", str(tmp_path / "unused"))
     findings = nb.check_scenario("evaluation", SCENARIOS["evaluation"], tmp_path, PEOPLE, [victim], KEYS)
-    bad = {(f.person, f.channel, f.path) for f in findings}
-    assert (victim, "registry.metric", "eval_perplexity") in bad, _report(findings)
+    # (a single coordinate may clamp, e.g. a perplexity at exp(nll_clip): any eval_* metric will do)
+    assert any(f.person == victim and f.channel == "registry.metric" for f in findings), _report(findings)
     assert all(f.person == victim and f.path.startswith("eval_") for f in findings), _report(findings)
+
+
+def test_harness_finds_a_scored_person_not_charged_for_the_selection(tmp_path, monkeypatch):
+    """The check can fail: private selection's reservation is made without p008 (an evaluation person),
+    who is still scored (only people the filter *retired* are left out of the score). The chosen trial's
+    noisy score moves with p008, who holds no charge for the selection's release."""
+    from components.ledger.ledger import Ledger
+
+    victim = PEOPLE[8]
+    orig = Ledger.reserve
+
+    def reserve(self, *, mechanism, costs, **kw):
+        if mechanism == "private-selection":
+            costs = {u: c for u, c in costs.items() if u != victim}
+        return orig(self, mechanism=mechanism, costs=costs, **kw)
+
+    monkeypatch.setattr(Ledger, "reserve", reserve)
+    monkeypatch.setenv("VEIL_HOME", str(tmp_path / "unused"))
+    findings = nb.check_scenario("private_selection", SCENARIOS["private_selection"], tmp_path, PEOPLE, [victim],
+                                 KEYS)
+    bad = {(f.person, f.channel, f.path) for f in findings}
+    assert (victim, "selection", "selected_noisy_score") in bad, _report(findings)
