@@ -159,7 +159,7 @@ declare(
 # --- the registry (MLflow tags, params, metrics) --------------------------------------------------------------
 declare(
     *(Field("registry.tag", p, P, w) for p, w in [
-        ("privacy.schema", _CONST), ("privacy.certificate_sha256", "the certificate's hash"),
+        ("privacy.schema", _CONST),
         ("privacy.unit", "the plan's"), ("privacy.neighbouring", "the plan's"), ("privacy.mechanism", "the plan's"),
         ("privacy.clip_norm", _POLICY), ("privacy.accountant", _CONST), ("privacy.snapshot_id", "public manifest"),
         ("privacy.policy_sha256", "the policy's hash"), ("privacy.signing_key", "the signer's key fingerprint"),
@@ -170,6 +170,8 @@ declare(
     *(Field("registry.tag", p, DP, w, post_processing_of=_FROM_PLAN) for p, w in [
         ("privacy.noise_multiplier", "σ"), ("privacy.sampling_rate", "q"), ("privacy.steps", "steps run"),
         ("privacy.epsilon", "the certificate's ε"), ("privacy.secret.*.max_gamma", "per-class γ")]),
+    Field("registry.tag", "privacy.certificate_sha256", P, "the certificate's hash (the certificate is published in "
+          "full with the model, on its own channel)", digest=True),
     Field("registry.tag", "audit.*", U, "the audit's verdict and buckets", coarsening=_AUDIT_Q, test=_AUDIT_T),
     *(Field("registry.param", p, P, w) for p, w in [
         ("mechanism", "the plan's"), ("clip_norm", _POLICY), ("delta", _POLICY), ("shards", _POLICY),
@@ -223,6 +225,12 @@ declare(
     Field("pmixed.release", "certificate.**", P, "the PMixED certificate: policy values, the token budget's ε and "
           "salted commitments (components/prediction/release.py)"),
     Field("pmixed.release", "manifest.**", P, "the ensemble's public parameters and salted commitments"),
+    Field("pmixed.release", "certificate.ensemble.adapter_commitments", P, "sha256(private salt ‖ adapter hash) per "
+          "shard: salted commitments (the salt stays in VEIL_HOME/private/pmixed)", hiding=True),
+    Field("pmixed.release", "certificate.ensemble_id", P, "a hash of the policy's, the snapshot's and the base's hashes "
+          "and of a hash of the private partition key: without the key it reveals nothing (random-oracle "
+          "assumption)", hiding=True),
+    Field("pmixed.release", "certificate.sha256", P, "the certificate's own sha256", digest=True),
     Field("pmixed.response", "text", DP, "sampled tokens", **_PMIXED_DP),
     Field("pmixed.response", "tokens", P, "how many tokens were returned (a function of the request)"),
     Field("pmixed.response", "budget_remaining_tokens", P,

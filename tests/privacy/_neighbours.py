@@ -146,6 +146,7 @@ class Run:
     # releases beyond plans and certificates, as the stages returned them (D run: what prices a field)
     evaluations: dict = dataclasses.field(default_factory=dict)   # run id → the evaluation release
     selections: dict = dataclasses.field(default_factory=dict)    # study id → the selection release
+    pmixeds: dict = dataclasses.field(default_factory=dict)       # certificate sha → the PMixED build's release
     home: str = ""
 
 
@@ -170,6 +171,7 @@ class Home:
         self.weights: dict[str, str] = {}      # plan sha → the released weights' fingerprint
         self.evaluations: dict[str, dict] = {}
         self.selections: dict[str, dict] = {}
+        self.pmixeds: dict[str, dict] = {}
         self._runs = 0
 
     # the stages, as the pipeline calls them --------------------------------------------------------
@@ -371,6 +373,60 @@ class Home:
         return doc
 
 
+    def pmixed(self, policy_path: Path, snap: Snap) -> dict | None:
+        """`veil pmixed build` (flows/pmixed.py, real: people rules, the ledger's 'pmixed' reservation, the
+        keyed partition, the certificate, the token budget, `register_ensemble` through the gate into the
+        Home's MLflow store) with the shard training replaced, as the harness replaces DP-SGD: a shard's
+        adapter is a stand-in whose hash is a function of the shard's texts (what training reads). The
+        partition key and the commitment salt are the scenario's (fixed keys); the certificate's clock is
+        fixed (public, not the data's)."""
+        import datetime as dt
+        import types
+        from unittest import mock
+
+        import catalog.snapshots
+        import flows.pmixed as pm
+        from components.core.errors import VeilError
+        from components.prediction import release as prel
+        from components.prediction.partition import KEY_FILE
+        from flows import stages
+
+        pdir = Path(self.settings.private_dir) / "pmixed"
+        pdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for f, label in ((KEY_FILE, b"partition"), (prel.SALT_FILE, b"salt")):
+            if not (pdir / f).exists():
+                (pdir / f).write_bytes(bytes.fromhex(sha256_bytes(label + self.key)))
+        base = Path(self.settings.private_dir) / "harness-pmixed-base"
+        base.mkdir(exist_ok=True)
+        (base / "config.json").write_text('{"model_type": "harness stand-in: never loaded"}')
+
+        def train_shards(base_dir, shard_texts, cfg, outs, **kw):
+            facts = []
+            for texts, out in zip(shard_texts, outs):
+                out.mkdir(parents=True, exist_ok=True)
+                facts.append({"sha256": sha256_bytes(json.dumps(sorted(texts)).encode()), "records": len(texts)})
+            return facts
+
+        class _Clock(dt.datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return dt.datetime(2026, 11, 2, tzinfo=tz)
+
+        with mock.patch.object(catalog.snapshots, "load_snapshot", lambda *a, **k: snap), \
+                mock.patch.object(stages, "base_model", lambda *a, **k: str(base)), \
+                mock.patch.object(pm, "train_shards", train_shards), \
+                mock.patch.object(prel, "_dt", types.SimpleNamespace(datetime=_Clock, timezone=dt.timezone)):
+            try:
+                out = pm.build(self.settings, policy_path, base_dir=str(base), use_prefect=False)
+            except VeilError as e:
+                self.refusals.append(str(e))
+                return None
+        cert = out["certificate"]
+        self.pmixeds[cert["sha256"]] = {"policy_sha256": cert["policy"]["sha256"],
+                                        "release_id": (cert.get("ledger") or {}).get("ledger_release_id")}
+        return out
+
+
 def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key: bytes, *,
         without: str | None, policies: Path) -> Run:
     home = Home(home_dir, key)
@@ -378,7 +434,7 @@ def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key:
     with recording() as rec:
         scenario(home, policies, without)
     return Run(published=list(rec), plans=home.plans, annexes=home.annexes, settings=home.settings,
-               evaluations=home.evaluations, selections=home.selections, home=str(Path(home_dir).resolve()))
+               evaluations=home.evaluations, selections=home.selections, pmixeds=home.pmixeds, home=str(Path(home_dir).resolve()))
 
 
 # --- the checks ----------------------------------------------------------------------------------------------
@@ -448,6 +504,8 @@ KNOWN_OPEN = {
     ("certificate", "dataset.snapshot_sha256"): "as plan data.snapshot_sha256",
     ("certificate", "dataset.snapshot_id"): "as plan data.snapshot_id",
     ("registry.tag", "privacy.snapshot_id"): "as plan data.snapshot_id",
+    ("pmixed.release", "certificate.dataset.snapshot_sha256"): "as plan data.snapshot_sha256 (the PMixED certificate)",
+    ("pmixed.release", "certificate.dataset.snapshot_id"): "as plan data.snapshot_id (the PMixED certificate)",
 }
 
 
@@ -553,6 +611,10 @@ def _release_of_doc(full: Run, channel: str, subject: str | None):
     if channel in ("registry.metric", "registry.tag") and subject in full.evaluations:
         ev = full.evaluations[subject]
         return lambda *a: _evaluation_charged(*a, ev=ev)
+    if channel in ("pmixed.release", "registry.tag", "registry.param", "registry.metric") \
+            and subject in full.pmixeds:
+        pm = full.pmixeds[subject]
+        return lambda *a: _pmixed_charged(*a, pm=pm)
     if channel == "selection" and subject in full.selections:
         sel = full.selections[subject]
         return lambda *a: _selection_charged(*a, sel=sel)
@@ -621,6 +683,17 @@ def _selection_charged(name, full: Run, u, channel, path, f, charged, *, sel) ->
                                                     f"for population release(s) {missing}")]
         return []
     return [Finding(name, u, channel, path, f"a DP selection field the harness cannot price ({root})")]
+
+
+def _pmixed_charged(name, full: Run, u, channel, path, f, charged, *, pm) -> list[Finding]:
+    """A PMixED build: its DP fields are priced by the build's ledger release (mechanism 'pmixed', reserved
+    under the prediction policy's sha256: the whole token budget's curve, charged to every person)."""
+    rids = _ledger_ids(full.settings, pm["policy_sha256"], "pmixed")
+    if not rids:
+        return [Finding(name, u, channel, path, "a PMixED field with no 'pmixed' ledger release")]
+    if not rids & charged:
+        return [Finding(name, u, channel, path, "a PMixED field differs but the person holds no charge for the build")]
+    return []
 
 
 def _dp_charged(name, full: Run, u, channel, path, f, charged, owner) -> list[Finding]:

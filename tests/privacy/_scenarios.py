@@ -10,6 +10,19 @@ from pathlib import Path
 from _neighbours import organization, policy, snapshot
 
 
+PMIXED_POLICY = """apiVersion: veil.dev/v1
+kind: PredictionPolicy
+metadata: {name: harness-pmixed, owner: tests}
+spec:
+  target: {epsilon: 4.0, delta: 1.0e-5}
+  shards: 16
+  subsample_rate: 0.5
+  token_budget: 6
+  lifetime_budget: {epsilon: 16.0, delta: 1.0e-4}
+  training: {epochs: 1, learning_rate: 1.0e-2, seq_len: 32, batch_size: 4, lora: {r: 2, alpha: 8.0}, seed: 0}
+"""
+
+
 def make(n_people: int = 14, seed: int = 11):
     org = organization(n_people, seed=seed, weeks=3)
     owned = organization(n_people, seed=seed + 1, owners=True)
@@ -74,5 +87,12 @@ def make(n_people: int = 14, seed: int = 11):
                         "private_selection: {eta: 0, gamma: 0.3, score_noise: 2.0}\n")
         home.select(pol, grid, snapshot(org, without=without))
 
-    return people, {"evaluation": evaluation, "private_selection": private_selection, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
+    def pmixed_build(home, policies: Path, without):
+        """`veil pmixed build` on the snapshot (16 shards, the build's ledger reservation, the certificate and
+        manifest registered); shard training replaced by a stand-in of each shard's texts."""
+        pol = policies / "pmixed.yaml"
+        pol.write_text(PMIXED_POLICY)
+        home.pmixed(pol, snapshot(org, without=without))
+
+    return people, {"evaluation": evaluation, "pmixed_build": pmixed_build, "private_selection": private_selection, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
                     "retired_midway": retired_midway, "secret_release": secret_release, "multi_owner": multi_owner}

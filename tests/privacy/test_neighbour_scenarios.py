@@ -76,3 +76,38 @@ def test_harness_finds_a_scored_person_not_charged_for_the_selection(tmp_path, m
                                  KEYS)
     bad = {(f.person, f.channel, f.path) for f in findings}
     assert (victim, "selection", "selected_noisy_score") in bad, _report(findings)
+
+
+def test_harness_finds_a_count_in_the_pmixed_certificate(tmp_path, monkeypatch):
+    """The check can fail: the PMixED certificate is declared public field by field under one catch-all
+    (`certificate.**`), so the gate lets a new field through; the harness is what catches one that moves
+    with a person — here the number of people partitioned, added to the certificate's ensemble section."""
+    from components.prediction import release as prel
+
+    orig = prel.make_certificate
+
+    def make_certificate(**kw):
+        cert = orig(**kw)
+        cert.pop("sha256")
+        cert["ensemble"]["people"] = len(set(_people_seen))
+        from components.core.hashing import sha256_json
+
+        cert["sha256"] = sha256_json(cert)
+        return cert
+
+    _people_seen: list[str] = []
+    from components.prediction import partition as part
+
+    real = part.partition
+
+    def spy(key, people, n):
+        people = list(people)
+        _people_seen[:] = people
+        return real(key, people, n)
+
+    monkeypatch.setattr(part, "partition", spy)
+    monkeypatch.setattr(prel, "make_certificate", make_certificate)
+    monkeypatch.setenv("VEIL_HOME", str(tmp_path / "unused"))
+    findings = nb.check_scenario("pmixed_build", SCENARIOS["pmixed_build"], tmp_path, PEOPLE, REMOVED[:1], KEYS)
+    assert [(f.channel, f.path) for f in findings] == [("pmixed.release", "certificate.ensemble.people")], \
+        _report(findings)
