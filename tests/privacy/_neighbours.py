@@ -150,6 +150,9 @@ class Run:
     home: str = ""
 
 
+_MLFLOW_TEMPLATE: Path | None = None
+
+
 class Home:
     """A VEIL_HOME with fixed keys: the plan key and the ledger key are the scenario's, so D and D − u
     draw with the same keys (the harness compares like with like)."""
@@ -242,6 +245,27 @@ class Home:
         self.weights[plan["sha256"]] = json.dumps(result["weights"], sort_keys=True)
         return reservation
 
+    def mlflow_store(self) -> None:
+        """A fresh MLflow store under this VEIL_HOME: a copy of an empty, migrated sqlite store made once per
+        process (MLflow's migrations cost seconds per store; the copy is the same empty store)."""
+        global _MLFLOW_TEMPLATE
+        import shutil
+        import tempfile
+
+        uri = str(self.settings.mlflow_tracking_uri)
+        if not uri.startswith("sqlite:///"):
+            return
+        db = Path(uri[len("sqlite:///"):])
+        if db.exists():
+            return
+        if _MLFLOW_TEMPLATE is None or not _MLFLOW_TEMPLATE.exists():
+            import mlflow
+
+            tmpl = Path(tempfile.mkdtemp(prefix="veil-harness-mlflow-")) / "mlflow.db"
+            mlflow.tracking.MlflowClient(f"sqlite:///{tmpl}").search_experiments()
+            _MLFLOW_TEMPLATE = tmpl
+        shutil.copyfile(_MLFLOW_TEMPLATE, db)
+
     def mlflow_run(self, name: str) -> str:
         """A run in the Home's own MLflow store (settings.mlflow_tracking_uri, under VEIL_HOME), its id drawn
         from the scenario's key: a run id is public randomness, so D and D − u get the same one (as they get
@@ -254,10 +278,12 @@ class Home:
         from mlflow.store.tracking import sqlalchemy_store
 
         self._runs += 1
+        self.mlflow_store()
         rid = uuid.UUID(bytes=bytes.fromhex(sha256_bytes(b"run" + self.key + str(self._runs).encode())[:32]))
-        client = mlflow.tracking.MlflowClient(self.settings.mlflow_tracking_uri)
-        exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp else client.create_experiment(name)
+        from components.registry.mlflow_registry import _client, _experiment
+
+        client = _client(self.settings)
+        exp_id = _experiment(self.settings, name)
         with mock.patch.object(sqlalchemy_store, "uuid", types.SimpleNamespace(uuid4=lambda: rid)):
             return client.create_run(exp_id).info.run_id
 
@@ -412,6 +438,7 @@ class Home:
             def now(cls, tz=None):
                 return dt.datetime(2026, 11, 2, tzinfo=tz)
 
+        self.mlflow_store()
         with mock.patch.object(catalog.snapshots, "load_snapshot", lambda *a, **k: snap), \
                 mock.patch.object(stages, "base_model", lambda *a, **k: str(base)), \
                 mock.patch.object(pm, "train_shards", train_shards), \
