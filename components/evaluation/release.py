@@ -106,8 +106,12 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
                 raise VeilError("evaluation: every evaluation person has spent their lifetime budget; nothing "
                                 "can be published about them")
             counted = len(people)
-            # keyed on the release *and* on whom it counts: a different counted set, a fresh draw
-            seed = prf_seed(key, "evaluation-noise", name, prf(key, "evaluation-counted", people).hex())
+            # keyed on the release's public parameters *and* on whom it counts — exactly what it counts, not on
+            # the candidates (the release's name commits to them, retired ones included): a candidate the
+            # filter retired must not move the draw (issue 22's neighbour harness, scenario `evaluation`);
+            # a different counted set still gets a fresh draw
+            public_name = _release_name(plan, run_id, models, mech, "")
+            seed = prf_seed(key, "evaluation-noise", public_name, prf(key, "evaluation-counted", people).hex())
             metrics = dp.release(mech, dp.exact_sums(mech, per_model, people),
                                  dp.standard_normals(seed, mech.coordinates))
         tags = {"evaluation.caveat": CAVEAT, "evaluation.mechanism": public["mechanism"],
