@@ -10,6 +10,7 @@ from pathlib import Path
 from _neighbours import organization, policy, snapshot
 
 
+EVAL_RETIRED_BUDGET = (7.0, 1e-4)
 PMIXED_POLICY = """apiVersion: veil.dev/v1
 kind: PredictionPolicy
 metadata: {name: harness-pmixed, owner: tests}
@@ -94,5 +95,22 @@ def make(n_people: int = 14, seed: int = 11):
         pol.write_text(PMIXED_POLICY)
         home.pmixed(pol, snapshot(org, without=without))
 
-    return people, {"evaluation": evaluation, "pmixed_build": pmixed_build, "private_selection": private_selection, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
+    def evaluation_retired(home, policies: Path, without):
+        """Two release lines, each evaluated, under a budget the second evaluation overdraws for some of its
+        evaluation people (those trained by the first line): the ledger's filter retires them at the
+        evaluation, so they are candidates the release does not count."""
+        def line(eps_eval: float, seed: int):
+            def edit(s):
+                s["evaluation"] = {"fraction": 0.3, "epsilon": eps_eval}
+                s["training"]["seed"] = seed
+            return edit
+
+        snap = snapshot(org, without=without)
+        for name, eps_eval, seed in (("eval-a", 0.5, 0), ("eval-b", 6.0, 4)):
+            pol = policy(policies, name, budget=EVAL_RETIRED_BUDGET, edit=line(eps_eval, seed))
+            plan = home.plan(pol, snap)
+            home.release(plan, snap)
+            home.evaluate(plan, snap)
+
+    return people, {"evaluation": evaluation, "evaluation_retired": evaluation_retired, "pmixed_build": pmixed_build, "private_selection": private_selection, "growing_data": growing_data, "new_base": new_base, "two_lines": two_lines,
                     "retired_midway": retired_midway, "secret_release": secret_release, "multi_owner": multi_owner}

@@ -18,7 +18,10 @@ import _scenarios as sc  # noqa: E402
 PEOPLE, SCENARIOS = sc.make(14)
 REMOVED = PEOPLE[3::7]            # 2 people
 # evaluation: under KEYS, p008 is an evaluation person (the plan's keyed draw) and p003 a trained one
-REMOVED_FOR = {"evaluation": [PEOPLE[3], PEOPLE[8]], "private_selection": [PEOPLE[3], PEOPLE[8]]}
+# evaluation_retired: p003 is a candidate of the second evaluation whom the ledger's filter retires (not
+# counted), p008 one it counts
+REMOVED_FOR = {"evaluation": [PEOPLE[3], PEOPLE[8]], "private_selection": [PEOPLE[3], PEOPLE[8]],
+               "evaluation_retired": [PEOPLE[3], PEOPLE[8]]}
 KEYS = [b"\x01" * 32]
 
 
