@@ -329,7 +329,7 @@ declare(
 # components.evaluation.dp / release; the exact figures stay on the operator's terminal.
 _EVAL_MECH = ("Gaussian on the vector (Σ clipped per-person mean NLL, Σ per-person accuracy) per evaluated model "
               "and the count of counted people; noise multiplier m from the analytic Gaussian (Balle & Wang 2018) "
-              "at the policy's evaluation.epsilon/delta; noise keyed on the release and the counted set")
+              "at the policy's evaluation.epsilon/delta; noise keyed on the evaluated models, ε, δ, the clip and the counted set")
 _EVAL_SENS = ("add/remove one evaluation person: ≤ evaluation.nll_clip per NLL sum, ≤ 1 per accuracy sum, 1 on the "
               "count: L2 √k over the range-scaled vector (k = 2 per model + 1)")
 _EVAL_COUNTS = ("the plan's evaluation people with a scored token whom the ledger's filter admits (retired people are "
