@@ -106,8 +106,18 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
                 raise VeilError("evaluation: every evaluation person has spent their lifetime budget; nothing "
                                 "can be published about them")
             counted = len(people)
-            # keyed on the release *and* on whom it counts: a different counted set, a fresh draw
-            seed = prf_seed(key, "evaluation-noise", name, prf(key, "evaluation-counted", people).hex())
+            # keyed on the evaluated models (the run fixes its plan, hence every counted person's records), the
+            # mechanism's parameters and whom it counts — exactly what it counts, like N̂: not on the candidates
+            # (the release's name commits to them, retired ones included) nor on the plan's sha256 (it moves
+            # with the snapshot's content hash when a person who is not counted leaves), either of which let a
+            # person the release does not count move the draw (issue 22's neighbour harness, scenario
+            # `evaluation_retired`); a different counted set still gets a fresh draw
+            from components.core.hashing import sha256_json
+
+            public_name = sha256_json({"release": dp.MECHANISM, "run_id": run_id, "models": dict(models),
+                                       "epsilon": float(mech.epsilon), "delta": float(mech.delta),
+                                       "nll_clip": float(mech.nll_clip)})
+            seed = prf_seed(key, "evaluation-noise", public_name, prf(key, "evaluation-counted", people).hex())
             metrics = dp.release(mech, dp.exact_sums(mech, per_model, people),
                                  dp.standard_normals(seed, mech.coordinates))
         tags = {"evaluation.caveat": CAVEAT, "evaluation.mechanism": public["mechanism"],

@@ -159,7 +159,7 @@ declare(
 # --- the registry (MLflow tags, params, metrics) --------------------------------------------------------------
 declare(
     *(Field("registry.tag", p, P, w) for p, w in [
-        ("privacy.schema", _CONST), ("privacy.certificate_sha256", "the certificate's hash"),
+        ("privacy.schema", _CONST),
         ("privacy.unit", "the plan's"), ("privacy.neighbouring", "the plan's"), ("privacy.mechanism", "the plan's"),
         ("privacy.clip_norm", _POLICY), ("privacy.accountant", _CONST),
         ("privacy.policy_sha256", "the policy's hash"), ("privacy.signing_key", "the signer's key fingerprint"),
@@ -171,6 +171,9 @@ declare(
         ("privacy.noise_multiplier", "σ"), ("privacy.sampling_rate", "q"), ("privacy.steps", "steps run"),
         ("privacy.epsilon", "the certificate's ε"), ("privacy.secret.*.max_gamma", "per-class γ")]),
     Field("registry.tag", "privacy.snapshot_commitment", P, _COMMIT, hiding=True),
+
+    Field("registry.tag", "privacy.certificate_sha256", P, "the certificate's hash (the certificate is published in "
+          "full with the model, on its own channel)", digest=True),
     Field("registry.tag", "audit.*", U, "the audit's verdict and buckets", coarsening=_AUDIT_Q, test=_AUDIT_T),
     *(Field("registry.param", p, P, w) for p, w in [
         ("mechanism", "the plan's"), ("clip_norm", _POLICY), ("delta", _POLICY), ("shards", _POLICY),
@@ -224,6 +227,12 @@ declare(
     Field("pmixed.release", "certificate.**", P, "the PMixED certificate: policy values, the token budget's ε and "
           "salted commitments (components/prediction/release.py)"),
     Field("pmixed.release", "manifest.**", P, "the ensemble's public parameters and salted commitments"),
+    Field("pmixed.release", "certificate.ensemble.adapter_commitments", P, "sha256(private salt ‖ adapter hash) per "
+          "shard: salted commitments (the salt stays in VEIL_HOME/private/pmixed)", hiding=True),
+    Field("pmixed.release", "certificate.ensemble_id", P, "a hash of the policy's, the snapshot's and the base's hashes "
+          "and of a hash of the private partition key: without the key it reveals nothing (random-oracle "
+          "assumption)", hiding=True),
+    Field("pmixed.release", "certificate.sha256", P, "the certificate's own sha256", digest=True),
     Field("pmixed.response", "text", DP, "sampled tokens", **_PMIXED_DP),
     Field("pmixed.response", "tokens", P, "how many tokens were returned (a function of the request)"),
     Field("pmixed.response", "budget_remaining_tokens", P,
@@ -286,6 +295,9 @@ declare(
     Field("selection", "selection.composition.selection_release_id", P, "the ledger's release number"),
     Field("selection", "selection.composition.population_estimates.*", P, "each distinct N̂ of the plans: the "
           "plan's sha256, its ε_N (policy value) and the ledger release that charged it"),
+    Field("selection", "selection.composition.population_estimates.plan_sha256", P, "the sha256 of a published "
+          "plan (plan channel): a digest of that document, which moves exactly when one of its leaves does, and "
+          "those are declared and checked where the plan is published", digest=True),
     Field("selection", "covered_by_certificate", P, _CONST),
     Field("selection", "caveat", P, "fixed wording"),
     Field("selection", "note", P, "fixed wording (said only when K = 0 drew nothing: A's output ⊥)"),
@@ -319,7 +331,7 @@ declare(
 # components.evaluation.dp / release; the exact figures stay on the operator's terminal.
 _EVAL_MECH = ("Gaussian on the vector (Σ clipped per-person mean NLL, Σ per-person accuracy) per evaluated model "
               "and the count of counted people; noise multiplier m from the analytic Gaussian (Balle & Wang 2018) "
-              "at the policy's evaluation.epsilon/delta; noise keyed on the release and the counted set")
+              "at the policy's evaluation.epsilon/delta; noise keyed on the evaluated models, ε, δ, the clip and the counted set")
 _EVAL_SENS = ("add/remove one evaluation person: ≤ evaluation.nll_clip per NLL sum, ≤ 1 per accuracy sum, 1 on the "
               "count: L2 √k over the range-scaled vector (k = 2 per model + 1)")
 _EVAL_COUNTS = ("the plan's evaluation people with a scored token whom the ledger's filter admits (retired people are "

@@ -61,8 +61,9 @@ class Field:
     # PUBLIC and computationally hiding: a salted commitment or a keyed hash (the salt and the key stay in
     # the private area); it moves with the data yet reveals nothing without them (PRF assumption)
     hiding: bool = False
-    # PUBLIC: a hash of the document it is in (its own sha256, a signature over it): it moves exactly when
-    # another of the document's leaves moves, and says nothing those leaves do not
+    # PUBLIC: a hash of the document it is in (its own sha256, a signature over it), or of another document
+    # published in full on its own channel (a plan's sha256 quoted elsewhere): it moves exactly when a leaf
+    # of that document moves, and says nothing those leaves (declared and checked there) do not
     digest: bool = False
     # DP: the release and its price, or the release it post-processes
     mechanism: str = ""

@@ -145,6 +145,14 @@ class Run:
     plans: list[dict]                 # the public plans, in order
     annexes: list[dict]               # their private annexes
     settings: object
+    # releases beyond plans and certificates, as the stages returned them (D run: what prices a field)
+    evaluations: dict = dataclasses.field(default_factory=dict)   # run id → the evaluation release
+    selections: dict = dataclasses.field(default_factory=dict)    # study id → the selection release
+    pmixeds: dict = dataclasses.field(default_factory=dict)       # certificate sha → the PMixED build's release
+    home: str = ""
+
+
+_MLFLOW_TEMPLATE: Path | None = None
 
 
 class Home:
@@ -164,6 +172,12 @@ class Home:
         self.plans: list[dict] = []
         self.annexes: list[dict] = []
         self.refusals: list[str] = []
+        self.key = key
+        self.weights: dict[str, str] = {}      # plan sha → the released weights' fingerprint
+        self.evaluations: dict[str, dict] = {}
+        self.selections: dict[str, dict] = {}
+        self.pmixeds: dict[str, dict] = {}
+        self._runs = 0
 
     # the stages, as the pipeline calls them --------------------------------------------------------
     def plan(self, policy_path: Path, snap: Snap, *, exclude_exhausted: bool = True,
@@ -208,6 +222,18 @@ class Home:
                 raise
         finally:
             stages._plan_snapshot = orig
+        # the weights stand-in: a function of what DP-SGD reads (the training rows and the plan's σ, q, T,
+        # C), as trained weights are; not of the plan's sha (which also moves with fields training never
+        # reads, e.g. when an evaluation person is removed)
+        from components.planning.data import training_records
+
+        rows = training_records(plan, annex, snap.records)
+        wdir = out / "weights"
+        wdir.mkdir(parents=True, exist_ok=True)
+        (wdir / "adapter_model.safetensors").write_bytes(b"weights of " + sha256_bytes(json.dumps(
+            [rows.column("user_id").to_pylist(), rows.column("text").to_pylist(), plan["noise_multiplier"],
+             plan["sampling_rate"], plan["steps"], plan["clip_norm"]], default=str).encode()).encode())
+        (wdir / "adapter_config.json").write_text("{}")
         result = {"steps_run": plan["steps"], "steps_attempted": plan["steps"], "mechanism": plan["mechanism"],
                   "noise_multiplier": plan["noise_multiplier"], "sampling_rate": plan["sampling_rate"],
                   "clip_norm": plan["clip_norm"], "private_seed_source": "os_entropy",
@@ -218,7 +244,216 @@ class Home:
         if plan["mechanism"] == "secret":
             kw["secret_targets"] = secret_targets(train_rows(annex), snap.secret_spans, plan["target"]["secrets"])
         build_certificate(plan, result, created_at="2026-11-02T00:00:00+00:00", version="veil harness", **kw)
+        self.weights[plan["sha256"]] = json.dumps(result["weights"], sort_keys=True)
         return reservation
+
+    def mlflow_store(self) -> None:
+        """A fresh MLflow store under this VEIL_HOME: a copy of an empty, migrated sqlite store made once per
+        process (MLflow's migrations cost seconds per store; the copy is the same empty store)."""
+        global _MLFLOW_TEMPLATE
+        import shutil
+        import tempfile
+
+        uri = str(self.settings.mlflow_tracking_uri)
+        if not uri.startswith("sqlite:///"):
+            return
+        db = Path(uri[len("sqlite:///"):])
+        if db.exists():
+            return
+        if _MLFLOW_TEMPLATE is None or not _MLFLOW_TEMPLATE.exists():
+            import mlflow
+
+            tmpl = Path(tempfile.mkdtemp(prefix="veil-harness-mlflow-")) / "mlflow.db"
+            mlflow.tracking.MlflowClient(f"sqlite:///{tmpl}").search_experiments()
+            _MLFLOW_TEMPLATE = tmpl
+        shutil.copyfile(_MLFLOW_TEMPLATE, db)
+
+    def mlflow_run(self, name: str) -> str:
+        """A run in the Home's own MLflow store (settings.mlflow_tracking_uri, under VEIL_HOME), its id drawn
+        from the scenario's key: a run id is public randomness, so D and D − u get the same one (as they get
+        the same keys) and a difference downstream is the data's, not MLflow's uuid4."""
+        import types
+        import uuid
+        from unittest import mock
+
+        import mlflow
+        from mlflow.store.tracking import sqlalchemy_store
+
+        self._runs += 1
+        self.mlflow_store()
+        rid = uuid.UUID(bytes=bytes.fromhex(sha256_bytes(b"run" + self.key + str(self._runs).encode())[:32]))
+        from components.registry.mlflow_registry import _client, _experiment
+
+        client = _client(self.settings)
+        exp_id = _experiment(self.settings, name)
+        with mock.patch.object(sqlalchemy_store, "uuid", types.SimpleNamespace(uuid4=lambda: rid)):
+            return client.create_run(exp_id).info.run_id
+
+    def evaluate(self, plan: dict, snap: Snap, *, fake_scores: Callable | None = None) -> dict | None:
+        """`stages.evaluate` after a release, on the plan's evaluation people, without a model: each text's
+        statistics are a fixed function of the text and of the *training data the weights saw* (so they
+        move with a trained person, as the real weights would), then the real release: the ledger charge,
+        the keyed noise, the registry's gate and MLflow (`publish_evaluation`)."""
+        if plan is None or plan["sha256"] not in self.weights:
+            return None
+        from components.core.errors import VeilError
+        from components.core.hashing import sha256_json
+        from components.evaluation.dp import person_means
+        from components.evaluation.release import publish_evaluation
+        from components.planning.data import evaluation_records, training_records
+        from flows import stages
+
+        annex = stages._annex(self.settings, plan)
+        rows = evaluation_records(plan, annex, snap.records, single_owner=True)
+        if rows.num_rows == 0:
+            return None
+        texts, users = rows.column("text").to_pylist(), rows.column("user_id").to_pylist()
+        seen = set(" ".join(training_records(plan, annex, snap.records).column("text").to_pylist()).split())
+        stats = {}
+        for name, learned in (("model", seen), ("base", set())):
+            sums, counts, hits = [], [], []
+            for t in texts:
+                words = t.split()
+                h = int(sha256_bytes(f"{name}\x00{t}".encode())[:8], 16) / 16 ** 8
+                nll = 2.0 + 6.0 * h - 0.1 * sum(w in learned for w in words)
+                sums.append(-nll * len(words))
+                counts.append(len(words))
+                hits.append(sum(w in learned for w in words))
+            stats[name] = person_means(users, np.array(sums), np.array(counts), np.array(hits, dtype=float))
+        if fake_scores:
+            stats = fake_scores(stats)
+        run_id = self.mlflow_run("harness-" + plan["sha256"][:8])
+        params = stages.evaluation_params(plan)
+        try:
+            rel = publish_evaluation(self.settings, plan=plan, run_id=run_id,
+                                     models={"model": "run:" + run_id, "base": "base:" + sha256_json({"b": 1})},
+                                     per_model=stats, epsilon=float(params.epsilon), delta=float(params.delta),
+                                     nll_clip=float(params.nll_clip))
+        except VeilError as e:
+            self.refusals.append(str(e))
+            return None
+        self.evaluations[run_id] = {"release_name": rel.release_name, "release_id": rel.release_id,
+                                    "plan_sha256": plan["sha256"]}
+        return self.evaluations[run_id]
+
+
+    def select(self, policy_path: Path, grid_path: Path, snap: Snap) -> dict | None:
+        """`veil study --private-selection` (flows/private_selection.py, real: the exclusions, every point
+        planned with its N̂ charged, the selection theorem's reservation, the published `selection`
+        document), with what needs a model replaced as tests/privacy/test_private_selection_composition.py
+        does: the catalog's snapshot is `snap`, a trial's training is a no-op, its score is the real
+        per-person clipped sum over the real evaluation records, of a fixed per-text NLL, minus the point's
+        ε. The public randomness (the study id, K and the points drawn, the score noise) comes from the
+        scenario's key, so D and D − u draw the same."""
+        import random
+        from unittest import mock
+
+        import catalog.snapshots
+        import flows.private_selection as ps
+        import flows.study as study
+        from components.core.errors import VeilError
+        from flows import stages
+
+        home = self
+        seed = int(sha256_bytes(b"selection" + self.key)[:16], 16)
+        base = Path(self.settings.private_dir) / "harness-base"
+
+        def plan(settings, pp, *, base_dir=None, exclude_people=None, **kw):
+            res = stages.plan_snapshot(settings, pp, Snap(snap.snapshot_id, snap.sha256, snap.records,
+                                                          snap.secret_spans, snap.manifest),
+                                       exclude_people=exclude_people)
+            home.plans.append(res["plan"])
+            home.annexes.append(stages._annex(settings, res["plan"]))
+            return res
+
+        def new_study_dir(settings, grid):
+            sid = f"{grid.name}-harness-{seed % 10 ** 6:06d}"
+            out = study.studies_dir(settings) / sid
+            out.mkdir(mode=0o700, parents=True)
+            return sid, out
+
+        noise = np.random.default_rng(seed)
+
+        def score(settings, plan_doc, base_dir, tr, params, excluded):
+            users, texts = ps.score_texts(settings, plan_doc, int(params["score_records_per_person"]), excluded)
+            nll = [2.0 + 6.0 * int(sha256_bytes(t.encode())[:8], 16) / 16 ** 8 for t in texts]
+            counts = np.array([max(1, len(t.split())) for t in texts], dtype=float)
+            return ps.noisy_score(users, -np.array(nll) * counts, counts, float(params["score_clip"]),
+                                  float(params["score_noise"]), noise) - float(plan_doc["target"]["epsilon"])
+
+        with mock.patch.object(catalog.snapshots, "load_snapshot", lambda *a, **k: snap), \
+                mock.patch.object(stages, "plan", plan), \
+                mock.patch.object(stages, "base_model", lambda *a, **k: str(base)), \
+                mock.patch.object(stages, "train", lambda *a, **k: {}), \
+                mock.patch.object(ps, "score_trial", score), \
+                mock.patch.object(study, "new_study_dir", new_study_dir):
+            try:
+                doc = ps.run_private_selection(self.settings, policy_path, grid_path, base_dir=str(base),
+                                               rng=random.Random(seed))
+            except VeilError as e:
+                self.refusals.append(str(e))
+                return None
+        sel = doc["selection"]
+        self.selections[doc["study_id"]] = {
+            "release_id": int(sel["ledger_release_id"]),
+            "plans": [e["plan_sha256"] for e in sel["composition"]["population_estimates"]],
+            "population_releases": [int(e["ledger_release_id"]) for e in sel["composition"]["population_estimates"]]}
+        return doc
+
+
+    def pmixed(self, policy_path: Path, snap: Snap) -> dict | None:
+        """`veil pmixed build` (flows/pmixed.py, real: people rules, the ledger's 'pmixed' reservation, the
+        keyed partition, the certificate, the token budget, `register_ensemble` through the gate into the
+        Home's MLflow store) with the shard training replaced, as the harness replaces DP-SGD: a shard's
+        adapter is a stand-in whose hash is a function of the shard's texts (what training reads). The
+        partition key and the commitment salt are the scenario's (fixed keys); the certificate's clock is
+        fixed (public, not the data's)."""
+        import datetime as dt
+        import types
+        from unittest import mock
+
+        import catalog.snapshots
+        import flows.pmixed as pm
+        from components.core.errors import VeilError
+        from components.prediction import release as prel
+        from components.prediction.partition import KEY_FILE
+        from flows import stages
+
+        pdir = Path(self.settings.private_dir) / "pmixed"
+        pdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for f, label in ((KEY_FILE, b"partition"), (prel.SALT_FILE, b"salt")):
+            if not (pdir / f).exists():
+                (pdir / f).write_bytes(bytes.fromhex(sha256_bytes(label + self.key)))
+        base = Path(self.settings.private_dir) / "harness-pmixed-base"
+        base.mkdir(exist_ok=True)
+        (base / "config.json").write_text('{"model_type": "harness stand-in: never loaded"}')
+
+        def train_shards(base_dir, shard_texts, cfg, outs, **kw):
+            facts = []
+            for texts, out in zip(shard_texts, outs):
+                out.mkdir(parents=True, exist_ok=True)
+                facts.append({"sha256": sha256_bytes(json.dumps(sorted(texts)).encode()), "records": len(texts)})
+            return facts
+
+        class _Clock(dt.datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return dt.datetime(2026, 11, 2, tzinfo=tz)
+
+        self.mlflow_store()
+        with mock.patch.object(catalog.snapshots, "load_snapshot", lambda *a, **k: snap), \
+                mock.patch.object(stages, "base_model", lambda *a, **k: str(base)), \
+                mock.patch.object(pm, "train_shards", train_shards), \
+                mock.patch.object(prel, "_dt", types.SimpleNamespace(datetime=_Clock, timezone=dt.timezone)):
+            try:
+                out = pm.build(self.settings, policy_path, base_dir=str(base), use_prefect=False)
+            except VeilError as e:
+                self.refusals.append(str(e))
+                return None
+        cert = out["certificate"]
+        self.pmixeds[cert["sha256"]] = {"policy_sha256": cert["policy"]["sha256"],
+                                        "release_id": (cert.get("ledger") or {}).get("ledger_release_id")}
+        return out
 
 
 def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key: bytes, *,
@@ -227,27 +462,32 @@ def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key:
     policies.mkdir(parents=True, exist_ok=True)
     with recording() as rec:
         scenario(home, policies, without)
-    return Run(published=list(rec), plans=home.plans, annexes=home.annexes, settings=home.settings)
+    return Run(published=list(rec), plans=home.plans, annexes=home.annexes, settings=home.settings,
+               evaluations=home.evaluations, selections=home.selections, pmixeds=home.pmixeds, home=str(Path(home_dir).resolve()))
 
 
 # --- the checks ----------------------------------------------------------------------------------------------
 
-def _docs(rec: list[Published]) -> tuple[dict[tuple[str, int], dict[str, list]], dict]:
-    """(channel, n-th document of that channel) → path → sorted values; and (channel, path) → declaration."""
+def _docs(rec: list[Published], home: str = "") -> tuple[dict[tuple[str, int], dict[str, list]], dict, dict]:
+    """(channel, n-th document of that channel) → path → sorted values; (channel, path) → declaration;
+    and (channel, n) → the document's subject. The run's VEIL_HOME is written `$VEIL_HOME` in values (the
+    D and D − u runs live in two folders; where a folder is is not the data's)."""
     out: dict[tuple[str, int], dict[str, list]] = {}
     order: dict[str, list[int]] = {}
-    fields = {}
+    fields, subjects = {}, {}
     for p in rec:
         calls = order.setdefault(p.channel, [])
         if not calls or calls[-1] != p.call:
             calls.append(p.call)
         d = out.setdefault((p.channel, len(calls) - 1), {})
-        d.setdefault(p.path, []).append(json.dumps(p.value, sort_keys=True, default=str))
+        subjects[(p.channel, len(calls) - 1)] = p.subject
+        v = json.dumps(p.value, sort_keys=True, default=str)
+        d.setdefault(p.path, []).append(v.replace(home, "$VEIL_HOME") if home else v)
         fields[(p.channel, p.path)] = p.field
     for d in out.values():
         for k in d:
             d[k].sort()
-    return out, fields
+    return out, fields, subjects
 
 
 def person_charges(settings, person: str) -> set[int]:
@@ -350,8 +590,8 @@ def _plan_of(doc: str, values: dict[str, list], plans: dict) -> tuple[dict, dict
 
 def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tuple[str, str]]]:
     """Findings for one removed person, and the uncovered fields that person moved."""
-    a, fa = _docs(full.published)
-    b, fb = _docs(less.published)
+    a, fa, sa = _docs(full.published, full.home)
+    b, fb, _ = _docs(less.published, less.home)
     findings, moved = [], set()
     charged = person_charges(full.settings, u)
     plans = {p["sha256"]: (p, x) for p, x in zip(full.plans, full.annexes)}
@@ -361,6 +601,7 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
             findings.append(Finding(name, u, doc[0], "", f"document {doc[1]} is published only without this person"))
             continue
         owner = _plan_of(doc[0], da, plans)
+        other = _release_of_doc(full, doc[0], sa.get(doc))
         for path in sorted(set(da) | set(db)):
             if da.get(path) == db.get(path):
                 continue
@@ -373,6 +614,8 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
                 findings.append(Finding(name, u, doc[0], path, f"public-by-construction field differs ({f.what})"))
             elif f.kind is Kind.UNCOVERED:
                 moved.add((doc[0], path))
+            elif other is not None and f.kind is Kind.DP:
+                findings.extend(other(name, full, u, doc[0], path, f, charged))
             elif owner is None:
                 findings.append(Finding(name, u, doc[0], path, "a differing field the harness cannot price"))
             elif f.kind is Kind.PUBLIC or _public_n(owner[0]):
@@ -382,6 +625,97 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
             else:
                 findings.extend(_dp_charged(name, full, u, doc[0], path, f, charged, owner))
     return findings, moved
+
+
+def _release_of_doc(full: Run, channel: str, subject: str | None):
+    """The pricing of a document that is not a plan or a certificate: the evaluation release logged on a
+    run (registry metrics and tags, subject = run id), or a private selection (subject = study id)."""
+    if channel in ("registry.metric", "registry.tag") and subject in full.evaluations:
+        ev = full.evaluations[subject]
+        return lambda *a: _evaluation_charged(*a, ev=ev)
+    if channel in ("pmixed.release", "registry.tag", "registry.param", "registry.metric") \
+            and subject in full.pmixeds:
+        pm = full.pmixeds[subject]
+        return lambda *a: _pmixed_charged(*a, pm=pm)
+    if channel == "selection" and subject in full.selections:
+        sel = full.selections[subject]
+        return lambda *a: _selection_charged(*a, sel=sel)
+    return None
+
+
+def _ledger_ids(settings, name: str, mechanism: str | None = None) -> set[int]:
+    """The ledger releases reserved under `name` (a plan sha, or a release's own name), of `mechanism`."""
+    from sqlalchemy import select
+
+    from components.ledger import Ledger
+    from components.ledger import store as st
+
+    led = Ledger.open(settings)
+    try:
+        ids = set(led.releases_for_plan(name))
+        if mechanism is not None and ids:
+            with st.read_only(led.engine) as conn:
+                rows = conn.execute(select(st.releases.c.id, st.releases.c.mechanism).where(
+                    st.releases.c.id.in_(sorted(ids)))).all()
+            ids = {int(r.id) for r in rows if r.mechanism == mechanism}
+        return ids
+    finally:
+        led.dispose()
+
+
+def _weights_charges(full: Run, plan_sha: str) -> set[int]:
+    """What prices the weights of a plan: its training reservation, and the N̂ that set q."""
+    plans = {p["sha256"]: (p, x) for p, x in zip(full.plans, full.annexes)}
+    out = _ledger_ids(full.settings, plan_sha)
+    if plan_sha in plans:
+        pop, _ = release_of_plan(full.settings, *plans[plan_sha], _FieldRef())
+        out |= {pop} - {None}
+    return out
+
+
+def _evaluation_charged(name, full: Run, u, channel, path, f, charged, *, ev) -> list[Finding]:
+    """eval_*: the evaluation release (ledger mechanism 'evaluation', named by `_release_name`) that u was
+    counted and charged in; or — the metrics are a function of the evaluated weights — u's charge for the
+    weights (a trained person moves the model, hence its figures)."""
+    rids = _ledger_ids(full.settings, ev["release_name"], "evaluation")
+    if not rids:
+        return [Finding(name, u, channel, path, "evaluation metric with no 'evaluation' ledger release")]
+    if rids & charged:
+        return []
+    if _weights_charges(full, ev["plan_sha256"]) & charged:
+        return []
+    return [Finding(name, u, channel, path, "evaluation metric differs but the person holds no charge for the "
+                                            "evaluation release nor for the evaluated weights")]
+
+
+def _selection_charged(name, full: Run, u, channel, path, f, charged, *, sel) -> list[Finding]:
+    """The selection document: A's output (the chosen point, its noisy score) is priced by the selection's
+    ledger release (mechanism 'private-selection'); its ε and order, functions of the plans' public fields,
+    by every N̂ the selection composed (each plan's population release)."""
+    root = f.post_processing_of or f"{channel}:{f.pattern}"
+    if root == "selection:selected":
+        if sel["release_id"] not in charged:
+            return [Finding(name, u, channel, path, "A's output differs but the person holds no charge for the "
+                                                    "selection's ledger release")]
+        return []
+    if root == "plan:data.population.estimate":
+        missing = [r for r in sel["population_releases"] if r not in charged]
+        if missing or not sel["population_releases"]:
+            return [Finding(name, u, channel, path, f"differs with the plans' N̂ but the person holds no charge "
+                                                    f"for population release(s) {missing}")]
+        return []
+    return [Finding(name, u, channel, path, f"a DP selection field the harness cannot price ({root})")]
+
+
+def _pmixed_charged(name, full: Run, u, channel, path, f, charged, *, pm) -> list[Finding]:
+    """A PMixED build: its DP fields are priced by the build's ledger release (mechanism 'pmixed', reserved
+    under the prediction policy's sha256: the whole token budget's curve, charged to every person)."""
+    rids = _ledger_ids(full.settings, pm["policy_sha256"], "pmixed")
+    if not rids:
+        return [Finding(name, u, channel, path, "a PMixED field with no 'pmixed' ledger release")]
+    if not rids & charged:
+        return [Finding(name, u, channel, path, "a PMixED field differs but the person holds no charge for the build")]
+    return []
 
 
 def _dp_charged(name, full: Run, u, channel, path, f, charged, owner) -> list[Finding]:
