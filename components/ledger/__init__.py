@@ -12,5 +12,6 @@ from components.ledger.ledger import (Budget, Ledger, PersonCost, PlanAlreadyRel
                                       default_url)
 from components.ledger.release import release_costs, reserve_release, secret_costs
 
-__all__ = ["Ledger", "Budget", "PersonCost", "PlanAlreadyReleased", "Reservation", "SecretCost", "default_url", "release_costs",
+__all__ = ["Ledger", "Budget", "PersonCost", "PlanAlreadyReleased", "Reservation", "SecretCost", "default_url",
+           "release_costs",
            "reserve_release", "secret_costs"]
