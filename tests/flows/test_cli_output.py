@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-c", "from flows.cli import main; main()"]
 
 
-def _veil(args, env, timeout=300):
+def _veil(args, env, timeout=900):  # generous: `make test` runs files in parallel (xdist)
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -44,7 +44,7 @@ def test_retrain_on_postgresql_backed_prefect_mlflow_and_ledger(tmp_path, veil_h
             r = subprocess.run([sys.executable, "-c", "from flows.cli import main; main()", "retrain",
                                 "--policy", str(tiny_policy(tmp_path)), "--source", str(org["source"]), *MAPPING,
                                 "--base-model", str(org["base"]), "--name", "team", "--json"],
-                               env=env, capture_output=True, text=True, timeout=400)
+                               env=env, capture_output=True, text=True, timeout=900)  # xdist: files in parallel
             assert r.returncode == 0, r.stderr[-3000:]
             res = json.loads(r.stdout)
             assert res["action"] == "trained" and res["model_uri"] == "models:/team/1", res
