@@ -142,7 +142,7 @@ def log_study(settings: Settings, doc: dict, out: Path) -> dict:
                  for k in ("mechanism", "privacy_unit", "epsilon", "selection", "k", "lora", "noise_multiplier",
                            "sampling_rate", "steps", "plan_sha256")}
         metrics = {"plan_epsilon": float(r["plan_epsilon"])} if r.get("plan_epsilon") is not None else {}
-        publish("study", {"point": point, "metrics": metrics}, subject=doc["study_id"])
+        publish("study", {"point": point, **({"metrics": metrics} if metrics else {})}, subject=doc["study_id"])
         child = client.create_run(exp, tags={"mlflow.parentRunId": pid, "veil.kind": "study-point",
                                              "veil.study.id": doc["study_id"],
                                              "veil.study.covered_by_certificate": "false"},
