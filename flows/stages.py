@@ -783,8 +783,13 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
     from components.planning.annex import plan_snapshot_ref as ref
 
     data = plan_doc.get("data") or {}
-    if annex is None and data.get("snapshot_commitment"):
-        annex = _annex(settings, plan_doc)
+    if annex is None:
+        try:
+            annex = _annex(settings, plan_doc)
+        except VeilError:
+            if data.get("snapshot_commitment"):
+                raise
+            annex = None        # a plan from before the commitment names its snapshot publicly
     return ref(plan_doc, annex)
 
 

@@ -26,7 +26,9 @@ def fake_registry(settings, tmp_path, monkeypatch):
     plan = attach_annex(settings.private_dir,
                         {"sha256": "p", "training": {"seq_len": 32, "seed": 0}, "data": {"snapshot_id": "s1"},
                          "audit": {"thresholds": {"max_user_inference_auroc": 0.65, "max_secret_exposure": 4.0}}},
-                        {"attacker_records_file": str(f), "attacker_records_sha256": sha256_file(f)})
+                        {"attacker_records_file": str(f), "attacker_records_sha256": sha256_file(f),
+                         # the snapshot is named in the private annex only (the plan carries a commitment)
+                         "plan_inputs": {"snapshot_id": "s1", "snapshot_sha256": "0" * 64}})
     loaded = SimpleNamespace(model=model, tokenizer=tok, plan=plan,
                              certificate={"privacy_unit": "user", "epsilon": 2.0, "delta": 1e-5, "sha256": "c"})
     import catalog.snapshots

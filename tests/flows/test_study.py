@@ -182,7 +182,7 @@ eval: {max_records: 40}
     for k in kids:
         assert set(k.data.metrics) <= {"plan_epsilon"}
         assert not {"perplexity", "next_token_accuracy", "mean_nll"} & set(k.data.metrics)
-    assert "eval_records" not in public and "eval_people" not in public and "eval_tokens" not in public
+    assert "eval_records" not in csv_text and "eval_people" not in csv_text and "eval_tokens" not in csv_text
     # tuning runs are not releases: nothing charged, nothing registered, the plans' run folders untouched
     assert _ledger_releases(settings) == 0
     assert client.search_registered_models() == []
