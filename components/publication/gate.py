@@ -148,8 +148,11 @@ def declared(name: str | None = None) -> list[Field]:
 
 
 def _load() -> None:
-    # the declarations are one module of data; importing it registers them (once)
-    from components.publication import fields  # noqa: F401  (startup: the table is read on first publish)
+    # The declarations (components.publication.fields) register themselves when the package is
+    # imported (components/publication/__init__.py), which any import of this module does first:
+    # the gate itself never imports them, so the two modules form no circle.
+    if not _FIELDS:
+        raise RuntimeError("publication: no declarations registered (import components.publication)")
 
 
 def leaves(doc: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
