@@ -232,6 +232,7 @@ declare(
     Field("pmixed.release", "certificate.ensemble_id", P, "a hash of the policy's, the snapshot's and the base's hashes "
           "and of a hash of the private partition key: without the key it reveals nothing (random-oracle "
           "assumption)", hiding=True),
+    Field("pmixed.release", "certificate.dataset.snapshot_commitment", P, _COMMIT, hiding=True),
     Field("pmixed.release", "certificate.sha256", P, "the certificate's own sha256", digest=True),
     Field("pmixed.response", "text", DP, "sampled tokens", **_PMIXED_DP),
     Field("pmixed.response", "tokens", P, "how many tokens were returned (a function of the request)"),
