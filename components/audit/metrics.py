@@ -12,6 +12,7 @@ Conventions (the paper leaves them open; these are ours):
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -152,3 +153,96 @@ def empirical_epsilon_lower_bound(scores, labels, delta: float, *, confidence: f
         if np.any(ok):
             best = max(best, float(np.max(np.log(num[ok] / den[ok]))))
     return best
+
+
+# --- one-run audit (Steinke, Nasr & Jagielski 2023, "Privacy Auditing with One (1) Training Run") ----------
+#
+# m audited people, each *independently* a member with probability 1/2 (Z_i uniform on {in, out}); the
+# attacker guesses in/out for r of them from the trained model alone and gets v right. For an ε-DP
+# mechanism the number of correct guesses is stochastically dominated by Binomial(r, e^ε/(1+e^ε))
+# (their Theorem 3.1); for (ε, δ)-DP their Theorem 5.2 adds 2mδ·max_{1≤i≤v} (f(v−i) − f(v))/i with
+# f(v) = P[Binomial(r, q) ≥ v]. So "v or more correct" has p-value at most `one_run_p_value`, and the
+# largest ε whose p-value is below β is a lower bound on ε at confidence 1 − β. The guesses here are
+# "the top k scores are in, the bottom k are out" for k on a fixed grid of fractions of m, chosen
+# after seeing the scores: a Bonferroni split of β over the grid keeps the whole search at 1 − β.
+
+ONE_RUN_GUESS_FRACTIONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """P[at least v of r guesses correct] under an (ε, δ)-DP mechanism, m people audited (Thm 5.2)."""
+    from scipy.stats import binom
+
+    if not (0 <= v <= r <= m) or epsilon < 0 or not 0 <= delta <= 1:
+        raise VeilError(f"one-run audit: need 0 <= v <= r <= m, ε >= 0, δ in [0, 1]; got m={m} r={r} v={v} "
+                        f"ε={epsilon} δ={delta}")
+    q = 1.0 / (1.0 + math.exp(-epsilon)) if epsilon < 700 else 1.0
+    f_v = float(binom.sf(v - 1, r, q))                  # P[B >= v]
+    worst = 0.0
+    if delta > 0 and v > 0:
+        pmf = binom.pmf(np.arange(v - 1, -1, -1), r, q)  # P[B = v-1], P[B = v-2], …, P[B = 0]
+        gap = np.cumsum(pmf)                             # f(v-i) - f(v) = P[v-i <= B < v], i = 1..v
+        worst = float(np.max(gap / np.arange(1, v + 1)))
+    return min(1.0, f_v + 2.0 * m * delta * worst)
+
+
+def one_run_epsilon(m: int, r: int, v: int, delta: float, beta: float) -> float:
+    """The largest ε (to 1e-6) with p-value < β for v of r correct; 0 when even ε = 0 is not rejected."""
+    if one_run_p_value(m, r, v, 0.0, delta) >= beta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while one_run_p_value(m, r, v, hi, delta) < beta:   # p-value grows with ε: find a bracket
+        lo, hi = hi, 2 * hi
+        if hi > 700:
+            return lo
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if one_run_p_value(m, r, v, mid, delta) < beta else (lo, mid)
+    return lo
+
+
+def one_run_epsilon_lower_bound(scores, labels, delta: float, *, confidence: float = 0.95,
+                                fractions: Sequence[float] = ONE_RUN_GUESS_FRACTIONS) -> dict:
+    """The one-run ε lower bound from per-person scores whose labels were drawn independently with
+    probability 1/2 each (see `balance_by_thinning` for a split with another prior).
+
+    Returns {epsilon_lower_bound, confidence, m, guesses, correct, delta}: the best bound over the
+    guess grid (Bonferroni over it), and the (r, v) that gave it. Private: r and v are counts of
+    people; the public section publishes the bound rounded down (`public.public_one_run`)."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels).astype(bool)
+    if s.shape != y.shape or s.ndim != 1:
+        raise VeilError("scores, labels: need two 1-D arrays of the same length")
+    if not 0 < confidence < 1:
+        raise VeilError(f"confidence must be in (0, 1), got {confidence}")
+    m = int(s.size)
+    out = {"epsilon_lower_bound": 0.0, "confidence": float(confidence), "m": m, "guesses": 0, "correct": 0,
+           "delta": float(delta)}
+    if m == 0:
+        return out
+    order = np.argsort(-s, kind="stable")               # highest score first: guessed "in"
+    beta = (1.0 - confidence) / len(fractions)
+    for f in fractions:
+        k = max(1, int(math.floor(f * m / 2)))
+        top, bottom = order[:k], order[m - k:] if 2 * k <= m else order[k:]
+        r = int(top.size + bottom.size)
+        v = int(y[top].sum() + (~y[bottom]).sum())
+        eps = one_run_epsilon(m, r, v, delta, beta)
+        if eps > out["epsilon_lower_bound"]:
+            out.update(epsilon_lower_bound=eps, guesses=r, correct=v)
+    return out
+
+
+def balance_by_thinning(labels, prior: float, uniforms) -> np.ndarray:
+    """A subset of people whose membership labels are independent fair coins, from labels that are
+    independent Bernoulli(prior) draws: keep every person of the rarer side, and a person of the
+    commoner side when their own uniform draw (`uniforms`, independent of everything else: a keyed PRF
+    of the person) is below (rarer prior)/(commoner prior). Given the kept set, each kept label is
+    in with probability exactly 1/2, independently — the one-run theorem's setting. Returns the mask."""
+    y = np.asarray(labels).astype(bool)
+    u = np.asarray(uniforms, dtype=float)
+    if not 0 < prior < 1:
+        raise VeilError(f"balance_by_thinning: prior must be in (0, 1), got {prior}")
+    if prior >= 0.5:
+        return ~y | (u < (1 - prior) / prior)
+    return y | (u < prior / (1 - prior))
