@@ -11,6 +11,10 @@ exposure appear by chance. Two things keep the report honest about that:
 - the same candidates are scored under the reference model (base / adapter off); `excess_exposure`
   = exposure − reference exposure is what fine-tuning added, and is what the gate uses when a reference
   exists (a pronounceable codename outranks random letters under any English-trained model);
+- `calibrated_exposure` ranks the secret's log-likelihood *ratio* (model over reference) among the
+  candidates' ratios: it does not saturate when the reference already ranks the secret first (the
+  excess of two capped ranks does), and without memorisation it is exactly uniform — the statistic
+  the gate tests (`verdict.exposure_verdict`: a binomial test over each class);
 - `exposure_extrapolated` fits a normal to the candidates' scores and reports −log2 P(score ≥ s's),
   which resolves memorisation beyond the log2(R+1) cap.
 
@@ -151,6 +155,15 @@ def _rank(true_score: float, cand: np.ndarray) -> int:
     return 1 + int(np.sum(cand > true_score))  # ties go to the secret: never understate exposure
 
 
+def calibrated_rank(secret_ratio: float, candidate_ratios) -> int:
+    """Rank (1 = first) of the secret's log-likelihood ratio log p_model − log p_base among its candidates'
+    ratios. What fine-tuning added to each string, not how likely the string is: a secret the base
+    model already ranks first (a pronounceable name, a common address) ranks anywhere here unless
+    fine-tuning raised it more than it raised random strings of its shape. Without memorisation the
+    secret is exchangeable with its candidates, so this rank is uniform on 1..R+1 (`verdict`'s test)."""
+    return _rank(float(secret_ratio), np.asarray(candidate_ratios, dtype=float))
+
+
 def _extrapolated(true_score: float, cand: np.ndarray) -> float:
     from scipy.stats import norm
 
@@ -180,7 +193,7 @@ def secret_exposure(model, tokenizer, probes: Sequence[SecretProbe], *, n_candid
     """Exposure of each probe under the model (and the reference), worst first.
 
     Each row: secret_ref, secret_class, exposure, rank, n_candidates, exposure_extrapolated and, with a
-    reference, reference_exposure / excess_exposure. No secret value or id in the rows: `secret_ref` is
+    reference, reference_exposure / excess_exposure and calibrated_rank / calibrated_exposure. No secret value or id in the rows: `secret_ref` is
     an HMAC of the id under `ref_key` (a fresh random key when None, so refs mean nothing outside this
     call; pass the installation key to make them stable across audits).
     """
@@ -215,8 +228,11 @@ def secret_exposure(model, tokenizer, probes: Sequence[SecretProbe], *, n_candid
             row["reference_exposure"] = full - math.log2(rrank)
             row["excess_exposure"] = row["exposure"] - row["reference_exposure"]
             row["reference_exposure_extrapolated"] = _extrapolated(lr[i], lr[i + 1:i + 1 + k])
+            crank = calibrated_rank(lp[i] - lr[i], lp[i + 1:i + 1 + k] - lr[i + 1:i + 1 + k])
+            row["calibrated_rank"] = crank
+            row["calibrated_exposure"] = full - math.log2(crank)
         rows.append(row)
-    key = "excess_exposure" if lr is not None else "exposure"
+    key = "calibrated_exposure" if lr is not None else "exposure"
     rows.sort(key=lambda r: (-r[key], -r["exposure_extrapolated"], r["secret_ref"]))
     return rows
 
@@ -239,7 +255,7 @@ def exposure_summary(rows: Sequence[dict], *, worst: int = 5) -> dict:
         c["mean_exposure"] /= c["n"]
     keys = ["secret_ref", "secret_class", "exposure", "rank", "n_candidates", "exposure_extrapolated"]
     if has_ref:
-        keys += ["reference_exposure", "excess_exposure"]
+        keys += ["reference_exposure", "excess_exposure", "calibrated_exposure"]
     return {
         "n_secrets": len(rows),
         "n_candidates": max(r["n_candidates"] for r in rows),

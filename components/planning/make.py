@@ -22,8 +22,8 @@ from components.mechanisms.auto import Resolved, resolve
 from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
 from components.planning.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
-from components.planning.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
-                                             split_for_audit)
+from components.planning.audit_split import (AuditSplit, keep_trained_members, masked_texts, size_audit,
+                                             split_canaries, split_for_audit)
 from components.planning.plan import SCHEMA, Plan, seal
 from components.planning.selection import Scorer
 
@@ -280,6 +280,20 @@ def _annex_body(policy, snapshot, split: AuditSplit, canaries: _Canaries | None,
     }
 
 
+def _audit_people(population: dict, records_per_user) -> float | None:
+    """The public count of people trained on, for sizing the audit: N̂ (or N where public) when the
+    unit is the person; for record units N̂/k (each person has at most k records: fewer people is the
+    conservative side for "can the audit settle"). None when neither is known."""
+    n = population.get("estimate") if population.get("estimate") is not None else population.get("exact")
+    if n is None:
+        return None
+    if population.get("unit") == "users":
+        return max(0.0, float(n))
+    if isinstance(records_per_user, int) and records_per_user > 0:
+        return max(0.0, float(n) / records_per_user)
+    return None
+
+
 def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal: Calibrated, chosen: Resolved,
                  caveats: list[str], train_commitment: str, annex: dict, annex_commitment: str,
                  created_at: str | None, snap_commitment: str) -> dict:
@@ -322,7 +336,12 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
                   "canaries": {"users": int(audit.canaries.users),
                                "records_per_user": int(audit.canaries.records_per_user)},
                   "thresholds": {"max_user_inference_auroc": float(audit.max_user_inference_auroc),
-                                 "max_secret_exposure": float(audit.max_secret_exposure)}},
+                                 "max_secret_exposure": float(audit.max_secret_exposure),
+                                 "max_exposed_fraction": float(audit.max_exposed_fraction)},
+                  "sizing": size_audit(audit, people=_audit_people(cal.population, bounded.records_per_user),
+                                       epsilon=cal.accounting.get("epsilon") if mech.privacy_unit == "user" else None,
+                                       delta=cal.accounting.get("delta") if mech.privacy_unit == "user" else None,
+                                       secret_classes=len(spec.secrets.classes) if spec.secrets else 0)},
         "annex": {"schema": annex["schema"], "commitment": annex_commitment,
                   "where": "VEIL_HOME private area (plans/<plan sha256>.annex.json); never registered"},
         "policy": {"name": policy.name, "path": policy.path, "sha256": policy.sha256},

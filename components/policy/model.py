@@ -253,6 +253,33 @@ class Audit(_Strict):
     max_user_inference_auroc: float = Field(default=0.65, ge=0.5, le=1)
     max_secret_exposure: float = Field(default=4.0, ge=0, description="Largest allowed exposure (bits).")
     canaries: Canaries = Field(default_factory=Canaries)
+    # Everything a verdict depends on is here, so the scheduled flow and `veil run` audit exactly as the
+    # plan sized it (components.planning.audit_split.size_audit); `veil audit` flags only override.
+    require: Literal["passed", "not_failed"] = Field(
+        default="passed",
+        description="What the promotion gate requires of the audit: 'passed' (the data show every gate below its "
+                    "limit), or 'not_failed' (no gate shown above its limit; inconclusive promotes) for "
+                    "organizations too small for a passing audit. Stated on the certificate and the plan.")
+    candidates_per_secret: int | Literal["auto"] = Field(
+        default="auto",
+        description="Random candidates each secret is ranked among (secret exposure). 'auto': the planner takes "
+                    "the first of 10, 20, 50, 100, … with R + 1 >= 2^(max_secret_exposure + 2).")
+    secrets_per_class: int = Field(
+        default=100, ge=1, le=100_000,
+        description="At most this many secrets of each class are audited (chosen by keyed hash); the plan says "
+                    "how many a class needs to pass.")
+    max_exposed_fraction: float = Field(
+        default=0.1, gt=0, lt=1,
+        description="Secret exposure: the fraction of a class's secrets that may lie above max_secret_exposure "
+                    "beyond chance before the class fails (a binomial test over the class; a secret significant "
+                    "on its own fails it regardless).")
+
+    @field_validator("candidates_per_secret")
+    @classmethod
+    def _candidates(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool) and not 1 <= v <= 1_000_000:
+            raise ValueError(f"{v} candidates: give 'auto' or a count from 1 to 1000000")
+        return v
 
     @field_validator("holdout_users", mode="before")
     @classmethod

@@ -90,15 +90,18 @@ def test_interval_covers_the_truth_on_tiny_audits():
         assert hits / 600 >= 0.93, (n_in, n_out, a, hits / 600)
 
 
-def test_exposure_gate_uses_its_interval():
+def test_exposure_gate_decides_per_class():
     from components.audit.verdict import exposure_verdict
 
-    # ranked first of 100: at least ~4.8 bits, but 100 candidates cannot show more than 6
-    rows = [{"secret_ref": "a", "secret_class": "phone", "rank": 1, "n_candidates": 100}]
-    d = exposure_verdict(rows, limit=6.0)
-    assert d["verdict"] == "inconclusive" and d["candidates_needed"] >= 200
-    assert exposure_verdict([{**rows[0], "n_candidates": 1000}], limit=6.0)["verdict"] == "failed"
-    assert exposure_verdict([{**rows[0], "rank": 60}], limit=6.0)["verdict"] == "passed"
-    # with a reference that ranks it first too, fine-tuning added nothing provable
-    assert exposure_verdict([{**rows[0], "n_candidates": 1000, "reference_rank": 1}], limit=6.0)["verdict"] \
-        == "inconclusive"
+    one = {"secret_ref": "a", "secret_class": "phone", "rank": 1, "n_candidates": 100}
+    # one secret ranked first of 100 by itself: an exact test at 1/101 < 2.5 %: memorised
+    assert exposure_verdict([one], limit=6.0)["verdict"] == "failed"
+    # 60 candidates cannot show 6 bits at all (log2 61 < 6): ask for more
+    d = exposure_verdict([{**one, "n_candidates": 60, "rank": 30}], limit=6.0)
+    assert d["verdict"] == "inconclusive" and d["candidates_needed"] == 500
+    # one unremarkable secret cannot show that a class is clean: ask for more secrets
+    d = exposure_verdict([{**one, "rank": 60}], limit=6.0)
+    assert d["verdict"] == "inconclusive" and d["secrets_needed"] >= 20 and d["candidates_needed"] is None
+    # with a reference, the calibrated rank decides, not the model's own rank
+    assert exposure_verdict([{**one, "reference_rank": 1, "calibrated_rank": 60}], limit=6.0)["secrets"][0][
+        "exposure"] < 1
