@@ -81,6 +81,22 @@ def evaluate_task(home, model_uri, policy=None):
     return stages.evaluate(load_settings(home), model_uri, missing_ok=True, policy=policy)
 
 
+def audit_log_fields(summary: dict | None) -> dict:
+    """The audit's Prefect log line, from its public section only: verdict, what the policy's gate
+    requires, whether it is met and every reason for a non-pass (public reasons: verdicts, counts on the
+    published grid, policy values)."""
+    if summary is None:
+        return {"audit": ["not audited", "", "", ""]}
+    gate = summary.get("gate") or {}
+    return {"audit": [str(summary.get("verdict")), str(gate.get("require", "passed")),
+                      "meets" if gate.get("meets") else "does not meet",
+                      str(gate.get("reason") or "; ".join(summary.get("reasons") or []))]}
+
+
+def log_audit(log, summary: dict | None) -> None:
+    log.info("audit %s (the policy requires %s: %s): %s", *publish("prefect", audit_log_fields(summary))["audit"])
+
+
 @flow(name="veil-pipeline", log_prints=True)
 def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                   public_corpus: str | None = None, base_model_dir: str | None = None,
@@ -105,6 +121,8 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"))
     aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None
+    if aud:
+        log_audit(log, aud["summary"])
     ev = evaluate_task(home, reg["model_uri"], policy)
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,

@@ -28,7 +28,7 @@ from components.core.errors import VeilError
 from components.core.settings import Settings, load_settings, private_umask
 from components.publication import publish
 from flows import stages
-from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, plan_task,
+from flows.pipeline import (audit_task, log_audit, base_model_task, certify_task, ingest_task, plan_task,
                             register_task)
 
 PRODUCTION = "production"
@@ -110,17 +110,28 @@ def _at(cert: dict, path: str):
     return node
 
 
-def promotion_gate(cert: dict, audit_summary: dict | None, required: list[str]) -> tuple[bool, str]:
-    """(promote?, why). Only a passed audit and a certificate with every required field promote."""
+def promotion_gate(cert: dict, audit_summary: dict | None, required: list[str],
+                   require: str | None = None) -> tuple[bool, str]:
+    """(promote?, why). An audit that meets the policy's `audit.require` (`passed`, or `not_failed` for an
+    organization too small for a passing audit; stated on the certificate's audit section) and a
+    certificate with every required field promote. `require` defaults to the audit section's own."""
+    from components.audit.verdict import gate_decision
+
     missing = [f for f in required if _field(cert, f) is None]
-    verdict = (audit_summary or {}).get("verdict")
     if audit_summary is None:
         return False, "not audited"
-    if verdict != "passed":
-        return False, f"audit verdict {verdict or 'none'}: only a passed audit is promoted"
+    verdict = audit_summary.get("verdict")
+    gate = audit_summary.get("gate") or {}
+    req = require or gate.get("require") or "passed"
+    decided = gate_decision(verdict, req, audit_summary.get("reasons") or [])
+    if not decided["meets"]:
+        rule = ("only a passed audit is promoted" if req == "passed"
+                else "audit.require is 'not_failed': only a failed audit is held back")
+        return False, f"{decided['reason']} ({rule})"
     if missing:
         return False, f"certificate lacks the policy's required field(s) {', '.join(missing)}"
-    return True, f"audit passed and the certificate has every required field ({', '.join(required)})"
+    said = "audit passed" if verdict == "passed" else f"audit {verdict}, and the policy requires only '{req}'"
+    return True, f"{said} and the certificate has every required field ({', '.join(required)})"
 
 
 class PromotionApproval(RunInput):
@@ -194,13 +205,13 @@ def await_approval(promoters: list[str], timeout_s: int, model_uri: str, *, poll
 
 @task(name="promote", cache_policy=NO_CACHE, retries=0)
 def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | None, required: list[str],
-                 alias: str, approval: dict | None = None) -> dict:
+                 alias: str, approval: dict | None = None, require: str | None = None) -> dict:
     """Move `alias` when the gates pass and (when asked for) a promoter approved; tag the version with
     the decision and, when there was one, who approved or rejected it and when."""
     from components.registry.mlflow_registry import _client
 
     settings = load_settings(home)
-    ok, why = promotion_gate(cert, audit_summary, required)
+    ok, why = promotion_gate(cert, audit_summary, required, require)
     if ok and approval is not None and not approval["approved"]:
         ok, why = False, f"{why}, but {approval['reason']}"
     elif ok and approval is not None:
@@ -328,12 +339,14 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     aud = audit_task(home, reg["model_uri"], policy, truth)
     final_cert = aud["certificate"]
     required = list(pol.spec.release.required_certificate_fields)
+    require = pol.spec.audit.require
+    log_audit(log, aud["summary"])
     approval = None
-    if promotion_gate(final_cert, aud["summary"], required)[0]:
+    if promotion_gate(final_cert, aud["summary"], required, require)[0]:
         # only a release that passed its gates is put to the promoters (the flow pauses, not a task)
         approval = await_approval(list(pol.spec.release.promoters), pol.spec.release.approval_timeout_seconds,
                                   reg["model_uri"], poll_s=approval_poll_s)
-    gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"], required, alias, approval)
+    gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"], required, alias, approval, require)
     log.info("%s: %s", *publish("prefect", {"promotion": ["promoted" if gate["promoted"] else "not promoted",
                                                            gate["reason"]]})["promotion"])
     trained_n, retired_n = _people(settings, plan_doc, reg)

@@ -114,6 +114,25 @@ def public_exposure_class(rows: list[dict], verdict: str | None, n_candidates: i
     return out
 
 
+ONE_RUN_GRID = 0.5
+
+
+def public_one_run(one_run: dict, certified: float | None) -> dict:
+    """The one-run ε lower bound, rounded *down* to a 0.5 grid (a lower bound stays one), its confidence
+    and the certified ε beside it. Not the counts of guesses or people behind it."""
+    out = {"computed": bool(one_run.get("computed")), "confidence": one_run.get("confidence"),
+           "certified_epsilon": certified, "grid": ONE_RUN_GRID,
+           "method": "Steinke, Nasr & Jagielski 2023 (one training run), Theorem 5.2 with the certificate's δ; "
+                     "top/bottom guesses on a fixed grid, Bonferroni over it"}
+    if not out["computed"]:
+        out.update(epsilon_at_least=None, exceeds_certified=False, why=one_run.get("why"))
+        return out
+    lb = float(one_run["epsilon_lower_bound"])
+    out.update(epsilon_at_least=_r(math.floor(lb / ONE_RUN_GRID + 1e-12) * ONE_RUN_GRID),
+               exceeds_certified=bool(one_run.get("exceeds_certified")))
+    return out
+
+
 VERDICT_CODE = {"passed": 1.0, "inconclusive": 0.0, "failed": -1.0}
 
 
@@ -134,7 +153,20 @@ def public_metrics(section) -> dict[str, float]:
     return out
 
 
+TAG_LIMIT = 4000  # MLflow's tag values hold 5000 characters; leave room
+
+
 def public_tags(section) -> dict[str, str]:
-    """Tags beside `privacy_tags`' audit.* ones: the verdict and the coverage statement."""
-    return {"audit.verdict": str(section.get("verdict")),
-            "audit.covered_by_certificate": str(bool(section.get("covered_by_certificate"))).lower()}
+    """Tags beside `privacy_tags`' audit.* ones: the verdict, the coverage statement, and — from the
+    public section alone — what the gate requires, whether the audit meets it and why."""
+    out = {"audit.verdict": str(section.get("verdict")),
+           "audit.covered_by_certificate": str(bool(section.get("covered_by_certificate"))).lower()}
+    gate = section.get("gate")
+    if isinstance(gate, dict):
+        reason = str(gate.get("reason", ""))
+        out.update({"audit.require": str(gate.get("require")), "audit.meets_requirement": str(bool(gate.get("meets"))).lower(),
+                    "audit.reason": reason if len(reason) <= TAG_LIMIT else reason[:TAG_LIMIT - 1] + "…"})
+    one = section.get("one_run")
+    if isinstance(one, dict) and one.get("epsilon_at_least") is not None:
+        out["audit.one_run_epsilon_at_least"] = f"{one['epsilon_at_least']:g}"
+    return out

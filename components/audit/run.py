@@ -31,7 +31,8 @@ from components.audit.inputs import AuditReservations, audit_reservations
 from components.audit.report import ceiling_plot, private_dir, ref_key, roc_plot, secret_ref, write_private
 from components.audit.user_inference import (_check_samples, aggregate_user_scores, auroc_by_m, score_samples,
                                             user_inference_report)
-from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED, combine, exposure_verdict
+from components.audit.verdict import (DEFAULT_EXPOSED_FRACTION, FAILED, INCONCLUSIVE, PASSED, combine,
+                                      exposure_verdict, gate_decision)
 from components.core.errors import VeilError
 from components.planning.annex import snapshot_label
 from components.core.hashing import sha256_file, sha256_json
@@ -82,10 +83,30 @@ def resolve_thresholds(policy_thresholds: Any, plan: Mapping) -> dict:
         src = (plan.get("audit") or {}).get("thresholds") or {}
     get = (lambda k: src.get(k)) if isinstance(src, Mapping) else (lambda k: getattr(src, k, None))
     out = {}
-    for k in ("max_user_inference_auroc", "max_secret_exposure", "max_canary_auroc"):
+    for k in ("max_user_inference_auroc", "max_secret_exposure", "max_canary_auroc", "max_exposed_fraction"):
         v = get(k)
         out[k] = None if v is None else float(v)
+    if out["max_exposed_fraction"] is None:
+        out["max_exposed_fraction"] = DEFAULT_EXPOSED_FRACTION
     return out
+
+
+def audit_settings(policy_audit: Any, plan: Mapping) -> dict:
+    """What the audit runs with: the plan's sizing (`audit.sizing`, sized by the planner from the
+    policy, N̂ and the certified ε), else the given policy's values, else the defaults. The scheduled
+    flow and `veil run` pass nothing else: no verdict depends on a CLI-only knob."""
+    from components.audit.verdict import candidates_for_limit
+
+    sz = (plan.get("audit") or {}).get("sizing") or {}
+    get = ((lambda k: policy_audit.get(k)) if isinstance(policy_audit, Mapping)
+           else (lambda k: getattr(policy_audit, k, None)))
+    req = sz.get("require") or get("require") or "passed"
+    cand = sz.get("candidates_per_secret") or get("candidates_per_secret")
+    if cand in (None, "auto"):
+        lim = resolve_thresholds(policy_audit, plan)["max_secret_exposure"]
+        cand = candidates_for_limit(lim) if lim is not None else 100
+    per_class = sz.get("secrets_per_class") or get("secrets_per_class") or 100
+    return {"require": str(req), "n_candidates": int(cand), "max_secrets_per_class": int(per_class)}
 
 
 def user_level_guarantee(certificate: Mapping | None) -> tuple[float | None, float | None]:
@@ -151,7 +172,7 @@ def _say(progress: bool, msg: str) -> None:
 def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = None, settings,
               truth: Mapping | None = None, secret_spans: pa.Table | None = None, samples: pa.Table | None = None,
               canary_records: pa.Table | None = None, reference=None, bootstrap: int = 100, seed: int | None = None,
-              n_candidates: int = 100, max_secrets_per_class: int = 20, batch_size: int = 16,
+              n_candidates: int | None = None, max_secrets_per_class: int | None = None, batch_size: int = 16,
               plot: bool = True, progress: bool = False, annex: Mapping | None = None) -> AuditResult:
     """Audit one trained model. `loaded` has .model (eval; a peft model unless `reference` is given),
     .tokenizer, .certificate (dict), .plan (dict). `annex`: the plan's private annex, when its
@@ -175,6 +196,9 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     seq_len = int(plan["training"]["seq_len"])
     seed = int(plan["training"].get("seed", 0)) if seed is None else int(seed)
     thresholds = resolve_thresholds(policy_thresholds, plan)
+    sized = audit_settings(policy_thresholds, plan)
+    n_candidates = sized["n_candidates"] if n_candidates is None else int(n_candidates)
+    max_secrets_per_class = sized["max_secrets_per_class"] if max_secrets_per_class is None else int(max_secrets_per_class)
     eps, delta = user_level_guarantee(cert)
     ceilings = certificate_ceilings(cert) if eps is not None else {"auroc_ceiling": 1.0, "auroc_ceiling_pld": None}
     key = ref_key(settings)
@@ -207,6 +231,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                                max_auroc=thresholds["max_user_inference_auroc"],
                                auroc_ceiling_pld=ceilings["auroc_ceiling_pld"], by_m=sweep)
     failures = list(ui["failures"])
+    one_run = _one_run(scores, canary_mask, plan, res, key, eps, delta, seed)
 
     # --- canaries ----------------------------------------------------------------------------------
     if canary_records is None:
@@ -270,16 +295,24 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
                                       seed=seed, seq_len=seq_len, batch_size=2 * batch_size, reference=reference,
                                       ref_key=key, progress=progress)
     lim = thresholds["max_secret_exposure"]
-    ev = exposure_verdict(secret_rows, limit=lim)
+    ev = exposure_verdict(secret_rows, limit=lim, max_exposed_fraction=thresholds["max_exposed_fraction"])
     exposure_private = {**exposure_summary(secret_rows), **ev}
     for sv in ev["secrets"]:
-        if sv["verdict"] == FAILED:
-            failures.append(f"secret {sv['secret_ref']} ({sv['secret_class']}) exposure interval "
-                            f"[{sv['interval'][0]:.2f}, {sv['interval'][1]:.2f}] bits above policy max {lim}")
+        if sv["significant"]:
+            failures.append(f"secret {sv['secret_ref']} ({sv['secret_class']}) ranks above its candidates at "
+                            f"p={sv['p_value']:.2g}: memorised beyond chance")
+    for c, cv in ev["classes"].items():
+        if cv["verdict"] == FAILED and cv.get("why") == "fraction":
+            failures.append(f"secret class {c}: {cv['exceeding']} of {cv['n']} secrets above {lim} bits; exposed "
+                            f"fraction beyond chance at least {cv['exposed_fraction'][0]:.3f}")
     timings["secret_exposure_s"] = time.perf_counter() - t1
 
     # --- verdict, private report, plots, public section ---------------------------------------------
-    verdict = combine([ui["verdict"], (canary_private or {}).get("verdict"), ev["verdict"]])
+    if one_run.get("exceeds_certified"):
+        failures.append(f"one-run empirical epsilon lower bound {one_run['epsilon_lower_bound']:.3f} > certified "
+                        f"epsilon {eps}: the certificate or the code is wrong")
+    verdict = combine([ui["verdict"], (canary_private or {}).get("verdict"), ev["verdict"],
+                       FAILED if one_run.get("exceeds_certified") else None])
     if verdict is None:  # nothing to compare with: say so rather than pass
         verdict = INCONCLUSIVE
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -288,11 +321,24 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
         "auroc_by_m": sweep, "attacker_samples_per_user": {"min": min(m), "median": float(np.median(m)),
                                                           "max": max(m)},
         "canaries": canary_private, "secret_exposure": exposure_private, "thresholds": thresholds,
+        "one_run": one_run, "settings": {**sized, "n_candidates": n_candidates,
+                                         "max_secrets_per_class": max_secrets_per_class},
         "failures": failures, "n_bootstrap": bootstrap, "seed": seed}
     private_path = write_private(settings, audit_id, scores.append_column("canary", canary_mask),
                                  _secret_table(probes, secret_rows + canary_rows, key, canary_records), private)
     section = _public_section(audit_id, created, verdict, ui, canary_private, canary_rows, secret_rows, ev,
                               thresholds, cert, eps, delta, reference, seq_len, max(m), n_candidates)
+    section["one_run"] = pub.public_one_run(one_run, eps)
+    if one_run.get("exceeds_certified"):
+        section["reasons"].append(f"one-run audit: at {one_run['confidence']:.0%} confidence ε is at least "
+                                  f"{section['one_run']['epsilon_at_least']:g}, above the certified {eps:g}: "
+                                  "THE CERTIFICATE OR THE CODE IS WRONG; do not release")
+        section["above_ceiling"] = True
+    section["gate"] = gate_decision(verdict, sized["require"], section["reasons"])
+    section["settings"] = {"require": sized["require"], "n_candidates": n_candidates,
+                           "max_secrets_per_class": max_secrets_per_class,
+                           "source": "the plan's audit sizing" if (plan.get("audit") or {}).get("sizing")
+                           else "the policy (the plan has no audit sizing)"}
     plot_path = private_plot = None
     if plot:
         private_plot = roc_plot(real["score"].to_numpy(zero_copy_only=False),
@@ -336,24 +382,38 @@ def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows,
     by_class: dict[str, list] = {}
     for r in secret_rows:
         by_class.setdefault(r["secret_class"], []).append(r)
-    cls_verdict: dict[str, list] = {}
-    for sv in ev["secrets"]:
-        cls_verdict.setdefault(sv["secret_class"], []).append(sv["verdict"])
+    classes = ev.get("classes") or {}
     exposure = {"verdict": ev["verdict"], "limit_bits": thresholds["max_secret_exposure"],
+                "max_exposed_fraction": thresholds["max_exposed_fraction"],
                 "n_candidates": max((r["n_candidates"] for r in secret_rows), default=None),
                 "excess_over_reference": bool(ev.get("excess_over_reference")),
-                "by_class": {c: pub.public_exposure_class(rows, combine(cls_verdict.get(c, [])),
+                "statistic": ("calibrated: each secret's log-likelihood ratio (model over reference) placed among its "
+                              "candidates' ratios; per class a one-sided Clopper–Pearson bound on the fraction above "
+                              "the limit beyond chance" if ev.get("calibrated") else
+                              "the model's own ordering of secret and candidates (no reference model)"),
+                "by_class": {c: pub.public_exposure_class(rows, (classes.get(c) or {}).get("verdict"),
                                                           max(r["n_candidates"] for r in rows))
                              for c, rows in sorted(by_class.items())},
-                "candidates_needed": ev["candidates_needed"]}
+                "candidates_needed": ev["candidates_needed"],
+                "secrets_needed": pub.round_up_ladder(ev.get("secrets_needed"))}
     for c, v in exposure["by_class"].items():
-        if v["verdict"] == FAILED:
-            reasons.append(f"secret exposure: class {c}: a secret's exposure interval lies above the policy's "
-                           f"{thresholds['max_secret_exposure']:g} bits")
+        why = (classes.get(c) or {}).get("why")
+        lim = f"{thresholds['max_secret_exposure']:g} bits"
+        if v["verdict"] == FAILED and why == "significant":
+            reasons.append(f"secret exposure: class {c}: a secret outscores its candidates beyond chance "
+                           f"(Bonferroni over every secret): memorised")
+        elif v["verdict"] == FAILED:
+            reasons.append(f"secret exposure: class {c}: more of its secrets lie above {lim} than chance and the "
+                           f"policy's tolerance {thresholds['max_exposed_fraction']:g} allow")
+        elif v["verdict"] == INCONCLUSIVE and why == "candidates":
+            reasons.append(f"secret exposure: class {c}: {exposure['n_candidates']} candidates per secret cannot show "
+                           f"{lim}; set audit.candidates_per_secret: {ev['candidates_needed']} (or auto) in the policy")
         elif v["verdict"] == INCONCLUSIVE:
-            reasons.append(f"secret exposure: class {c}: {exposure['n_candidates']} candidates per secret cannot "
-                           f"settle {thresholds['max_secret_exposure']:g} bits; rerun with --candidates "
-                           f"{ev['candidates_needed'] or 'more than 1000000 (the limit is past what sampling resolves)'}")
+            need = exposure["secrets_needed"]
+            reasons.append(f"secret exposure: class {c}: {v['n_secrets'][0]}+ secrets cannot show that fewer than "
+                           f"{thresholds['max_exposed_fraction']:g} of the class lie above {lim}; needs about "
+                           f"{need or 'more than 1000000'} secrets per class (audit.secrets_per_class), or "
+                           "audit.require: not_failed")
     binding = ui.get("binding_ceiling")
     return {
         "schema": pub.SECTION_SCHEMA,
@@ -393,6 +453,36 @@ def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows,
         "seq_len": seq_len,
         "attacker_samples_per_user": int(m_max),
     }
+
+
+def _one_run(scores: pa.Table, canary_mask, plan: Mapping, res: AuditReservations, key: bytes,
+             eps: float | None, delta: float | None, seed: int) -> dict:
+    """The one-run ε lower bound (metrics.one_run_epsilon_lower_bound) over the plan's audited people:
+    real people thinned to fair coins (each was held out by an independent keyed draw with the plan's
+    probability p; `balance_by_thinning` with a keyed uniform per person) and the canaries (each held out
+    by its own keyed coin at 1/2). Private: counts of guesses; `public.public_one_run` rounds it."""
+    from components.audit.metrics import balance_by_thinning, one_run_epsilon_lower_bound
+    from components.planning.annex import prf_uniform
+
+    audit = plan.get("audit") or {}
+    p = float(audit.get("holdout_probability") or 0.0)
+    out = {"computed": False, "confidence": 0.95, "certified_epsilon": eps}
+    if "attacker_record_rate" in audit:
+        out["why"] = "per-record audit split: membership is not one independent draw per person"
+        return out
+    if not 0 < p < 1:
+        out["why"] = "nobody held out"
+        return out
+    users = scores["user_id"].to_pylist()
+    y = scores["member"].to_numpy(zero_copy_only=False).astype(bool)
+    s = scores["score"].to_numpy(zero_copy_only=False)
+    is_canary = np.asarray(canary_mask.to_pylist(), dtype=bool)
+    u = np.array([prf_uniform(key, "one-run-thinning", int(seed), x) for x in users])
+    keep = np.where(is_canary, True, balance_by_thinning(y, 1 - p, u))
+    r = one_run_epsilon_lower_bound(s[keep], y[keep], float(delta or 0.0), confidence=0.95)
+    out.update(r, computed=True, people_real=int((keep & ~is_canary).sum()), people_canary=int(is_canary.sum()))
+    out["exceeds_certified"] = bool(eps is not None and r["epsilon_lower_bound"] > eps)
+    return out
 
 
 def _ui_reasons(what: str, r: Mapping) -> list[str]:

@@ -327,3 +327,22 @@ def round_up_ladder(n: int | None) -> int | None:
         if v >= n:
             return v
     return None
+
+
+# --- the promotion gate -------------------------------------------------------------------------------
+GATE_REQUIREMENTS = ("passed", "not_failed")
+
+
+def gate_decision(verdict: str | None, require: str, reasons: Sequence[str]) -> dict:
+    """Whether an audit with this verdict meets the policy's `audit.require`, and why (public: built from
+    the verdict and the public reasons only). `passed` needs a passed audit; `not_failed` promotes an
+    inconclusive one too (organizations too small for a passing audit), never a failed one."""
+    if require not in GATE_REQUIREMENTS:
+        raise VeilError(f"audit.require: {require!r} is not one of {', '.join(GATE_REQUIREMENTS)}")
+    meets = verdict == PASSED or (require == "not_failed" and verdict == INCONCLUSIVE)
+    if verdict == PASSED:
+        reason = "audit passed"
+    else:
+        said = "; ".join(reasons) if reasons else "no gate had anything to decide on"
+        reason = f"audit {verdict or 'not run'}: {said}"
+    return {"require": require, "meets": bool(meets), "reason": reason}

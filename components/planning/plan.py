@@ -134,6 +134,11 @@ class Plan:
             ("attacker records", f"{audit.get('attacker_samples_per_user')} per audited user"
              if "attacker_record_rate" not in audit else f"each record with probability {audit['attacker_record_rate']:g}"),
         ]
+        sz = audit.get("sizing")
+        if sz:
+            rows.append(("audit gate", f"requires '{sz['require']}' · {sz['candidates_per_secret']} candidates per secret "
+                                       f"· up to {sz['secrets_per_class']} secrets per class"))
+            rows.append(("audit sizing", sz["statement"] + "".join(f"\n  - {c}" for c in sz.get("cannot_pass", []))))
         if "secret_lp" in d:
             lp = d["secret_lp"]
             rows.append(("secret LP", f"C={lp['c']:g} · kept {lp['retained_fraction']:.1%} of records' weight · "

@@ -402,3 +402,37 @@ declare(Field("cli.verify", "certificate_sha256", P, "the checked certificate's 
 _LEGACY = "a certificate registered before the snapshot commitment (already public, re-shown unchanged)"
 declare(Field("cli.models", "certificate.dataset.snapshot_id", P, _LEGACY),
         Field("cli.models", "certificate.dataset.snapshot_sha256", P, _LEGACY))
+# --- audits that decide (h-audit, issue 26) ---
+# The plan's audit sizing: policy values and what they imply at N̂ and the plan's certified ε.
+declare(
+    Field("plan", "audit.sizing.**", DP, "the audit's sizes and whether each gate can settle, computed from the "
+          "policy, N̂ and the certified ε at the plan's σ", post_processing_of="plan:data.population.estimate"),
+    Field("plan", "audit.sizing.require", P, _POLICY),
+    Field("plan", "audit.sizing.candidates_per_secret", P, "the policy's, or the ladder value its exposure limit gives"),
+    Field("plan", "audit.sizing.candidates_source", P, _CONST),
+    Field("plan", "audit.sizing.secrets_per_class", P, _POLICY),
+    Field("plan", "audit.sizing.max_exposed_fraction", P, _POLICY),
+    Field("plan", "audit.sizing.confidence", P, _CONST),
+    Field("plan", "audit.sizing.design_point", P, _CONST),
+)
+_GATE_REASON = ("the audit's public reasons joined: verdicts, published count buckets, ladder-rounded needs and "
+                "policy values — built from the public section only, never a per-person or per-secret value")
+declare(
+    *(Field("audit.public", p, P, w) for p, w in [
+        ("gate.require", _POLICY), ("settings.**", "the plan's audit sizing (policy values; ladder values)"),
+        ("secret_exposure.max_exposed_fraction", _POLICY), ("secret_exposure.statistic", _CONST),
+        ("one_run.certified_epsilon", "the certificate's ε"), ("one_run.method", _CONST), ("one_run.grid", _CONST),
+        ("one_run.confidence", _CONST), ("one_run.computed", "whether the plan's split allows it (plan values)"),
+        ("one_run.why", _CONST)]),
+    Field("audit.public", "gate.reason", U, _GATE_REASON, coarsening=_AUDIT_Q, test="tests/privacy/test_audit_gate_tags.py"),
+    Field("audit.public", "one_run.epsilon_at_least", U, "the one-run ε lower bound (Steinke, Nasr & Jagielski 2023) "
+          "over the audited people, rounded down to a 0.5 grid", coarsening=_AUDIT_Q + "; rounded down to 0.5",
+          test="tests/privacy/test_audit_gate_tags.py"),
+    Field("registry.tag", "audit.require", P, _POLICY),
+    Field("registry.tag", "audit.reason", U, _GATE_REASON, coarsening=_AUDIT_Q, test="tests/privacy/test_audit_gate_tags.py"),
+    Field("registry.tag", "audit.one_run_epsilon_at_least", U, "the one-run ε lower bound rounded down to 0.5",
+          coarsening=_AUDIT_Q + "; rounded down to 0.5", test="tests/privacy/test_audit_gate_tags.py"),
+    Field("prefect", "audit", U, "the audit's verdict, the policy's requirement, whether it is met and "
+          "the public reasons (" + _GATE_REASON + ")", coarsening=_AUDIT_Q, test="tests/privacy/test_audit_gate_tags.py"),
+)
+# --- end of h-audit ---

@@ -65,6 +65,14 @@ def _table(doc: dict) -> Table:
             t.add_row(f"  {c}", f"{_STYLE.get(v['verdict'], v['verdict'])} · {_count(v['n_secrets'])} secrets · "
                                 f"mean {v['statistic']} " + (f"in {_rng(v['mean_bits'])} bits" if v["mean_bits"]
                                                               else "not published (too few secrets in the class)"))
+    one = doc.get("one_run") or {}
+    if one.get("computed"):
+        t.add_row("one-run ε bound", f"ε ≥ {one['epsilon_at_least']:g} at {one['confidence']:.0%} confidence "
+                                     f"(Steinke et al. 2023) · certified ε {_fmt(one.get('certified_epsilon'), 'g')}")
+    gate = doc.get("gate")
+    if gate:
+        t.add_row("gate", f"policy requires '{gate['require']}': "
+                          + ("[green]met[/green]" if gate["meets"] else f"[red]not met[/red] · {gate['reason']}"))
     can = doc.get("canaries")
     if can:
         t.add_row("canaries", f"{_STYLE.get(can.get('verdict'), can.get('verdict'))} · {_count(can['users_in'])} "
@@ -84,8 +92,11 @@ def audit_cmd(
                                                                   "(default: the thresholds recorded in the plan)"),
     truth: Optional[Path] = typer.Option(None, "--truth", help="demo truth.json: probe every planted secret "
                                                                 "(default: the snapshot's tagged secrets)"),
-    candidates: int = typer.Option(100, "--candidates", min=1, help="random candidates per secret (exposure)"),
-    per_class: int = typer.Option(20, "--secrets-per-class", min=0, help="secrets probed per class (0: all)"),
+    candidates: Optional[int] = typer.Option(None, "--candidates", min=1, help="random candidates per secret "
+                                             "(exposure); default: the plan's audit sizing (policy "
+                                             "audit.candidates_per_secret), as the pipelines use"),
+    per_class: Optional[int] = typer.Option(None, "--secrets-per-class", min=0, help="secrets probed per class (0: "
+                                            "all); default: the plan's audit sizing (policy audit.secrets_per_class)"),
     bootstrap: int = typer.Option(100, "--bootstrap", min=2, help="bootstrap resamples of users"),
     record: bool = typer.Option(True, "--record/--no-record", help="write the aggregates into the certificate "
                                                                     "and the MLflow run"),

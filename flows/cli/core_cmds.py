@@ -36,10 +36,20 @@ def _audit_line(aud: dict, short: bool = False) -> str:
     line = f"{word} · AUROC in [{a[0]:g}, {a[1]:g}) · ceiling {_ceiling(aud)}"
     if short:
         return line
-    need = (aud.get("user_inference") or {}).get("people_needed")
-    if word == "INCONCLUSIVE" and need:
-        line += (f" · needs about {need['in']} people in / {need['out']} out" if isinstance(need, dict)
-                 else f" · needs {need}")
+    gate = aud.get("gate")
+    if gate:
+        # every non-pass says why, from the public section: the same reason the tags and the Prefect log carry
+        line += f" · gate '{gate['require']}' " + ("met" if gate["meets"] else "not met")
+        if aud.get("verdict") != "passed":
+            line += f" · {gate['reason']}"
+    else:
+        need = (aud.get("user_inference") or {}).get("people_needed")
+        if word == "INCONCLUSIVE" and need:
+            line += (f" · needs about {need['in']} people in / {need['out']} out" if isinstance(need, dict)
+                     else f" · needs {need}")
+    one = aud.get("one_run") or {}
+    if one.get("computed"):
+        line += f" · one-run ε ≥ {one['epsilon_at_least']:g} ({one['confidence']:.0%})"
     return line + " · not covered by the certificate"
 
 

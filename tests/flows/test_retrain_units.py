@@ -17,6 +17,23 @@ def test_policy_field_names_resolve_into_certificate_sections():
     assert not ok and "noise_multiplier" in why
 
 
+def test_gate_follows_the_policys_requirement():
+    cert = {"epsilon": 1.0}
+    inconclusive = {"verdict": "inconclusive", "reasons": ["user inference: INCONCLUSIVE — too few people"],
+                    "gate": {"require": "not_failed"}}
+    ok, why = promotion_gate(cert, inconclusive, ["epsilon"], "passed")
+    assert not ok and "too few people" in why and "only a passed audit" in why
+    ok, why = promotion_gate(cert, inconclusive, ["epsilon"], "not_failed")
+    assert ok and "not_failed" in why
+    # without an explicit requirement the certificate's audit section states it
+    assert promotion_gate(cert, inconclusive, ["epsilon"])[0]
+    assert not promotion_gate(cert, {**inconclusive, "gate": {"require": "passed"}}, ["epsilon"])[0]
+    failed = {"verdict": "failed", "reasons": ["secret exposure: class email: memorised"]}
+    ok, why = promotion_gate(cert, failed, ["epsilon"], "not_failed")
+    assert not ok and "memorised" in why
+    assert not promotion_gate(cert, {"verdict": None}, ["epsilon"], "not_failed")[0]
+
+
 def test_base_is_compared_by_content_not_path(tmp_path):
     base = tmp_path / "base"
     (base / "sub").mkdir(parents=True)
