@@ -184,6 +184,7 @@ def exposure_interval(k_above: int, n_candidates: int, a: float) -> tuple[float,
 
 
 DEFAULT_EXPOSED_FRACTION = 0.1
+MAX_CANDIDATES = 100_000  # past this an audit's cost (secrets × candidates × 2 models) is not worth planning
 
 
 def chance_rate(n_candidates: int, limit: float) -> float:
@@ -203,10 +204,10 @@ def candidates_for_limit(limit: float) -> int:
     """Candidates per secret the planner asks for: the first ladder value with R + 1 >= 2^(limit+2), so a
     secret ranked first is 2 bits past the limit and the chance rate is within a quarter of 2^−limit."""
     need = 2.0 ** (limit + 2) - 1
-    for r in ladder():
+    for r in ladder(stop=MAX_CANDIDATES):
         if r >= need:
             return r
-    return MAX_PEOPLE
+    return MAX_CANDIDATES
 
 
 def _cp(k: int, n: int, a: float) -> tuple[float, float]:
