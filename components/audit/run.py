@@ -459,8 +459,9 @@ def _one_run(scores: pa.Table, canary_mask, plan: Mapping, res: AuditReservation
              eps: float | None, delta: float | None, seed: int) -> dict:
     """The one-run ε lower bound (metrics.one_run_epsilon_lower_bound) over the plan's audited people:
     real people thinned to fair coins (each was held out by an independent keyed draw with the plan's
-    probability p; `balance_by_thinning` with a keyed uniform per person) and the canaries (each held out
-    by its own keyed coin at 1/2). Private: counts of guesses; `public.public_one_run` rounds it."""
+    probability p; `balance_by_thinning` with a keyed uniform per person). Canaries are left out: exactly
+    half of them are held out, and a fixed-size split is not the independent draws the theorem needs.
+    Private: counts of guesses; `public.public_one_run` rounds it."""
     from components.audit.metrics import balance_by_thinning, one_run_epsilon_lower_bound
     from components.planning.annex import prf_uniform
 
@@ -478,9 +479,9 @@ def _one_run(scores: pa.Table, canary_mask, plan: Mapping, res: AuditReservation
     s = scores["score"].to_numpy(zero_copy_only=False)
     is_canary = np.asarray(canary_mask.to_pylist(), dtype=bool)
     u = np.array([prf_uniform(key, "one-run-thinning", int(seed), x) for x in users])
-    keep = np.where(is_canary, True, balance_by_thinning(y, 1 - p, u))
+    keep = ~is_canary & balance_by_thinning(y, 1 - p, u)
     r = one_run_epsilon_lower_bound(s[keep], y[keep], float(delta or 0.0), confidence=0.95)
-    out.update(r, computed=True, people_real=int((keep & ~is_canary).sum()), people_canary=int(is_canary.sum()))
+    out.update(r, computed=True, people=int(keep.sum()))
     out["exceeds_certified"] = bool(eps is not None and r["epsilon_lower_bound"] > eps)
     return out
 

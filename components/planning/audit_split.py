@@ -264,14 +264,15 @@ def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Tab
 
 
 def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:
-    """Synthetic canary users: each held out by its own keyed fair coin (it depends on no real person,
-    nor on any other canary: the one-run audit's independent draws, metrics.one_run_epsilon_lower_bound),
-    m attacker samples each."""
-    from components.planning.annex import prf_uniform
+    """Synthetic canary users: exactly half held out (keyed order over canary ids only, so it depends
+    on no real person), m attacker samples each. (A fixed-size split is not the independent draws the
+    one-run ε bound needs: `audit.run._one_run` leaves canaries out of it.)"""
+    from components.planning.annex import prf
 
     k = _key(key)
     ids = sorted(set(records.column("user_id").to_pylist()))
-    out = {u for u in ids if prf_uniform(k, "canary-holdout", int(seed), u) < 0.5}
+    order = sorted(ids, key=lambda u: prf(k, "canary-holdout", int(seed), u))
+    out = set(order[:len(ids) // 2])
     users, rids, texts = (records.column(c).to_pylist() for c in ("user_id", "record_id", "text"))
     by_user: dict[str, dict[str, str]] = {}
     for u, r, t in zip(users, rids, texts):

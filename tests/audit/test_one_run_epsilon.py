@@ -56,3 +56,21 @@ def test_thinning_gives_fair_independent_coins():
     y2 = rng.random(200_000) < 0.2
     keep2 = balance_by_thinning(y2, 0.2, rng.random(y2.size))
     assert keep2[y2].all() and abs(y2[keep2].mean() - 0.5) < 0.005
+
+
+def test_audit_thins_the_held_out_split_and_leaves_canaries_out():
+    import pyarrow as pa
+
+    from components.audit.run import _one_run
+
+    rng = np.random.default_rng(4)
+    n = 3000
+    member = rng.random(n) < 0.75                                   # held out with probability 0.25
+    score = np.where(member, 1.0, -1.0) + rng.normal(0, 0.5, n)     # a strong attack
+    scores = pa.table({"user_id": [f"u{i}" for i in range(n)], "member": member, "m": [2] * n, "score": score})
+    canary = pa.array([i < 10 for i in range(n)])
+    got = _one_run(scores, canary, {"audit": {"holdout_probability": 0.25}}, None, b"k" * 32, 8.0, 1e-6, 0)
+    assert got["computed"] and 1000 < got["people"] < 2000 and 1.0 < got["epsilon_lower_bound"] <= 8.0
+    assert not got["exceeds_certified"]
+    assert not _one_run(scores, canary, {"audit": {"holdout_probability": 0.25, "attacker_record_rate": 0.1}},
+                        None, b"k" * 32, 8.0, 1e-6, 0)["computed"]
