@@ -37,6 +37,8 @@ from components.core.errors import VeilError
 from components.planning.annex import snapshot_label
 from components.core.hashing import sha256_file, sha256_json
 
+LEGACY_MAX_CANDIDATES = 1000
+
 # `veil audit --json` puts these first: what a caller checks before anything else.
 CONTRACT_KEYS = ("verdict", "passed", "covered_by_certificate", "auroc", "auroc_interval", "auroc_ceiling",
                  "users_in", "users_out")
@@ -103,8 +105,11 @@ def audit_settings(policy_audit: Any, plan: Mapping) -> dict:
     req = sz.get("require") or get("require") or "passed"
     cand = sz.get("candidates_per_secret") or get("candidates_per_secret")
     if cand in (None, "auto"):
+        # a plan made before audit sizing: the planner's rule, capped where an old plan's limit is past
+        # any affordable audit (the verdict then says how many it would need)
         lim = resolve_thresholds(policy_audit, plan)["max_secret_exposure"]
         cand = candidates_for_limit(lim) if lim is not None else 100
+        cand = cand if cand <= LEGACY_MAX_CANDIDATES else 100
     per_class = sz.get("secrets_per_class") or get("secrets_per_class") or 100
     return {"require": str(req), "n_candidates": int(cand), "max_secrets_per_class": int(per_class)}
 

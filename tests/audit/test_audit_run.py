@@ -172,7 +172,19 @@ def test_thresholds_from_policy_object_or_plan():
     assert resolve_thresholds(A(), {})["max_user_inference_auroc"] == 0.6
     assert resolve_thresholds(None, {"audit": {"thresholds": {"max_secret_exposure": 4}}})["max_secret_exposure"] == 4.0
     assert resolve_thresholds(None, {}) == {"max_user_inference_auroc": None, "max_secret_exposure": None,
-                                            "max_canary_auroc": None}
+                                            "max_canary_auroc": None, "max_exposed_fraction": 0.1}
+
+
+def test_audit_sizes_come_from_the_plan_not_a_flag():
+    from components.audit.run import audit_settings
+
+    plan = {"audit": {"thresholds": {"max_secret_exposure": 6.0},
+                      "sizing": {"require": "not_failed", "candidates_per_secret": 500, "secrets_per_class": 50}}}
+    assert audit_settings(None, plan) == {"require": "not_failed", "n_candidates": 500, "max_secrets_per_class": 50}
+    # a plan made before sizing: the planner's rule from the limit (6 bits: 500), the policy's requirement
+    legacy = {"audit": {"thresholds": {"max_secret_exposure": 6.0}}}
+    assert audit_settings({"require": "not_failed", "max_secret_exposure": 6.0}, legacy)["n_candidates"] == 500
+    assert audit_settings(None, legacy)["require"] == "passed"
 
 
 def test_tampered_attacker_file_is_refused(world, settings, tmp_path):
