@@ -10,6 +10,10 @@ class VeilError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, operator_detail: str | None = None):
         # One line, always: a multi-line message would read like a traceback.
         super().__init__(" ".join(str(message).split()))
+        # What only the operator may read (person ids, names): the CLI prints it on their terminal
+        # after the message; str(e) — what Prefect logs and callers record — never holds it, and a
+        # pickled copy (a Prefect state) drops it.
+        self.operator_detail = None if operator_detail is None else " ".join(str(operator_detail).split())
