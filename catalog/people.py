@@ -1,6 +1,8 @@
 """Who is a person, catalog side: `likely_same_person(records)` lists names that appear under several
-account ids — what an operator should look at before writing a policy's `people.aliases`; it names
-people, so it goes to `settings.private_dir`.
+account ids — what an operator should look at before writing a policy's `people.aliases` — and
+`identity_merges(records)` the people whose records came under several spellings that the one identity
+rule (components.core.identity) made one id. Both name people, so they go to `settings.private_dir`
+(people/likely-duplicates.json, 0600); ingest's summary shows only their counts, to the operator.
 
 Applying `spec.people` (exclude, aliases, owners) is pure and lives in `components.planning.people`,
 which planning uses; it is re-exported here for the catalog's callers.
@@ -16,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.core.identity import RULE, person_id_or_empty
 # The pure part lives in components (planning applies it); re-exported for the catalog's callers.
 from components.planning.people import (_NAME_SQL, _people, apply_people, owners_column,  # noqa: F401
                                         people_sections, plan_accounts)
@@ -29,7 +32,18 @@ def _name_key(name: str) -> str:
 def likely_same_person(records: pa.Table | str | Path) -> list[dict]:
     """Names (author / sender display names) that appear under several account ids: likely one
     person with several addresses. One-word names ("root", "admin") are left out: too common to mean
-    one person. Input: a records table or a records.parquet path."""
+    one person. Ids are compared as persons (the identity rule): ids the rule already made one are not
+    listed. Input: a records table or a records.parquet path."""
+    rows = _scan(records, f"SELECT DISTINCT user_id, {_NAME_SQL} AS name FROM {{src}} WHERE {_NAME_SQL} IS NOT NULL")
+    groups: dict[str, set[str]] = {}
+    for user, name in rows:
+        key = _name_key(name)
+        if len(key.split()) >= 2:
+            groups.setdefault(key, set()).add(person_id_or_empty(user) or user)
+    return [{"name": k, "user_ids": sorted(v)} for k, v in sorted(groups.items()) if len(v) > 1]
+
+
+def _scan(records: pa.Table | str | Path, sql: str) -> list[tuple]:
     con = duckdb.connect()
     try:
         if isinstance(records, pa.Table):
@@ -37,24 +51,39 @@ def likely_same_person(records: pa.Table | str | Path) -> list[dict]:
             src = "r"
         else:
             src = "read_parquet('" + str(records).replace("'", "''") + "')"
-        rows = con.sql(f"SELECT DISTINCT user_id, {_NAME_SQL} AS name FROM {src} WHERE {_NAME_SQL} IS NOT NULL").fetchall()
+        return con.sql(sql.format(src=src)).fetchall()
     finally:
         con.close()
+
+
+def identity_merges(records: pa.Table | str | Path) -> list[dict]:
+    """People whose records came under two or more spellings that the identity rule made one id: the
+    source's own spelling (ingest keeps it in `metadata.account` where the rule changed it) or, in a
+    catalog holding records ingested before the rule, user ids that are one person under it. Not a
+    problem to fix — one person, one budget — but a merge the operator should be able to see (e.g.
+    'Straße@…' and 'strasse@…' are one id). Input: a records table or a records.parquet path."""
+    rows = _scan(records, "SELECT DISTINCT user_id, coalesce(json_extract_string(metadata, '$.account'), user_id) "
+                          "FROM {src}")
     groups: dict[str, set[str]] = {}
-    for user, name in rows:
-        key = _name_key(name)
-        if len(key.split()) >= 2:
-            groups.setdefault(key, set()).add(user)
-    return [{"name": k, "user_ids": sorted(v)} for k, v in sorted(groups.items()) if len(v) > 1]
+    for user, spelling in rows:
+        groups.setdefault(person_id_or_empty(user) or user, set()).add(spelling)
+    return [{"person_id": k, "spellings": sorted(v)} for k, v in sorted(groups.items()) if len(v) > 1]
 
 
-def write_likely_duplicates(private_dir: Path, found: list[dict], source: str) -> Path | None:
-    if not found:
+def write_likely_duplicates(private_dir: Path, found: list[dict], source: str,
+                            merged: list[dict] | None = None) -> Path | None:
+    """people/likely-duplicates.json (0600): names under several ids (`found`, for the operator to decide
+    on with `people.aliases`) and spellings the identity rule merged (`merged`, informational)."""
+    if not found and not merged:
         return None
     d = Path(private_dir) / "people"
     d.mkdir(parents=True, exist_ok=True)
     p = d / "likely-duplicates.json"
-    p.write_text(json.dumps({"source": source, "likely_same_person": found}, indent=2, ensure_ascii=False) + "\n")
+    doc = {"source": source, "likely_same_person": found, "merged_by_identity_rule": merged or [],
+           "identity_rule": RULE,
+           "what_to_do": "names under several ids: if one person, list their ids as one entry of the policy's "
+                         "spec.people.aliases; spellings merged by the identity rule are one person already"}
+    p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     try:
         p.chmod(0o600)
     except OSError:  # pragma: no cover - filesystems without modes
