@@ -17,3 +17,10 @@ class VeilError(Exception):
         # after the message; str(e) — what Prefect logs and callers record — never holds it, and a
         # pickled copy (a Prefect state) drops it.
         self.operator_detail = None if operator_detail is None else " ".join(str(operator_detail).split())
+
+    def __reduce__(self):
+        # a copy made by pickling (a Prefect state, a process pool's result) keeps the message only
+        r = super().__reduce__()
+        if len(r) > 2 and isinstance(r[2], dict) and r[2].get("operator_detail") is not None:
+            r = (r[0], r[1], {**r[2], "operator_detail": None}, *r[3:])
+        return r

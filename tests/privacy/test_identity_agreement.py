@@ -199,3 +199,31 @@ def test_an_alias_added_later_carries_the_aliased_ids_spend(settings):
         assert len(led.person_rows()) == 1
     finally:
         led.dispose()
+
+
+def test_the_operator_detail_reaches_the_terminal_only():
+    """The refusal's ids are for the operator's terminal: the CLI prints them under the one-line message;
+    str(e) (what Prefect logs) and a pickled copy (a Prefect state) never hold them."""
+    import pickle
+
+    import typer
+    from typer.testing import CliRunner
+
+    from components.core.errors import VeilError
+    from flows.cli import _VeilGroup
+
+    app = typer.Typer(cls=_VeilGroup)
+
+    @app.command()
+    def boom():
+        raise VeilError("ledger: refused", operator_detail="the same person: 'Ann' and 'ann'")
+
+    @app.command()
+    def other():
+        pass
+
+    res = CliRunner().invoke(app, ["boom"])
+    assert res.exit_code == 2 and "error: ledger: refused" in res.output and "'Ann' and 'ann'" in res.output
+    e = VeilError("ledger: refused", operator_detail="'Ann' and 'ann'")
+    copy = pickle.loads(pickle.dumps(e))
+    assert "Ann" not in str(e) and copy.operator_detail is None and str(copy) == "ledger: refused"
