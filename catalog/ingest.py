@@ -245,7 +245,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         from catalog.people import identity_merges, likely_same_person, write_likely_duplicates
 
         recs = settings.snapshots_dir / report.snapshot_id / "records.parquet"
-        found = likely_same_person(recs) if fmt in ("git", "mbox", "maildir", "debian-changelog") else []
+        found = likely_same_person(recs)
         merged = identity_merges(recs)
         report.likely_duplicate_people = len(found)
         report.identity_merged_people = len(merged)

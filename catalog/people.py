@@ -23,6 +23,12 @@ from components.core.identity import RULE, person_id_or_empty
 from components.planning.people import (_NAME_SQL, _people, apply_people, owners_column,  # noqa: F401
                                         people_sections, plan_accounts)
 
+# A display name: the author's or sender's (git, mail, Debian), else the one in the source's own
+# spelling of the user (`metadata.account`, kept by ingest), e.g. "Ann Lee" of `"Ann Lee" <ann@x>`.
+_ANY_NAME_SQL = (f"coalesce({_NAME_SQL}, nullif(trim(regexp_extract(json_extract_string(metadata, '$.account'), "
+                 "'^([^<>]*)<', 1), ' \"'), ''))")
+
+
 def _name_key(name: str) -> str:
     s = unicodedata.normalize("NFKD", name)
     s = "".join(c for c in s if not unicodedata.combining(c))
@@ -30,11 +36,12 @@ def _name_key(name: str) -> str:
 
 
 def likely_same_person(records: pa.Table | str | Path) -> list[dict]:
-    """Names (author / sender display names) that appear under several account ids: likely one
-    person with several addresses. One-word names ("root", "admin") are left out: too common to mean
+    """Names (author / sender display names, or the display name of a `Name <address>` user field) that
+    appear under several account ids: likely one person with several addresses. One-word names ("root", "admin") are left out: too common to mean
     one person. Ids are compared as persons (the identity rule): ids the rule already made one are not
     listed. Input: a records table or a records.parquet path."""
-    rows = _scan(records, f"SELECT DISTINCT user_id, {_NAME_SQL} AS name FROM {{src}} WHERE {_NAME_SQL} IS NOT NULL")
+    rows = _scan(records, f"SELECT DISTINCT user_id, {_ANY_NAME_SQL} AS name FROM {{src}} "
+                          f"WHERE {_ANY_NAME_SQL} IS NOT NULL")
     groups: dict[str, set[str]] = {}
     for user, name in rows:
         key = _name_key(name)

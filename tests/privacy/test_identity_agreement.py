@@ -39,6 +39,7 @@ SPELLINGS = {
     "dave  lee": "dave lee",
     "j.smith@x.org": "j.smith@x.org",    # two people: the rule never drops dots
     "jsmith@x.org": "jsmith@x.org",
+    "Alice Smith <alice.smith@corp.example>": "alice.smith@corp.example",  # same name, another address
 }
 PEOPLE = sorted(set(SPELLINGS.values()))
 
@@ -89,6 +90,10 @@ def test_catalog_planner_ledger_and_partition_count_the_same_people(settings, in
     assert rep.identity_merged_people == 5 and "j.smith@x.org" not in merged
     assert merged["alice@example.org"] == sorted(["Alice Smith <Alice@Example.org>", "alice@example.org",
                                                   "ALICE@EXAMPLE.ORG"])
+    # one display name under two addresses: likely one person, for the operator to decide (aliases)
+    assert doc["likely_same_person"] == [{"name": "alice smith",
+                                          "user_ids": ["alice.smith@corp.example", "alice@example.org"]}]
+    assert rep.likely_duplicate_people == 1
     # planner: the same people, with or without a people section; the same table when nothing changes
     mapping, report = plan_accounts(snap.records, None)
     assert sorted(set(mapping.values())) == PEOPLE and report["people"] == len(PEOPLE)
