@@ -242,11 +242,9 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     if report.accepted:
         # Likely duplicates, for the operator only (names in a private file, counts on their screen):
         # names under several ids (sources that carry names), spellings the identity rule merged (all).
-        from catalog.people import identity_merges, likely_same_person, write_likely_duplicates
+        from catalog.people import likely_duplicates, write_likely_duplicates
 
-        recs = settings.snapshots_dir / report.snapshot_id / "records.parquet"
-        found = likely_same_person(recs)
-        merged = identity_merges(recs)
+        found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
         report.likely_duplicate_people = len(found)
         report.identity_merged_people = len(merged)
         write_likely_duplicates(settings.private_dir, found, str(source), merged)
@@ -471,7 +469,7 @@ def _with_account(meta: pa.ChunkedArray | pa.Array, accounts: pa.Array) -> pa.Ar
             continue
         if m == "{}":
             vals[i] = "{" + '"account":' + json.dumps(a, ensure_ascii=False) + "}"
-        elif "account" not in json.loads(m):
+        elif '"account"' not in m or "account" not in json.loads(m):     # (the substring test: no parse)
             vals[i] = m[:-1] + ',"account":' + json.dumps(a, ensure_ascii=False) + "}"
     return pa.array(vals, pa.string())
 

@@ -39,6 +39,11 @@ import unicodedata
 from components.core.errors import VeilError
 
 RULE = "veil.identity/v2"
+# A record's display name (git author, mail sender, Debian maintainer), for the exclusion globs and the
+# likely-duplicates report; SQL over the catalog's `metadata` JSON. Here, not in the planner's package,
+# so that ingest can read it without importing the planner.
+NAME_SQL = ("coalesce(json_extract_string(metadata, '$.author_name'), "
+            "json_extract_string(metadata, '$.from_name'))")
 # Every code point (alone, doubled, between letters) settles after one changing round (checked once over
 # all of Unicode; tests/core/test_identity.py checks a sample): a bound, not a tuning.
 _ROUNDS = 8
@@ -58,8 +63,9 @@ def legacy_person_id(raw) -> str:
 
 
 def _round(s: str) -> str:
-    s = unicodedata.normalize("NFKC", s)
-    s = "".join(c for c in s if unicodedata.category(c) != "Cf")
+    if not s.isascii():     # ASCII is NFKC already and holds no format character: skip both (speed only)
+        s = unicodedata.normalize("NFKC", s)
+        s = "".join(c for c in s if unicodedata.category(c) != "Cf")
     s = " ".join(s.casefold().split())
     m = _ANGLE.match(s)
     if m:

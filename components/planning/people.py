@@ -29,10 +29,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.core.identity import person_id_or_empty
+from components.core.identity import NAME_SQL, person_id_or_empty
 
-_NAME_SQL = ("coalesce(json_extract_string(metadata, '$.author_name'), "
-             "json_extract_string(metadata, '$.from_name'))")
+_NAME_SQL = NAME_SQL
 
 
 def _glob(pattern: str) -> re.Pattern:

@@ -192,15 +192,13 @@ def people(
 ) -> None:
     """Who is a person under a policy: accounts excluded (bots, service users) and merged (aliases), as
     counts; names under several ids go to the private folder, never to this output."""
-    from catalog.people import (apply_people, identity_merges, likely_same_person, load_people,
-                                write_likely_duplicates)
+    from catalog.people import apply_people, likely_duplicates, load_people, write_likely_duplicates
     from catalog.snapshots import load_snapshot
 
     s = _settings()
     snap = load_snapshot(s, snapshot)
     _, rep = apply_people(snap.records, load_people(policy))
-    found = likely_same_person(snap.records)
-    merged = identity_merges(snap.records)
+    found, merged = likely_duplicates(snap.records)
     path = write_likely_duplicates(s.private_dir, found, snap.snapshot_id, merged)
     rep = {"snapshot_id": snap.snapshot_id, **rep, "likely_duplicate_people": len(found),
            "identity_merged_people": len(merged), "likely_duplicates_file": str(path) if path else None}
