@@ -69,6 +69,9 @@ class IngestReport:
     # names under several account ids in the snapshot (git/mail): likely one person each; the list
     # names people, so it goes to settings.private_dir/people/likely-duplicates.json, not here
     likely_duplicate_people: int = 0
+    # people whose records came under several spellings the identity rule made one id (components.core
+    # .identity); which ones is in the same private file
+    identity_merged_people: int = 0
     # records whose To/Cc gained the recipients of a dropped copy (catalog/recipients.py)
     recipients_merged: int = 0
     ner: str = ""             # the NER pass: "on: <model> (<version>)" or "off: …" (catalog/ner.py)
@@ -236,12 +239,15 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         conn = _connector(source, fmt, fields, max_record_bytes)
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
-    if fmt in ("git", "mbox", "maildir", "debian-changelog") and report.accepted:
-        from catalog.people import likely_same_person, write_likely_duplicates
+    if report.accepted:
+        # Likely duplicates, for the operator only (names in a private file, counts on their screen):
+        # names under several ids (sources that carry names), spellings the identity rule merged (all).
+        from catalog.people import likely_duplicates, write_likely_duplicates
 
-        found = likely_same_person(settings.snapshots_dir / report.snapshot_id / "records.parquet")
+        found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
         report.likely_duplicate_people = len(found)
-        write_likely_duplicates(settings.private_dir, found, str(source))
+        report.identity_merged_people = len(merged)
+        write_likely_duplicates(settings.private_dir, found, str(source), merged)
     report.ner = ner_status
     report.seconds = time.perf_counter() - t0
     return report
@@ -424,6 +430,50 @@ class _RecordIds:
         return pc.if_else(valid, ids, pa.scalar(None, pa.string()))
 
 
+def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
+    """The batch with its `user` column under the one identity rule (components.core.identity: case,
+    spacing, Unicode form, e-mail address form), so every record's `user_id` is its person's id and
+    the catalog counts the people the planner and the ledger count. A user that is nothing under the
+    rule becomes '' and is quarantined as a missing user. Also, per row, the source's own spelling
+    (trimmed as the stage query trims) where the rule changed it, else null: kept in the record's
+    metadata as `account`, so the ledger can find what that spelling was charged before the rule
+    (Ledger.link_identities). Each distinct user is mapped once."""
+    users = batch.column("user")
+    if pa.types.is_null(users.type) or users.null_count == len(users):
+        return batch, None
+    from components.core.identity import person_id_or_empty
+
+    changed: dict[str, tuple[str, str]] = {}
+    for u in pc.unique(users).to_pylist():
+        if u is None:
+            continue
+        acct, person = u.strip(" "), person_id_or_empty(u)
+        if person != acct:
+            changed[u] = (person, acct)
+    if not changed:
+        return batch, None
+    idx = pc.index_in(users, value_set=pa.array(list(changed), pa.string()))
+    persons = pc.coalesce(pc.take(pa.array([v[0] for v in changed.values()], pa.string()), idx), users)
+    accounts = pc.take(pa.array([v[1] for v in changed.values()], pa.string()), idx)
+    batch = batch.set_column(batch.schema.get_field_index("user"), "user", persons)
+    return batch, accounts.combine_chunks() if isinstance(accounts, pa.ChunkedArray) else accounts
+
+
+def _with_account(meta: pa.ChunkedArray | pa.Array, accounts: pa.Array) -> pa.Array:
+    """`metadata` with `"account": <the source's spelling>` appended where `accounts` has one (a field
+    of the source's own named `account` wins: then nothing is added)."""
+    vals = meta.to_pylist()
+    for i in pc.indices_nonzero(pc.is_valid(accounts)).to_pylist():
+        m, a = vals[i], accounts[i].as_py()
+        if m is None:
+            continue
+        if m == "{}":
+            vals[i] = "{" + '"account":' + json.dumps(a, ensure_ascii=False) + "}"
+        elif '"account"' not in m or "account" not in json.loads(m):     # (the substring test: no parse)
+            vals[i] = m[:-1] + ',"account":' + json.dumps(a, ensure_ascii=False) + "}"
+    return pa.array(vals, pa.string())
+
+
 class _Normalizer:
     """Validates and hashes a batch with the stage query, on a private in-memory DuckDB owned by the
     reader thread (the query reads only the batch), so that work overlaps the main thread's."""
@@ -443,6 +493,7 @@ class _Normalizer:
             self.con = duckdb.connect(config={"threads": 1})
             self.con.execute("SET TimeZone = 'UTC'")
             self.ids = _RecordIds()
+        batch, accounts = _person_ids(batch)
         out = self._stage(batch)
         # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
         # are they rewritten (catalog/dates.py) and the batch staged again.
@@ -453,6 +504,9 @@ class _Normalizer:
         if not pc.all(pc.equal(out.column("seq"), batch.column("seq"))).as_py():  # the row order we rely on
             raise RuntimeError("catalog: DuckDB reordered a batch; refusing to stage it")
         valid = pc.is_null(out.column("reason"))
+        if accounts is not None:
+            i = out.schema.get_field_index("metadata")
+            out = out.set_column(i, "metadata", _with_account(out.column("metadata"), accounts))
         # One array per column: pyarrow.json hands over ~16 chunks a block, and Arrow's RE2 scan pays
         # its DFA's warm-up per call and chunk (measured: a combined block costs about half).
         texts = batch.column("text")

@@ -83,11 +83,18 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     snap = load_snapshot(settings, snapshot_id)
     recs = snap.records
     people_public = None
+    from components.planning.people import canonical_records, plan_accounts
+
+    # earlier pseudonyms of every account count for its person before the reservation (stages.link_identities)
+    stages.link_identities(settings, recs, spec.people.model_dump(),
+                           plan_accounts(recs, spec.people.model_dump())[0])
     if spec.people.exclude or spec.people.aliases:
         # one id per person before anything is counted or partitioned (components/planning/people.py)
         from components.planning.people import people_for_plan
 
         recs, people_public, _annex = people_for_plan(recs, spec.people.model_dump())
+    else:
+        recs = canonical_records(recs)    # one id per person under the identity rule (components.core.identity)
     users = [str(u) for u in recs.column("user_id").to_pylist()]
     texts = recs.column("text").to_pylist()
 

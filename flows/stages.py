@@ -184,9 +184,15 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     from components.planning import make_plan, save_plan
     from components.policy import load_policy
 
+    from components.planning.people import canonical_records, plan_accounts
+
     pol = load_policy(policy)
     people = pol.spec.people
     people_sections = None
+    accounts, _ = plan_accounts(snap.records, pol.people())
+    # Every account's pseudonyms from before (an earlier identity rule, an alias since added) count for
+    # its person before anything is charged: a rule change never gives anyone a fresh budget.
+    link_identities(settings, snap.records, pol.people(), accounts)
     if people.exclude or people.aliases or people.ownership == "all-participants":
         # Bots out, a person's identities merged into one user id, before any per-person decision:
         # otherwise a person with two addresses is two units and gets twice the contribution.
@@ -195,8 +201,14 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         records, people_public, people_annex = people_for_plan(snap.records, pol.people())
         people_sections = (people_public, people_annex)
         snap.__dict__["records"] = records      # Snapshot.records is a cached_property: this is its value
-    # then the people the ledger retired (ids as the plan sees them: after aliases are merged)
-    excluded = set(exclude_people or ())
+    else:
+        # one id per person under the identity rule (components.core.identity) — the same table for a
+        # snapshot ingest cut under the rule, so its plan is unchanged
+        records = canonical_records(snap.records)
+        if records is not snap.records:
+            snap.__dict__["records"] = records
+    # then the people the ledger retired, as the plan sees them (an account id → its person)
+    excluded = {accounts.get(u) or u for u in (exclude_people or ())}
     scorer, aids = planning_aids(pol, base_dir)
     compute = {**(aids or {}), **(compute or {})} or None
     base_snap = snap
@@ -225,6 +237,25 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
 
 
 _PLAN_ATTEMPTS = 4
+
+
+def link_identities(settings: Settings, records, people, accounts: dict | None = None) -> int:
+    """Link, in the ledger, every account's earlier pseudonyms to its person (Ledger.link_identities):
+    the spellings ingest kept (`metadata.account`), ids of records ingested before the identity rule,
+    `people.aliases` entries. Nothing to do — and no ledger opened — when the ledger was never used (no
+    key) or no account has another pseudonym. Returns the links added (private)."""
+    from components.ledger import Ledger
+    from components.ledger import keys as ledger_keys
+    from components.planning.people import person_accounts
+
+    if not ledger_keys.key_path(settings.private_dir).exists():
+        return 0
+    by_person = person_accounts(records, people, accounts)
+    led = Ledger.open(settings)
+    try:
+        return led.link_identities(by_person)
+    finally:
+        led.dispose()
 
 
 def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | None, tuple[str, ...]]:

@@ -15,6 +15,7 @@ import secrets
 import unicodedata
 from pathlib import Path
 
+from components.core import identity as _identity
 from components.core.errors import VeilError
 
 KEY_BYTES = 32
@@ -56,17 +57,29 @@ def load_or_create_key(private_dir: Path) -> bytes:
 
 
 def canonical_id(person_id: str) -> str:
-    """NFKC, trimmed, case-folded: `Alice@Example.com ` and `alice@example.com` are one person."""
+    """The person an id names: the one identity rule (components.core.identity.person_id), which the
+    catalog and the planner apply too. `Alice@Example.com `, `Alice <alice@example.com>` and
+    `alice@example.com` are one person."""
     if person_id is None:
         raise VeilError("ledger: a person id is missing (None)")
-    c = unicodedata.normalize("NFKC", str(person_id)).strip().casefold()
-    if not c:
-        raise VeilError("ledger: a person id is empty")
-    return c
+    try:
+        return _identity.person_id(person_id)
+    except VeilError:
+        raise VeilError("ledger: a person id is empty") from None
 
 
 def person_key(key: bytes, person_id: str) -> str:
     return hmac.new(key, b"veil-person:" + canonical_id(person_id).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def legacy_person_key(key: bytes, person_id: str) -> str | None:
+    """The pseudonym this id had under the ledger's earlier rule (NFKC, trimmed, case-folded;
+    identity.legacy_person_id). The new rule only merges more, so it is this id's person's pseudonym
+    then; None when it is the same as today's (nothing to link) or empty."""
+    old = _identity.legacy_person_id(person_id)
+    if not old or old == _identity.person_id_or_empty(person_id):
+        return None
+    return hmac.new(key, b"veil-person:" + old.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def canonical_secret_id(secret_id: str) -> str:

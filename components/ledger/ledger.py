@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
+from components.core import identity as _identity
 from components.core.errors import VeilError
 from components.ledger import keys as _keys
 from components.ledger import rdp as _rdp
@@ -161,6 +162,42 @@ class Ledger:
     def secret_key(self, secret_id: str) -> str:
         return _keys.secret_key(self._key, secret_id)
 
+    def link_identities(self, accounts: Mapping[str, Iterable[str]]) -> int:
+        """Record, before any charge, that each person id's accounts are that person (issue 26).
+
+        `accounts`: person id (as the planner passes it to `reserve`) → the account ids it merges (the
+        catalog's user ids and `metadata.account` forms, its `people.aliases` entries). Each account's
+        pseudonym under the ledger's earlier identity rule (keys.legacy_person_key) and under today's
+        rule, when it differs from the person's and the ledger has charged it, is linked to the person:
+        its charges count for the person from then on (store.person_links). So an identity rule that
+        merges more, or an alias added to a policy, never gives anyone a fresh budget. Returns the
+        number of links added (a count of persons: private)."""
+        want: dict[str, set[str]] = {}
+        for pid, accts in accounts.items():
+            pk = self.person_key(pid)
+            for a in {pid, *accts}:
+                for c in (_keys.legacy_person_key(self._key, a), _maybe_key(self._key, a)):
+                    if c is not None and c != pk:
+                        want.setdefault(c, set()).add(pk)
+        if not want:
+            return 0
+
+        def work(conn: Connection) -> int:
+            cands = sorted(want)
+            known: set[str] = set()
+            for i in range(0, len(cands), st._CHUNK):
+                known |= {r.person_key for r in conn.execute(select(st.people.c.person_key).where(
+                    st.people.c.person_key.in_(cands[i:i + st._CHUNK])))}
+            have = {(r.linked_key, r.person_key) for r in conn.execute(select(
+                st.person_links.c.linked_key, st.person_links.c.person_key))} if known else set()
+            at = st.now()
+            rows = [{"linked_key": c, "person_key": pk, "created_at": at}
+                    for c in sorted(known) for pk in sorted(want[c]) if (c, pk) not in have]
+            st.insert_ignore(conn, st.person_links, rows)
+            return len(rows)
+
+        return st.transact(self.engine, work)
+
     def budget(self) -> Budget | None:
         with st.read_only(self.engine) as conn:
             return _budget_of(st.read_meta(conn))
@@ -193,9 +230,7 @@ class Ledger:
         unique = bool(one_per_plan and plan_sha256)
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
-        if len(set(pkeys)) != len(pkeys):
-            raise VeilError("ledger: two person ids of this release are the same person after canonicalisation "
-                            "(case/whitespace); merge their rows before reserving")
+        _one_key_each(ids, pkeys, "this release")
         n = len(self.orders)
         cost_mat = np.zeros((len(ids), n))
         for j, i in enumerate(ids):
@@ -280,9 +315,7 @@ class Ledger:
         published."""
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
-        if len(set(pkeys)) != len(pkeys):
-            raise VeilError("ledger: two person ids counted by this population estimate are the same person after "
-                            "canonicalisation (case/whitespace); merge them with the policy's people.aliases")
+        _one_key_each(ids, pkeys, "this population estimate")
         n = len(self.orders)
         cost_mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids]).reshape(len(ids), n)
         if np.any(np.isnan(cost_mat)) or np.any(cost_mat < 0):
@@ -421,6 +454,9 @@ class Ledger:
             ch = conn.execute(select(st.charges.c.person_key, st.charges.c.release_id, st.charges.c.rdp)).all()
             ex = conn.execute(select(st.exclusions.c.person_key, st.exclusions.c.release_id)).all()
             first = {r.person_key: r.first_release_id for r in conn.execute(select(st.people))}
+            links = st.read_links(conn)
+        if links:   # linked pseudonyms are their person (store.person_links): fold them in every view
+            people, ch, ex, first = _fold_links(people, ch, ex, first, links)
         return m, people, rel, ch, ex, first
 
     def person_rows(self) -> list[dict]:
@@ -554,6 +590,82 @@ class Ledger:
                         "max_epsilon": float(np.max(e)) if len(e) else 0.0,
                         "median_epsilon": float(np.median(e)) if len(e) else 0.0})
         return out
+
+
+def _maybe_key(key: bytes, person_id) -> str | None:
+    try:
+        return _keys.person_key(key, person_id)
+    except VeilError:       # an id that is nothing under the rule names nobody
+        return None
+
+
+def _one_key_each(ids: list[str], pkeys: list[str], what: str) -> None:
+    """Refuse ids that are one person under the identity rule: charging each would charge one
+    person twice in one release, and the release's per-person bound would not hold for them. The
+    planner applies the same rule (components.core.identity), so only a caller that bypassed it gets
+    here. The ids go to the operator's terminal only (`operator_detail`), never to a log."""
+    seen: dict[str, str] = {}
+    pairs = []
+    for i, k in zip(ids, pkeys):
+        if k in seen:
+            pairs.append((seen[k], i))
+        else:
+            seen[k] = i
+    if not pairs:
+        return
+    shown = "; ".join(f"{a!r} and {b!r}" for a, b in pairs[:5]) + (f"; and {len(pairs) - 5} more" if len(pairs) > 5
+                                                                     else "")
+    raise VeilError(f"ledger: {len(pairs)} pair(s) of person ids in {what} are one person under the identity rule "
+                    f"({_identity.RULE}: case, spacing, Unicode form, e-mail address form); nothing was charged. "
+                    "Plan again with this Veil (`veil plan`, `veil pmixed build`), whose planner merges them; ids "
+                    "that come from elsewhere: merge their rows, or list them as one person under the policy's "
+                    "spec.people.aliases and plan again",
+                    operator_detail=f"the same person: {shown}. Policy fix: spec.people.aliases: "
+                                    f"[[{pairs[0][0]!r}, {pairs[0][1]!r}]]")
+
+
+def _fold_links(people: list[str], ch, ex, first: dict, links: dict[str, set[str]]):
+    """The views' people with linked pseudonyms folded in: each listed person's charges and retirements
+    include those of every key linked into it (transitively; a key linked into two people counts for
+    both, as in `reserve`). A key linked into another is not a person of its own — unless its links
+    lead only back into a cycle, whose smallest key then stands for it."""
+    from types import SimpleNamespace
+
+    pset = set(people)
+    into: dict[str, set[str]] = {}
+    for linked, targets in links.items():
+        for t in targets:
+            into.setdefault(t, set()).add(linked)
+
+    def reach(k: str, edges) -> set[str]:
+        got, stack = {k}, [k]
+        while stack:
+            for x in edges.get(stack.pop(), ()):
+                if x not in got:
+                    got.add(x)
+                    stack.append(x)
+        return got
+
+    listed = [k for k in people if k not in links]
+    lset = set(listed)
+    for k in sorted(pset - lset):
+        ahead = reach(k, links)
+        if not ahead & lset:
+            head = min(x for x in ahead if x in pset)
+            if head not in lset:
+                listed.append(head)
+                lset.add(head)
+    listed.sort()
+    members = {k: {x for x in reach(k, into) if x in pset or x == k} for k in listed}
+    owner: dict[str, list[str]] = {}
+    for k, ms in members.items():
+        for x in ms:
+            owner.setdefault(x, []).append(k)
+    ch2 = [SimpleNamespace(person_key=k, release_id=r.release_id, rdp=r.rdp)
+           for r in ch for k in owner.get(r.person_key, ())]
+    ex2 = [SimpleNamespace(person_key=k, release_id=r.release_id) for r in ex for k in owner.get(r.person_key, ())]
+    first2 = {k: min(first[x] for x in members[k] if x in first) for k in listed}
+    return listed, ch2, ex2, first2
 
 
 def _plan_release(conn: Connection, plan_sha256: str) -> tuple[int, str | None] | None:
@@ -710,8 +822,9 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
     top = max(rows, key=lambda r: (r["epsilon"] or 0.0))["person_key"]
     with st.read_only(ledger.engine) as conn:
         params = {r.id: json.loads(r.params) for r in conn.execute(select(st.releases.c.id, st.releases.c.params))}
+        group = sorted(st.linked_closure(conn, [top])[top])
         mine = conn.execute(select(st.charges.c.release_id, st.charges.c.rows, st.charges.c.sampling_rate)
-                            .where(st.charges.c.person_key == top)).all()
+                            .where(st.charges.c.person_key.in_(group))).all()
         mech = {r.id: r.mechanism for r in conn.execute(select(st.releases.c.id, st.releases.c.mechanism))}
     other = sorted({mech[c.release_id] for c in mine
                     if not {"noise_multiplier", "steps"} <= set(params[c.release_id])})

@@ -103,6 +103,16 @@ plan_releases = Table("ledger_plan_releases", metadata,
                       Column("plan_sha256", String(64), primary_key=True),
                       Column("release_id", Integer, ForeignKey("ledger_releases.id"), nullable=False))
 
+# Identities that are one person (issue 26): `linked_key` is a pseudonym charged before — under the
+# ledger's earlier identity rule (keys.legacy_person_key), or an account id that `people.aliases` now
+# merges into another person — and its charges count for `person_key` from then on, in every decision
+# and view (`linked_closure`). Only ever inserted: a link never lowers anyone's spend. A table of its own
+# so that `create_all` adds it to ledgers made before it.
+person_links = Table("ledger_person_links", metadata,
+                     Column("linked_key", String(64), primary_key=True),
+                     Column("person_key", String(64), primary_key=True, index=True),
+                     Column("created_at", String(40), nullable=False))
+
 RETRY_SQLSTATES = ("40001", "40P01")
 MAX_ATTEMPTS = 200
 _CHUNK = 500  # IN-list size (SQLite allows 32766 variables; keep statements small)
@@ -271,19 +281,65 @@ def insert_ignore(conn: Connection, table: Table, rows: list[dict]) -> None:
         conn.execute(insert(table).on_conflict_do_nothing(), rows[i:i + _CHUNK])
 
 
+def read_links(conn: Connection) -> dict[str, set[str]]:
+    """linked_key → the person keys it counts for."""
+    out: dict[str, set[str]] = {}
+    for r in conn.execute(select(person_links.c.linked_key, person_links.c.person_key)):
+        out.setdefault(r.linked_key, set()).add(r.person_key)
+    return out
+
+
+def linked_closure(conn: Connection, keys: list[str]) -> dict[str, set[str]]:
+    """Each key's own key plus every key whose charges count for it through links (transitively: a
+    pseudonym linked to one that was later linked again still counts)."""
+    into: dict[str, set[str]] = {}          # person_key → keys linked into it, read once per frontier
+    out = {k: {k} for k in keys}
+    frontier = set(keys)
+    seen: set[str] = set()
+    while frontier:
+        todo = sorted(frontier - seen)
+        seen |= frontier
+        frontier = set()
+        for i in range(0, len(todo), _CHUNK):
+            chunk = todo[i:i + _CHUNK]
+            for r in conn.execute(select(person_links.c.linked_key, person_links.c.person_key)
+                                  .where(person_links.c.person_key.in_(chunk))):
+                into.setdefault(r.person_key, set()).add(r.linked_key)
+                frontier.add(r.linked_key)
+    if not into:
+        return out
+    for k in keys:
+        stack, got = [k], out[k]
+        while stack:
+            for l in into.get(stack.pop(), ()):
+                if l not in got:
+                    got.add(l)
+                    stack.append(l)
+    return out
+
+
 def spend_by_mechanism(conn: Connection, keys: list[str], n_orders: int) -> dict[str, dict[str, np.ndarray]]:
-    """Each person's RDP spend per release mechanism (the relation a charge is under is its mechanism's)."""
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for i in range(0, len(keys), _CHUNK):
-        chunk = keys[i:i + _CHUNK]
+    """Each person's RDP spend per release mechanism (the relation a charge is under is its mechanism's),
+    their linked pseudonyms' charges included (`person_links`)."""
+    closure = linked_closure(conn, keys)
+    own: dict[str, dict[str, np.ndarray]] = {}
+    wanted = sorted(set().union(*closure.values())) if closure else []
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
         q = (select(charges.c.person_key, charges.c.rdp, releases.c.mechanism)
              .join(releases, releases.c.id == charges.c.release_id).where(charges.c.person_key.in_(chunk)))
         for r in conn.execute(q):
             v = np.asarray(json.loads(r.rdp), dtype=float)
             if v.shape != (n_orders,):
                 raise VeilError("ledger: a charge is not on the ledger's order grid; the database was edited")
-            d = out.setdefault(r.person_key, {})
+            d = own.setdefault(r.person_key, {})
             d[r.mechanism] = d.get(r.mechanism, 0.0) + v
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for k in keys:
+        for member in sorted(closure[k]):
+            for m, v in own.get(member, {}).items():
+                d = out.setdefault(k, {})
+                d[m] = d.get(m, 0.0) + v
     return out
 
 

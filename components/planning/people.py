@@ -7,9 +7,13 @@
   globs on the account id (`user_id`) and on the author's name (`metadata.author_name` for git,
   `metadata.from_name` for mail), case-insensitive, where only `*` and `?` are special, so
   `*[bot]@*` means a literal "[bot]" (GitHub's bot addresses: `49699333+dependabot[bot]@users.noreply…`).
-- **aliases** — each list is one person's identities; every record of any of them gets the first
-  one as `user_id`, so a per-user bound covers the person, not each address. `record_id` is kept
-  (it names the record's content, and spans point at it).
+- **identity** — every account id is first mapped through the one identity rule
+  (`components.core.identity.person_id`: case, spacing, Unicode form, e-mail address form), the rule
+  ingest stores ids under and the ledger keys pseudonyms by: a snapshot cut before ingest applied it
+  (whose ids may be `Alice` and `alice`) is planned as the same people as one cut after.
+- **aliases** — each list is one person's identities (each entry under the identity rule too); every
+  record of any of them gets the first one as `user_id`, so a per-user bound covers the person, not
+  each address. `record_id` is kept (it names the record's content, and spans point at it).
 - **owners** — an `owners` list column: the writer, plus every To/Cc participant under ownership
   `all-participants` (`components.planning.owners` bounds each owner's records).
 
@@ -25,8 +29,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_NAME_SQL = ("coalesce(json_extract_string(metadata, '$.author_name'), "
-             "json_extract_string(metadata, '$.from_name'))")
+from components.core.identity import NAME_SQL, person_id_or_empty
+
+_NAME_SQL = NAME_SQL
 
 
 def _glob(pattern: str) -> re.Pattern:
@@ -57,15 +62,28 @@ def _accounts(records: pa.Table) -> list[tuple[str, list[str]]]:
     return [(u, [n for n in (names or []) if n]) for u, names in rows]
 
 
+def _alias_map(p: dict) -> dict[str, str]:
+    """identity-rule form of every alias entry → the person id of its list's first entry."""
+    out: dict[str, str] = {}
+    for group in p["aliases"]:
+        canon = person_id_or_empty(group[0]) or str(group[0])
+        for a in group:
+            out[person_id_or_empty(a) or str(a)] = canon
+    return out
+
+
+def _person_or_self(user: str) -> str:
+    # an id that is nothing under the rule (a snapshot from before ingest quarantined those) keeps its
+    # own spelling rather than becoming '' — and the ledger refuses it by name-free message
+    return person_id_or_empty(user) or user
+
+
 def plan_accounts(records: pa.Table, people) -> tuple[dict[str, str | None], dict]:
-    """user_id → the person's id (None: excluded), and the counts report."""
+    """user_id → the person's id (None: excluded), and the counts report. An account's person is its id
+    under the identity rule, then its alias list's first entry."""
     p = _people(people)
     pats = [(x, _glob(x)) for x in p["exclude"]]
-    alias = {}
-    for group in p["aliases"]:
-        canon = group[0].strip().lower()
-        for a in group:
-            alias[a.strip().lower()] = canon
+    alias = _alias_map(p)
     mapping: dict[str, str | None] = {}
     per_pattern = {x: 0 for x, _ in pats}
     for user, names in _accounts(records):
@@ -74,7 +92,8 @@ def plan_accounts(records: pa.Table, people) -> tuple[dict[str, str | None], dic
             mapping[user] = None
             per_pattern[hit] += 1
         else:
-            mapping[user] = alias.get(user.strip().lower(), user)
+            own = _person_or_self(user)
+            mapping[user] = alias.get(own, own)
     report = {
         "accounts": len(mapping),
         "excluded_accounts": sum(1 for v in mapping.values() if v is None),
@@ -87,11 +106,61 @@ def plan_accounts(records: pa.Table, people) -> tuple[dict[str, str | None], dic
     return mapping, report
 
 
+def person_accounts(records: pa.Table, people, mapping: dict[str, str | None] | None = None) -> dict[str, list[str]]:
+    """person id → every account id that is this person: the records' `user_id`s mapped to them, the
+    spellings ingest kept in `metadata.account` (the source's own, before the identity rule), and the
+    person's `people.aliases` entries. What the ledger links to the person before charging
+    (`Ledger.link_identities`), so that what any of them was charged under an earlier rule still
+    counts. Private: it names people."""
+    p = _people(people)
+    if mapping is None:
+        mapping, _ = plan_accounts(records, people)
+    out: dict[str, set[str]] = {}
+    for user, person in mapping.items():
+        if person is not None:
+            out.setdefault(person, set()).add(user)
+    if "metadata" in records.column_names:
+        con = duckdb.connect()
+        try:
+            con.register("r", records.select(["user_id", "metadata"]))
+            rows = con.sql("SELECT DISTINCT user_id, json_extract_string(metadata, '$.account') AS a FROM r "
+                           "WHERE json_extract_string(metadata, '$.account') IS NOT NULL").fetchall()
+        finally:
+            con.close()
+        for user, acct in rows:
+            person = mapping.get(user)
+            if person is not None:
+                out.setdefault(person, set()).add(acct)
+    alias = _alias_map(p)
+    for group in p["aliases"]:
+        person = alias[person_id_or_empty(group[0]) or str(group[0])]
+        if person in out:
+            out[person].update(str(a) for a in group)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def canonical_records(records: pa.Table) -> pa.Table:
+    """`records` with every `user_id` under the identity rule — the same table when nothing changes (a
+    snapshot ingest cut under the rule): what planning reads when the policy has no people section."""
+    users = records.column("user_id")
+    distinct = pc.unique(users).to_pylist()
+    changed = {u: _person_or_self(u) for u in distinct if u is not None and _person_or_self(u) != u}
+    if not changed:
+        return records
+    keys = pa.array(list(changed), pa.string())
+    vals = pa.array(list(changed.values()), pa.string())
+    idx = pc.index_in(users, value_set=keys)
+    new = pc.if_else(pc.is_valid(idx), pc.take(vals, pc.fill_null(idx, 0)), users)
+    i = records.schema.get_field_index("user_id")
+    return records.set_column(i, records.schema.field("user_id"), new)
+
+
 def _person_of(pid: str, pats, alias) -> str | None:
     """An identity that wrote nothing (a recipient): excluded by its id, else its alias or itself."""
     if any(rx.fullmatch(pid) for _, rx in pats):
         return None
-    return alias.get(pid.strip().lower(), pid.strip().lower())
+    own = _person_or_self(pid)
+    return alias.get(own, own)
 
 
 def owners_column(records: pa.Table, user_ids: pa.Array, people,
@@ -107,7 +176,7 @@ def owners_column(records: pa.Table, user_ids: pa.Array, people,
         return pa.array([None if a is None else [a] for a in authors], pa.list_(pa.string())), \
             {"records_with_several_owners": 0}
     pats = [(x, _glob(x)) for x in p["exclude"]]
-    alias = {a.strip().lower(): g[0].strip().lower() for g in p["aliases"] for a in g}
+    alias = _alias_map(p)
     con = duckdb.connect()
     try:
         con.register("r", pa.table({"i": pa.array(range(len(records)), pa.int64()),
@@ -119,7 +188,7 @@ def owners_column(records: pa.Table, user_ids: pa.Array, people,
     finally:
         con.close()
     owners: list = [None if a is None else [a] for a in authors]
-    known = {acct.strip().lower(): person for acct, person in (mapping or {}).items()}
+    known = {_person_or_self(acct): person for acct, person in (mapping or {}).items()}
     cache: dict[str, str | None] = {}
     several = 0
     for i, who in rows:
@@ -128,7 +197,7 @@ def owners_column(records: pa.Table, user_ids: pa.Array, people,
         extra = []
         for w in who:
             if w not in cache:
-                lw = w.strip().lower()
+                lw = _person_or_self(w)
                 cache[w] = known[lw] if lw in known else _person_of(w, pats, alias)
             q = cache[w]
             if q is not None and q != authors[i] and q not in extra:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from components.core.identity import person_id_or_empty
 from components.mechanisms import get as get_mechanism
 from components.mechanisms import names as mechanism_names
 
@@ -367,16 +368,26 @@ class People(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "People":
-        seen: dict[str, int] = {}
+        # Entries are compared under the one identity rule (components.core.identity), the rule the
+        # planner and the ledger apply: a list of one address's case and spacing variants is a valid
+        # (if redundant) merge; an entry that is another list's entry in another spelling is refused.
+        # Every message names the entry as written (the field path locates it: file, line, field).
+        seen: dict[str, tuple[int, str]] = {}
         for i, group in enumerate(self.aliases):
-            ids = [a.strip().lower() for a in group]
-            if len(set(ids)) < 2 or any(not a for a in ids):
-                raise ValueError(f"@aliases.{i}@ an alias list names at least two different, non-empty identities")
-            for a in ids:
-                if a in seen and seen[a] != i:
-                    raise ValueError(f"@aliases.{i}@ identity '{a}' is also in alias list {seen[a] + 1}: "
-                                     "one identity, one person")
-                seen[a] = i
+            if len(group) < 2:
+                raise ValueError(f"@aliases.{i}@ alias list {group!r} has {len(group)} entr"
+                                 f"{'y' if len(group) == 1 else 'ies'}: list at least two identities of one person")
+            for j, a in enumerate(group):
+                pid = person_id_or_empty(a)
+                if not pid:
+                    raise ValueError(f"@aliases.{i}.{j}@ identity {a!r} is empty once case, spacing and invisible "
+                                     "characters are normalised")
+                if pid in seen and seen[pid][0] != i:
+                    k, other = seen[pid]
+                    same = "" if other == a else f" (as {other!r}, the same identity under Veil's identity rule)"
+                    raise ValueError(f"@aliases.{i}.{j}@ identity {a!r} is also in alias list {k + 1}{same}: one "
+                                     "identity, one person — merge the two lists into one")
+                seen.setdefault(pid, (i, a))
         for i, pat in enumerate(self.exclude):
             if not pat.strip() or pat.strip("*?") == "":
                 raise ValueError(f"@exclude.{i}@ pattern {pat!r} would exclude every account")

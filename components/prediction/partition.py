@@ -16,13 +16,16 @@ from collections import Counter
 from pathlib import Path
 
 from components.core.errors import VeilError
+from components.core.identity import person_id_or_empty
 
 KEY_FILE = "partition.key"
 
 
 def canonical(person_id: str) -> bytes:
-    # the same canonicalisation the ledger uses for pseudonyms: case and surrounding whitespace never split a person
-    return str(person_id).strip().lower().encode("utf-8")
+    # the one identity rule (components.core.identity), the ledger's and the planner's: case, spacing,
+    # Unicode form and e-mail address form never split a person across shards. Empty under the rule
+    # (only blanks or invisible characters): `shard_of` refuses it.
+    return person_id_or_empty(person_id).encode("utf-8")
 
 
 def secret_file(f: Path, n: int = 32) -> bytes:
@@ -50,7 +53,7 @@ def load_or_create_key(private_dir: str | Path) -> bytes:
 def shard_of(key: bytes, person_id: str, shards: int) -> int:
     if shards < 1:
         raise VeilError(f"pmixed: shards must be ≥ 1, got {shards}")
-    if person_id is None or str(person_id).strip() == "":
+    if person_id is None or not canonical(person_id):
         raise VeilError("pmixed: a record has no person (user_id); it cannot be assigned to a shard")
     d = hmac.new(key, canonical(person_id), hashlib.sha256).digest()
     return int.from_bytes(d[:8], "big") % int(shards)

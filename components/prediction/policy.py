@@ -91,6 +91,10 @@ def load_prediction_policy(path: str | Path) -> tuple[PredictionPolicy, bytes]:
     try:
         return PredictionPolicy.model_validate(data), raw
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "(document)"
-        raise VeilError(f"{p}: {where}: {err['msg']}") from None
+        # the training policy's wording: a cross-field rule's "@field.path@ message" names its field
+        # (never shown as such: issue 26 saw `@aliases.0@` on screen)
+        from components.policy.loader import _dotted, _explain
+
+        err = e.errors(include_url=False)[0]
+        loc, msg = _explain(err) if err["type"] == "value_error" else (tuple(err["loc"]), err["msg"])
+        raise VeilError(f"{p}: {_dotted(loc) or '(document)'}: {msg}") from None

@@ -23,8 +23,16 @@ class _VeilGroup(TyperGroup):
             return super().invoke(ctx)
         except VeilError as e:
             click.echo(f"error: {e}", err=True)
+            _operator_detail(e)
             _release_native_objects(e)
             raise typer.Exit(2) from None
+
+
+def _operator_detail(e: VeilError) -> None:
+    """The error's private detail (ids the operator needs to act on), on this terminal only."""
+    detail = getattr(e, "operator_detail", None)
+    if detail:
+        click.echo(f"  for you only (never logged or published): {detail}", err=True)
 
 
 def _release_native_objects(e: BaseException) -> None:
@@ -65,5 +73,6 @@ def main() -> None:
         app()
     except VeilError as e:  # raised outside a command (e.g. while loading settings)
         print(f"error: {e}", file=sys.stderr)
+        _operator_detail(e)
         _release_native_objects(e)
         sys.exit(2)

@@ -63,12 +63,16 @@ def ingest(
     t.add_row("names/places", rep.ner.split(":")[0], rep.ner.split(": ", 1)[-1])
     t.add_row("time", f"{rep.seconds:.2f} s", f"{d['records_per_second'] or 0:,.0f} records/s")
     out.print(t)
-    if rep.likely_duplicate_people:
-        import sys
+    import sys
 
+    if rep.likely_duplicate_people:
         print(f"warning: {rep.likely_duplicate_people} name(s) appear under several account ids (likely one person "
               f"each); see {s.private_dir / 'people' / 'likely-duplicates.json'} and merge them with "
               "spec.people.aliases in the policy", file=sys.stderr)
+    if rep.identity_merged_people:
+        print(f"note: {rep.identity_merged_people} person(s) appear under several spellings (case, spacing, Unicode "
+              "form, 'Name <address>') that Veil's identity rule counts as one person each; see "
+              f"{s.private_dir / 'people' / 'likely-duplicates.json'}", file=sys.stderr)
 
 
 def secrets(
@@ -188,16 +192,16 @@ def people(
 ) -> None:
     """Who is a person under a policy: accounts excluded (bots, service users) and merged (aliases), as
     counts; names under several ids go to the private folder, never to this output."""
-    from catalog.people import apply_people, likely_same_person, load_people, write_likely_duplicates
+    from catalog.people import apply_people, likely_duplicates, load_people, write_likely_duplicates
     from catalog.snapshots import load_snapshot
 
     s = _settings()
     snap = load_snapshot(s, snapshot)
     _, rep = apply_people(snap.records, load_people(policy))
-    found = likely_same_person(snap.records)
-    path = write_likely_duplicates(s.private_dir, found, snap.snapshot_id)
+    found, merged = likely_duplicates(snap.records)
+    path = write_likely_duplicates(s.private_dir, found, snap.snapshot_id, merged)
     rep = {"snapshot_id": snap.snapshot_id, **rep, "likely_duplicate_people": len(found),
-           "likely_duplicates_file": str(path) if path else None}
+           "identity_merged_people": len(merged), "likely_duplicates_file": str(path) if path else None}
     if json_out:
         _print_json(rep)
         return
@@ -209,9 +213,10 @@ def people(
     t.add_row("excluded", f"{rep['excluded_accounts']:,}", f"accounts · {rep['excluded_records']:,} records")
     for pat, n in rep["excluded_accounts_by_pattern"].items():
         t.add_row("", f"{n:,}", f"  {pat}")
-    t.add_row("merged", f"{rep['merged_accounts']:,}", "accounts folded into another identity (aliases)")
+    t.add_row("merged", f"{rep['merged_accounts']:,}", "accounts folded into another identity (identity rule, aliases)")
     t.add_row("people", f"{rep['people']:,}", f"{rep['records']:,} records · ownership {rep['ownership']}")
     t.add_row("likely same", f"{len(found):,}", f"names under several ids{' → ' + str(path) if path else ''}")
+    t.add_row("spellings", f"{len(merged):,}", "people under several spellings the identity rule made one")
     out.print(t)
 
 

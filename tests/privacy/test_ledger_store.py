@@ -54,8 +54,13 @@ def test_ledger_is_private_and_pseudonymous(settings):
     led = Ledger.open(settings)
     # same person however their id is spelt; another key gives other pseudonyms
     assert led.person_key(" Alice@Example.COM") == led.person_key("alice@example.com")
-    with pytest.raises(VeilError, match="same person"):
+    with pytest.raises(VeilError, match="one person under the identity rule") as e:
         reserve_release(settings, PLAN, {"alice@example.com": 1, "ALICE@example.com": 1}, ledger=led)
+    # the refusal names the ids and the policy fix for the operator's terminal only, never in its message
+    # (what Prefect logs): issue 26
+    assert "'alice@example.com' and 'ALICE@example.com'" in e.value.operator_detail
+    assert "spec.people.aliases" in e.value.operator_detail
+    assert "alice" not in str(e.value).lower() and "veil plan" in str(e.value)
 
 
 def test_budget_is_fixed_and_a_foreign_key_is_refused(settings, tmp_path):
