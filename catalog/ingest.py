@@ -245,6 +245,11 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         from catalog.people import likely_duplicates, write_likely_duplicates
 
         found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
+        if isinstance(rules, (str, Path)):
+            # ingested under a policy: names its people.aliases already merge are settled, not news
+            from catalog.people import unsettled_by_policy
+
+            found = unsettled_by_policy(found, rules)
         report.likely_duplicate_people = len(found)
         report.identity_merged_people = len(merged)
         write_likely_duplicates(settings.private_dir, found, str(source), merged)

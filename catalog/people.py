@@ -112,6 +112,24 @@ def likely_duplicates(records: pa.Table | str | Path) -> tuple[list[dict], list[
             identity_merges(records, _scanned=rows, _person=person))
 
 
+def unsettled_by_policy(found: list[dict], people) -> list[dict]:
+    """`found` (likely_same_person) less the names the policy's `people` section already settles: ids that
+    its aliases make one person, or that it excludes (exclusion globs on ids only here; names are matched
+    when planning). Ingest under a policy that merged them must not ask the operator to merge them again."""
+    from components.planning.people import _alias_map, _glob, _person_or_self
+
+    p = load_people(people)
+    alias = _alias_map(p)
+    pats = [_glob(x) for x in p["exclude"]]
+    out = []
+    for g in found:
+        persons = {alias.get(_person_or_self(u), _person_or_self(u)) for u in g["user_ids"]
+                   if not any(rx.fullmatch(u) for rx in pats)}
+        if len(persons) > 1:
+            out.append(g)
+    return out
+
+
 def write_likely_duplicates(private_dir: Path, found: list[dict], source: str,
                             merged: list[dict] | None = None) -> Path | None:
     """people/likely-duplicates.json (0600): names under several ids (`found`, for the operator to decide

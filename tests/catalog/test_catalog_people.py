@@ -90,6 +90,22 @@ def test_ingest_warns_about_one_name_under_several_addresses(settings, tmp_path)
     assert likely_same_person(load_snapshot(settings).records) == doc["likely_same_person"]
 
 
+def test_ingest_under_a_policy_that_merges_them_does_not_ask_again(settings, tmp_path):
+    # issue 26: `veil ingest --policy P` warned "58 names under several ids … merge them with
+    # people.aliases" on a policy that already merged every one of them
+    p = tmp_path / "a.jsonl"
+    rows = [("ann@corp.example", "Ann Lee"), ("ann.lee@gmail.com", "Ann Lee"), ("bob@corp.example", "Bob Stone"),
+            ("bob@home.example", "Bob Stone")]
+    p.write_text("".join(json.dumps({"user": f"{n} <{u}>", "text": f"t{i}"}) + "\n" for i, (u, n) in enumerate(rows)))
+    pol = tmp_path / "p.yaml"
+    pol.write_text(DEMO.read_text().rstrip("\n") + "\n  people:\n    aliases: [[Ann@Corp.example, ann.lee@gmail.com]]\n")
+    rep = ingest_source(p, "jsonl", settings=settings, rules=pol)
+    assert rep.likely_duplicate_people == 1          # Bob is still two ids; Ann is one person under the policy
+    doc = json.loads((settings.private_dir / "people" / "likely-duplicates.json").read_text())
+    assert [g["name"] for g in doc["likely_same_person"]] == ["bob stone"]
+    assert ingest_source(p, "jsonl", settings=settings).likely_duplicate_people == 2   # no policy: both
+
+
 def test_people_cli_prints_counts(settings, tmp_path, monkeypatch):
     from flows.cli import app
 
