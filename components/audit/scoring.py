@@ -79,6 +79,7 @@ def token_logprob_sums(model, sequences: Sequence[Sequence[int]], starts: Sequen
     dev = _device(model)
     order = sorted(range(n), key=lambda i: len(sequences[i]))
     bar = _progress(progress, n)
+    split = _trunk_and_head(model)
     with torch.inference_mode(), bar as tick:
         for b in range(0, n, batch_size):
             idx = order[b:b + batch_size]
@@ -91,12 +92,52 @@ def token_logprob_sums(model, sequences: Sequence[Sequence[int]], starts: Sequen
                 ids[r, :len(s)] = torch.tensor(s, dtype=torch.long)
                 mask[r, :len(s)] = 1
                 score[r, max(starts[i], 1) - 1:len(s) - 1] = True  # target x_t sits at logit t-1
-            logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits[:, :-1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].to(dev)[..., None]).squeeze(-1)
-            sums = (lp * score.to(dev)).sum(-1).double().cpu().numpy()
+            ids, mask, score = ids.to(dev), mask.to(dev), score.to(dev)
+            if split is not None:
+                sums = _scored_positions_only(split, ids, mask, score)
+                if b == 0 and not np.allclose(sums, _all_positions(model, ids, mask, score), rtol=1e-5, atol=1e-3):
+                    split = None   # logits are not head(hidden) here (a final scaling, a soft cap): the plain path
+            if split is None:
+                sums = _all_positions(model, ids, mask, score)
             out[idx] = sums
             tick(len(idx))
     return out
+
+
+def _all_positions(model, ids, mask, score) -> np.ndarray:
+    import torch
+
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][..., None]).squeeze(-1)
+    return (lp * score).sum(-1).double().cpu().numpy()
+
+
+def _trunk_and_head(model):
+    """(trunk, output head) of a HF causal LM (or a peft model wrapping one, adapters included), or None.
+
+    An exposure probe scores the ~10 tokens of a secret after a context of up to seq_len: computing the
+    vocabulary-wide log-softmax only at those positions instead of all of them made the secret-exposure
+    audit ~3x faster on the Debian corpus (the head is most of a small model's cost). The first batch
+    is scored both ways and the plain path kept if they differ (`token_logprob_sums`)."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prefix = getattr(hf, "base_model_prefix", "")
+    trunk = getattr(hf, prefix, None) if prefix else None
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    if trunk is None or head is None or trunk is hf or not callable(trunk):
+        return None
+    return trunk, head
+
+
+def _scored_positions_only(split, ids, mask, score) -> np.ndarray:
+    import torch
+
+    trunk, head = split
+    hidden = trunk(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+    rows, cols = score.nonzero(as_tuple=True)
+    lp = torch.log_softmax(head(hidden[rows, cols]).float(), dim=-1)
+    tok = lp.gather(-1, ids[:, 1:][rows, cols][:, None]).squeeze(-1).double()
+    sums = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device).index_add_(0, rows, tok)
+    return sums.cpu().numpy()
 
 
 def sequence_logprobs(model, tokenizer, texts: Sequence[str], *, seq_len: int, batch_size: int = 16,

@@ -140,3 +140,51 @@ def test_auroc_by_m_grows_with_samples_and_matches_the_full_statistic():
     full = aggregate_user_scores(samples, np.array(ratios))
     want = auroc(full["score"].to_numpy(), full["member"].to_numpy(zero_copy_only=False))
     assert sweep[2]["auroc"] == pytest.approx(want, abs=1e-12)           # all 16 samples: the audit's own statistic
+
+
+def test_scored_positions_only_path_equals_the_full_logits_and_falls_back(tiny):
+    # issue 26: exposure scoring computes the head only where a continuation is scored; with the adapter on
+    # and off (the reference) it must give the full-logits numbers, and a model whose logits are not
+    # head(hidden) must take the plain path
+    from components.audit import scoring
+    from components.audit.scoring import reference_of, token_logprob_sums
+
+    model, tok, _ = tiny
+    rng = np.random.default_rng(3)
+    seqs = [list(rng.integers(0, len(tok), size=int(rng.integers(5, 40)))) for _ in range(40)]
+    starts = [max(1, len(s) - int(rng.integers(1, 6))) for s in seqs]
+    assert scoring._trunk_and_head(model) is not None
+    fast = token_logprob_sums(model, seqs, starts, batch_size=7)
+    with reference_of(model) as ref:
+        fast_ref = token_logprob_sums(ref, seqs, starts, batch_size=7)
+    plain_split = scoring._trunk_and_head
+    try:
+        scoring._trunk_and_head = lambda m: None
+        plain = token_logprob_sums(model, seqs, starts, batch_size=7)
+        with reference_of(model) as ref:
+            plain_ref = token_logprob_sums(ref, seqs, starts, batch_size=7)
+    finally:
+        scoring._trunk_and_head = plain_split
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(fast_ref, plain_ref, rtol=1e-5, atol=1e-4)
+    assert np.abs(fast - fast_ref).max() > 1e-3          # the adapter does change the scores
+
+    class Scaled(torch.nn.Module):        # logits = 2·head(hidden): the split would be wrong, so it is not used
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_base_model(self):
+            return self.inner.get_base_model()
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.logits = out.logits * 2
+            return out
+
+    scaled = Scaled(model)
+    with torch.inference_mode():
+        ids = torch.tensor([seqs[0]])
+        want = torch.log_softmax(scaled(input_ids=ids).logits[0, :-1].float(), -1)
+    want_sum = sum(want[t - 1, seqs[0][t]].item() for t in range(starts[0], len(seqs[0])))
+    assert token_logprob_sums(scaled, seqs[:1], starts[:1])[0] == pytest.approx(want_sum, rel=1e-5)
