@@ -566,7 +566,7 @@ class Ledger:
                                       "for the class' prior κ. The guarantee is the class' γ target"}
 
     def burn_down(self) -> list[dict]:
-        """After each release: max and median ε(δ) over the people known so far. Aggregates only."""
+        """After each release: max, median and min ε(δ) over the people known so far. Aggregates only."""
         m, people, rel, ch, ex, first = self._all()
         b = _budget_of(m)
         if b is None or not rel:
@@ -597,7 +597,8 @@ class Ledger:
             out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
                         "retired": retired_by.get(r.id, 0),
                         "max_epsilon": float(np.max(e)) if len(e) else 0.0,
-                        "median_epsilon": float(np.median(e)) if len(e) else 0.0})
+                        "median_epsilon": float(np.median(e)) if len(e) else 0.0,
+                        "min_epsilon": float(np.min(e)) if len(e) else 0.0})
         return out
 
 

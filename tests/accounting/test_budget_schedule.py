@@ -137,3 +137,30 @@ def test_release_costs_of_a_plan_match_the_fresh_person_for_uls(tmp_path):
     plan = {"mechanism": "uls", "sampling_rate": 0.1, "noise_multiplier": 1.5, "steps": 20, "records_per_user": 2}
     c = release_costs(plan, {"a": 1, "b": 7})
     assert np.allclose(c["a"].rdp, fresh_person_cost(plan)) and np.allclose(c["b"].rdp, fresh_person_cost(plan))
+
+
+def test_burn_down_plot_integer_releases_from_zero(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from components.ledger.report import burn_down_figure, plot_burn_down
+
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}", KEY)
+    try:
+        c = R.sampled_gaussian_rdp(0.1, 2.0, 40, np.asarray(led.orders))
+        for i in range(3):
+            led.reserve(kind="user", mechanism="uls", plan_sha256=None, params={}, budget=Budget(12.0, 1e-5),
+                        costs={f"p{j}": PersonCost(1, 0.1, c * (1 + j)) for j in range(i + 2)}, one_per_plan=False)
+        rows = led.burn_down()
+        assert [r["min_epsilon"] <= r["median_epsilon"] <= r["max_epsilon"] for r in rows] == [True] * 3
+        fig = burn_down_figure(rows, led.budget())
+        ax = fig.axes[0]
+        assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] > 12.0
+        ticks = [t for t in ax.get_xticks() if 0.5 <= t <= 3.5]
+        assert ticks == [1.0, 2.0, 3.0]
+        labels = [ln.get_label() for ln in ax.get_lines()]
+        assert {"max over people", "median over people", "min over people"} <= set(labels)
+        assert any(lb.startswith("lifetime budget") for lb in labels)
+        plt.close(fig)
+        assert plot_burn_down(led, tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    finally:
+        led.dispose()
