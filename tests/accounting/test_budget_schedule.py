@@ -10,6 +10,7 @@ against what the next reservation actually does.
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -21,7 +22,10 @@ from components.ledger import Ledger
 from components.ledger import rdp as R
 from components.ledger.ledger import Budget, PersonCost
 from components.ledger.release import fresh_person_cost, release_costs, releases_for_fresh_person, reserve_release
-from components.planning import load_annex, make_plan
+from components.core.settings import load_settings
+from components.ledger.report import admin_view, governance_view, ledger_report
+from components.planning import Plan, load_annex, make_plan, save_plan
+from components.publication import publish
 from components.planning.data import train_rows
 from components.policy import load_policy
 
@@ -63,15 +67,34 @@ def test_schedule_fits_and_is_tight(tmp_path, mechanism):
     # tight: 1 % less noise and the n-th release is refused
     less = {**plan, "noise_multiplier": plan["noise_multiplier"] * 0.99}
     assert releases_for_fresh_person(less, budget) < n
-    # and through a real ledger: the plan's people, charged n times, nobody retired
-    persons = train_rows(load_annex(tmp_path / "private", plan))
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", KEY)
-    try:
-        for i in range(n):
-            res = reserve_release(None, {**plan, "sha256": f"{i:064x}"}, persons, ledger=led)
-            assert not res.retired and res.admitted
-    finally:
-        led.dispose()
+    # and through a real ledger: the plan's people, charged n times, nobody retired; then `veil ledger`'s
+    # forecast of this plan against what its next release does
+    settings = load_settings(tmp_path / "home").ensure()
+    save_plan(Plan(plan), settings.plans_dir)
+    (settings.private_dir / "plans").mkdir(parents=True, exist_ok=True)
+    for f in (tmp_path / "private" / "plans").iterdir():
+        (settings.private_dir / "plans" / f.name).write_bytes(f.read_bytes())
+    persons = train_rows(load_annex(settings.private_dir, plan))
+    for i in range(n):
+        sha = plan["sha256"] if i == n - 1 else f"{i:064x}"       # the last one is the plan itself
+        res = reserve_release(settings, {**plan, "sha256": sha}, persons)
+        assert not res.retired and res.admitted
+    doc = ledger_report(settings, estimate=False)
+    fc = doc["forecast"]
+    assert fc["plan_sha256"] == plan["sha256"] and fc["public"]["releases_for_a_new_person"] == fit
+    people = fc["people"]
+    assert people["releases_left_min"] == fit - n
+    if fit > n:
+        assert people["next_release_retires"] == 0
+    elif mechanism == "uls":       # everyone pays the same: the schedule's end retires everyone
+        assert people["next_release_retires"] == people["people"]
+    else:                          # ELS: those with the most rows are out, people with fewer rows go on
+        assert 0 < people["next_release_retires"] <= people["people"]
+    res = reserve_release(settings, {**plan, "sha256": "f" * 64}, persons)
+    assert len(res.retired) == people["next_release_retires"]
+    gov = publish("cli.ledger", governance_view(doc))          # declared, and per-person numbers absent
+    assert gov["forecast"]["releases_for_a_new_person"] == fit and "people" not in json.dumps(gov["forecast"])
+    assert admin_view(doc)["forecast"]["next_release_retires"] == people["next_release_retires"]
 
 
 def test_schedule_not_binding_keeps_the_target(tmp_path):
