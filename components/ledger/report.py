@@ -89,7 +89,7 @@ def burn_down_figure(rows: list[dict], b):
     ax.set_xlabel("release (in the order charged)")
     ax.set_ylabel(f"spend ε at δ={b.delta:g}" if b else "spend ε")
     ax.set_title("Per-person privacy ledger: burn-down (Rényi filter)")
-    ax.legend(loc="lower right")
+    ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     return fig
 

@@ -132,17 +132,17 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     with err.status("planning…", spinner="dots") if not json_out else _null():
         res = stages.plan(s, policy, snapshot_id=snap.snapshot_id, base_dir=base_model, progress=progress)
     p, path = Plan(res["plan"]), Path(res["plan_path"])
-    fc = _forecast(s, p.to_dict())
+    lfc = _forecast(s, p.to_dict())
     if json_out:
         doc = {"plan_path": str(path), "plan": p.to_dict()}
-        if fc:
+        if lfc:
             from components.ledger.report import ADMIN_ONLY, FORECAST_DEFINITION
             from components.publication import publish
 
-            doc["forecast"] = publish("cli.plan", {"forecast": {**fc["public"],
+            doc["forecast"] = publish("cli.plan", {"forecast": {**lfc["public"],
                                                                 "definition": FORECAST_DEFINITION}})["forecast"]
             if admin:   # the operator's own terminal, never a published channel
-                doc["administrators_only"] = {"readers": ADMIN_ONLY, "forecast": fc["people"]}
+                doc["administrators_only"] = {"readers": ADMIN_ONLY, "forecast": lfc["people"]}
         _print_json(doc)
         return
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
@@ -160,11 +160,11 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
 
         style = "bold red" if fc["verdict"] == "hopeless" else "yellow"
         out.print(f"[{style}]utility forecast: {describe(fc)}[/{style}]", highlight=False)
-    if fc:
-        n = fc["public"]["releases_for_a_new_person"]
+    if lfc:
+        n = lfc["public"]["releases_for_a_new_person"]
         out.print(f"ledger: a person who has spent nothing can take {'any number of' if n is None else n} "
                   "releases of this plan", highlight=False)
-        pp = fc.get("people")
+        pp = lfc.get("people")
         if pp and pp.get("people"):
             lo, med = pp["releases_left_min"], pp["releases_left_median"]
             # the operator's own terminal (it already shows the real snapshot id from the annex)
