@@ -415,10 +415,10 @@ class Spec(_Strict):
             if self.lifetime_budget is None or self.target is None:
                 raise ValueError("@schedule@ a schedule is fitted under lifetime_budget: set lifetime_budget (and a "
                                  "per-release target, the most ε a release may take)")
-            if self.mechanism != "auto" and not (get_mechanism(self.mechanism).ledger_curve
+            if self.privacy_unit == "secret" or self.mechanism != "auto" and not (get_mechanism(self.mechanism).ledger_curve
                                                  and get_mechanism(self.mechanism).ledger_person_claim):
-                raise ValueError(f"@schedule@ mechanism '{self.mechanism}' has no per-person Rényi charge in the "
-                                 "ledger; a schedule cannot be fitted under its filter")
+                raise ValueError(f"@schedule@ {self.privacy_unit}/{self.mechanism} releases have no per-person Rényi "
+                                 "charge in the ledger; a schedule cannot be fitted under its filter")
         if self.lifetime_budget is not None and self.target is not None:
             if self.lifetime_budget.epsilon < self.target.epsilon:
                 raise ValueError(f"@lifetime_budget.epsilon@ lifetime_budget epsilon ({self.lifetime_budget.epsilon:g}) is below the "

@@ -68,7 +68,7 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
         a.add_row("PLD (estimate)", f"{adm['pld_estimate']['max_epsilon']:.3f} for the most-charged person — "
                                     "non-adaptive estimate, not the guarantee")
     afc = adm.get("forecast")
-    if afc and afc.get("people") is not None:
+    if afc and afc.get("people"):
         lo, med = afc.get("releases_left_min"), afc.get("releases_left_median")
         a.add_row("releases left", f"of plan {afc['plan_sha256'][:12]}, over its {afc['people']} people: min "
                                    f"{'∞' if lo is None else lo} · median {'∞' if med is None else f'{med:g}'}")
