@@ -242,7 +242,8 @@ class Ledger:
             if have is None:
                 ok = np.ones(len(pkeys), dtype=bool)
             else:
-                ok = _rdp.admits_many(spent, charged, _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion))
+                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+                ok = _rdp.admits_many(spent, charged, cap)
             at = st.now()
             rid = conn.execute(st.releases.insert().values(
                 kind=kind, mechanism=mechanism, plan_sha256=plan_sha256,
@@ -354,7 +355,8 @@ class Ledger:
                     spent[j], replace = effective_spend(by.get(k, {}), self.orders)
                     if replace:
                         charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
-                ok = _rdp.admits_many(spent, charged, _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion))
+                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+                ok = _rdp.admits_many(spent, charged, cap)
                 if not ok.all():
                     return None, False, ok
             at = st.now()
@@ -480,7 +482,8 @@ class Ledger:
         retired = np.zeros(len(people), dtype=int)
         for r in ex:
             retired[idx[r.person_key]] += 1
-        eps = _rdp.epsilon_of_spend(spend, delta, self.orders, self.conversion) if (delta and len(people)) else [None] * len(people)
+        eps = (_rdp.epsilon_of_spend(spend, delta, self.orders, self.conversion) if (delta and len(people))
+               else [None] * len(people))
         return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
                  "times_retired": int(t)} for k, e, c, t in zip(people, eps, count, retired)]
 
@@ -593,7 +596,8 @@ class Ledger:
             if has_rep.any():
                 spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
             known = firsts <= r.id
-            e = _rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion) if known.any() else np.zeros(0)
+            e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion) if known.any()
+                 else np.zeros(0))
             out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
                         "retired": retired_by.get(r.id, 0),
                         "max_epsilon": float(np.max(e)) if len(e) else 0.0,

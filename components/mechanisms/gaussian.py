@@ -190,7 +190,8 @@ class SubsampledGaussian(Mechanism):
             got = calibrate_sigma(model, epsilon=goal, delta=target["delta"], sampling_rate=q, steps=ctx.steps,
                                   k=k, cache_dir=ctx.cache_dir)
             if left(float(got.noise_multiplier)) >= n:
-                return got, {**doc, "lowered": True, "releases_for_a_new_person": _count(left(float(got.noise_multiplier)))}
+                fit = _count(left(float(got.noise_multiplier)))
+                return got, {**doc, "lowered": True, "releases_for_a_new_person": fit}
             goal *= 0.999          # the calibration's σ is within its tolerance below σ*: ask for a little less
         raise VeilError(f"spec.schedule.releases: could not calibrate σ so that {n} releases fit (σ* = {hi:.5g}); "
                         "this is a bug: report it")

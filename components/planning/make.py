@@ -183,7 +183,8 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     `.secret_spans` (record_id, secret_id, secret_class, …). `scorer` gives base-model perplexities
     for the ppl selection strategies. `people`: (public, annex) sections of the policy's people rules
     already applied to the records (components.planning.people.people_for_plan). `ledger_filter`: the
-    ledger's (orders, conversion), for a policy's schedule (default: a new ledger's). Deterministic: the same inputs (and `created_at`, and the same
+    ledger's (orders, conversion), for a policy's schedule (default: a new ledger's).
+    Deterministic: the same inputs (and `created_at`, and the same
     private key) give the same plan and the same sha256.
     """
     say = progress or (lambda _msg: None)
