@@ -8,18 +8,25 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from components.core.quiet import quiet_environment, quiet_third_party
 
-from components.certificate import describe as describe_guarantee
-from components.core.errors import VeilError
-from components.core.settings import load_settings, private_umask
-from components.publication import publish
-from flows import stages
+quiet_environment()  # before Prefect's import: a worker's flow-run process imports this module first
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from components.certificate import describe as describe_guarantee  # noqa: E402
+from components.core.errors import VeilError  # noqa: E402
+from components.core.settings import load_settings, private_umask  # noqa: E402
+from components.publication import publish  # noqa: E402
+from flows import stages  # noqa: E402
 
 # The flows' processes write the catalog, snapshots, plans, runs and MLflow's files: owner-only
 # (0600/0700) whatever the umask they were started under (a served deployment's worker included).
 private_umask()
+# Wherever these flows run (the CLI, `veil retrain --serve`, a work pool's flow-run process), third-party
+# warnings and progress bars stay out of the terminal and the Prefect log.
+quiet_third_party()
 
 
 class _UserErrorsWithoutTraceback(logging.Filter):

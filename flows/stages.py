@@ -698,7 +698,8 @@ def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
 
 
 def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None, log: bool = True,
-             batch_size: int = 8, missing_ok: bool = False, policy: str | Path | None = None) -> dict | None:
+             batch_size: int = 64, missing_ok: bool = False, policy: str | Path | None = None,
+             progress: bool = True) -> dict | None:
     """Perplexity and next-token accuracy of a registered model, its base and (optionally) a reference
     on the plan's evaluation people (never trained on).
 
@@ -732,8 +733,9 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
                         "would not be comparable")
     params = evaluation_params(plan, policy) if log else None
     dp, dp_stats = evaluate_texts_per_text(loaded.model, loaded.tokenizer, texts, max_length=seq_len,
-                                           batch_size=batch_size)
-    b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size)
+                                           batch_size=batch_size, progress="evaluate: model" if progress else None)
+    b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size,
+                                         progress="evaluate: base" if progress else None)
     # the base is fixed by the model's certificate (its fingerprint); the run names the fine-tuned weights
     from components.core.hashing import sha256_json
 
@@ -747,7 +749,8 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
             raise VeilError(f"--reference {reference}: another tokenizer than the model's; perplexities per token "
                             "would not be comparable")
         ref, stats["reference"] = evaluate_texts_per_text(r_model, r_tok, texts, max_length=seq_len,
-                                                          batch_size=batch_size)
+                                                          batch_size=batch_size,
+                                                          progress="evaluate: reference" if progress else None)
     out = {"model_uri": model_uri, "run_id": loaded.run_id,
            "perplexity": dp.perplexity, "base_perplexity": b.perplexity,
            "next_token_accuracy": dp.next_token_accuracy, "base_next_token_accuracy": b.next_token_accuracy,

@@ -173,10 +173,12 @@ def new_study_dir(settings: Settings, grid: Grid) -> tuple[str, Path]:
 def run_study(settings: Settings, policy: str | Path, grid_path: str | Path, *, base_dir: str | Path | None,
               task_runner: str = "thread", workers: int = 1, use_prefect: bool = True,
               log_mlflow: bool = True, dask_processes: bool = True) -> dict:
+    from components.core.quiet import quiet_third_party
     from components.policy import load_policy
     from flows import stages
     from flows.study_report import gap_closing, log_study, plot_study, write_tables
 
+    quiet_third_party(prefect=use_prefect)  # its points' threads or dask workers log into Prefect's run log
     grid = parse_grid(grid_path)
     pol = load_policy(policy)
     if base_dir is None:

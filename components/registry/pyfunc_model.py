@@ -21,6 +21,13 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context):
+        import sys
+
+        from components.core.quiet import quiet_third_party
+
+        # A consumer's plain `mlflow.pyfunc.load_model` enters Veil here: no library notices or progress
+        # bars on their screen either (Prefect is configured only when the process already uses it).
+        quiet_third_party(prefect="prefect" in sys.modules)
         from components.modeling import load_finetuned
         from components.registry.verification import verify_loaded_package
 
@@ -56,7 +63,7 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
         context_len = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
         out = []
         for prompt in prompts:
-            enc = self.tokenizer(prompt, return_tensors="pt")
+            enc = self.tokenizer(prompt, return_tensors="pt", verbose=False)  # cut to the model's positions below
             new = int(params.get("max_new_tokens", 32))
             if context_len:
                 # Stay inside the model's positions: keep the prompt's end and shorten the continuation.
