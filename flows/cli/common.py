@@ -18,6 +18,21 @@ def settings() -> Settings:
     return s
 
 
+def settings_with_device() -> Settings:
+    """`settings()` for a command that loads a model: the configured device must exist now — one
+    line, exit 2 — not after minutes of ingest and model loading (issue 26: 49 s)."""
+    s = settings()
+    check_device_now(s)
+    return s
+
+
+def check_device_now(s: Settings) -> str:
+    from components.core.device import resolve_device
+
+    src = (s.sources or {}).get("device", "$VEIL_DEVICE")
+    return resolve_device(s.device, "VEIL_DEVICE" if src == "$VEIL_DEVICE" else f"device in {src}")
+
+
 def print_json(doc) -> None:
     """Exactly one JSON document on stdout (NaN/inf are refused: they are not JSON)."""
     print(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False, default=str))

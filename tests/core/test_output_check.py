@@ -1,0 +1,33 @@
+"""The shared noise check (tests/_output.py) finds each kind of third-party noise and passes Veil's own lines."""
+from __future__ import annotations
+
+import pytest
+
+from _output import assert_quiet, noise_in
+
+VEIL = """train (DP steps): 40/120 … (0:31 elapsed, about 1:02 left)
+step: registered
+audit: INCONCLUSIVE · AUROC in [0.5, 1) · ceiling 0.820
+Tuning on private data is not covered by any certificate: these scores are measured on private people."""
+
+
+def test_veil_lines_pass():
+    assert_quiet(VEIL)
+
+
+@pytest.mark.parametrize("line", [
+    "/x/transformers/modeling_utils.py:3312: FutureWarning: `is_gradient_checkpointing` is deprecated",
+    "  warnings.warn(",
+    "Traceback (most recent call last):",
+    "\x1b[33mAdd type hints to the `predict` method\x1b[0m",
+    "Downloading artifacts: 100%|██████████| 7/7 [00:00<00:00, 2150.93it/s]",
+    "Loading weights: 100%|██████████| 28/28",
+    "Token indices sequence length is longer than the specified maximum sequence length for this model "
+    "(301 > 256). Running this sequence through the model will result in indexing errors",
+    "sqlite3.OperationalError: database is locked",
+    "Passing a Python object as `python_model` causes it to be serialized using CloudPickle",
+])
+def test_each_kind_of_noise_is_found(line):
+    assert noise_in(VEIL + "\n" + line), line
+    with pytest.raises(AssertionError, match="third-party noise"):
+        assert_quiet(line)
