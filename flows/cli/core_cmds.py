@@ -203,21 +203,26 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
     if json_out:
         _print_json(publish("cli.models", rows))
         return
+    out.print(models_table(rows))
+    for r in rows:
+        if r["certificate_status"] != "verified":
+            out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}", soft_wrap=True)
+
+
+def models_table(rows: list[dict]) -> Table:
+    """Names and URIs fold onto more lines at any terminal width, never cut to "…" (issue 26)."""
     t = Table(title="Registered models")
     for col in ("model", "aliases", "mechanism", "guarantee", "steps", "audit AUROC (ceiling)", "certificate"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold", no_wrap=col == "steps")
     for r in rows:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
         aud = _audit_line(a, short=True) if a else "—"
         status = r["certificate_status"]
         short = status if status == "verified" else "INVALID (" + status[len("INVALID: "):].split(":", 1)[0] + ")"
-        t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
+        t.add_row(f"{r['name']}/{r['version']}", ", ".join(r["aliases"]), c.get("mechanism", "?"),
                   describe(c) if c else "?", str(c.get("steps", "?")), aud, short)
-    out.print(t)
-    for r in rows:
-        if r["certificate_status"] != "verified":
-            out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}")
+    return t
 
 
 # How the source's fields map onto catalog records: the same flags as `veil ingest` (ingest's own
