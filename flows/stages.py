@@ -601,9 +601,12 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     plan_doc = load_plan(plan_path).to_dict()
     _check_certified_weights(certificate, adapter_dir)
     target_eps = plan_doc["target"].get("epsilon")
-    reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
-                         adapter_dir=adapter_dir,
-                         policy_max_epsilon=float(target_eps) if target_eps is not None else None, alias=alias)
+    from components.core.progress import step
+
+    with step(f"register {name}"):   # sealing, packaging and copying the model into MLflow
+        reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
+                             adapter_dir=adapter_dir,
+                             policy_max_epsilon=float(target_eps) if target_eps is not None else None, alias=alias)
     # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME may be 0644)
     settings.make_private(settings.mlflow_artifacts_dir)
     return reg.to_dict()
@@ -633,7 +636,7 @@ class PipelineResult:
 
 
 def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = None,
-          truth: str | Path | None = None) -> dict:
+          truth: str | Path | None = None, progress: bool = True) -> dict:
     """Audit a registered model; aggregates go into its certificate, per-user scores stay private."""
     from catalog.snapshots import load_snapshot
     from components.audit import run_audit
@@ -645,7 +648,7 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
     thresholds = load_policy(policy).spec.audit if policy else None
     truth_doc = json.loads(Path(truth).read_text()) if truth else None
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
-                       secret_spans=snap.secret_spans)
+                       secret_spans=snap.secret_spans, progress=progress)
     summary = result.summary() if hasattr(result, "summary") else dict(result)
     new_cert = record_audit(settings, model_uri, summary, plot_path=getattr(result, "plot_path", None))
     return {"summary": summary, "certificate": new_cert}
