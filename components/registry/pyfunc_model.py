@@ -15,10 +15,20 @@ import mlflow.pyfunc
 class VeilCausalLM(mlflow.pyfunc.PythonModel):
     """Input: a DataFrame with a `prompt` column (or a list of strings); output: continuations.
 
+    `predict` takes several input shapes, so it has no type hint for MLflow to validate against. MLflow
+    checks for one when the class is created — when a consumer's plain `mlflow.pyfunc.load_model`
+    imports this module, before any Veil code runs — and prints "Add type hints to the `predict`
+    method" in raw ANSI colour. `_skip_type_hint_validation` (what MLflow's own multi-shape models
+    set) skips that check and nothing else. A type hint is no way out: MLflow caches it on the
+    instance, so it would be pickled with the model, and the package's pickle check refuses any
+    import outside Veil's allow-list (pandas.DataFrame for a DataFrame hint).
+
     Artifacts: `certificate` + `seal` (the pre-audit certificate and its signature), `plan` (public),
     `base_model` (HF directory, tokenizer included) and either `adapter` (peft layout:
     `adapter_config.json` + `adapter_model.safetensors`) or `model` (a fully fine-tuned HF directory).
     """
+
+    _skip_type_hint_validation = True
 
     def load_context(self, context):
         import sys

@@ -31,3 +31,16 @@ def test_each_kind_of_noise_is_found(line):
     assert noise_in(VEIL + "\n" + line), line
     with pytest.raises(AssertionError, match="third-party noise"):
         assert_quiet(line)
+
+
+def test_importing_the_pyfunc_class_is_quiet():
+    """A consumer's `mlflow.pyfunc.load_model` imports the pyfunc class before any Veil code can set a
+    filter: MLflow's check of `predict`'s type hints must find nothing to warn about (issue 26)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-W", "always", "-c", "import components.registry.pyfunc_model"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 0, r.stderr
+    assert_quiet(r.stdout + r.stderr, "importing components.registry.pyfunc_model")
