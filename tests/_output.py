@@ -62,13 +62,22 @@ def prefect_log_text(api, since) -> str:
 def harness_log_text(since) -> str:
     """`prefect_log_text` against the in-process harness (the client's own API URL), after the
     process' buffered log lines were sent."""
-    from prefect.client.orchestration import get_client
-    from prefect.logging.handlers import APILogHandler
+    import time
 
-    APILogHandler.flush()
+    from prefect.client.orchestration import get_client
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
 
     def api(method, path, json=None):
         with get_client(sync_client=True) as c:
             r = c.request(method, path, json=json)
             return r.json()
-    return prefect_log_text(api, since)
+    text = prefect_log_text(api, since)
+    for _ in range(5):      # the server stores a batch a moment after it answered the client
+        time.sleep(1)
+        again = prefect_log_text(api, since)
+        if again == text:
+            return text
+        text = again
+    return text
