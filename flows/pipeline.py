@@ -53,7 +53,8 @@ def log_step(log, step: str) -> None:
     silence). The words are fixed (STEPS), through the publication gate like every Prefect line."""
     if step not in STEPS:
         raise ValueError(f"unknown step {step!r}")
-    log.info("step: %s", publish("prefect", {"step": step})["step"])
+    # the run's log only: the terminal has the steps' own progress lines, and a user error stays one line
+    log.info("step: %s", publish("prefect", {"step": step})["step"], extra={"veil_console": False})
 
 
 @task(name="ingest", **_task)

@@ -9,7 +9,6 @@ Whole texts are scored by `components.modeling.sequence_logprobs`; this module a
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Sequence
 
 import numpy as np

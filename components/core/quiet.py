@@ -126,6 +126,8 @@ class _VeilConsole(logging.Filter):
             text = str(record.msg)
         if isinstance(exc, VeilError) or "VeilError" in text:
             return False
+        if getattr(record, "veil_console", True) is False:   # meant for the run's log only (flows.pipeline.log_step)
+            return False
         if record.pathname.startswith(self.OURS):
             return True
         return record.levelno >= logging.WARNING or not record.name.startswith("prefect")
