@@ -44,3 +44,35 @@ def test_importing_the_pyfunc_class_is_quiet():
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert r.returncode == 0, r.stderr
     assert_quiet(r.stdout + r.stderr, "importing components.registry.pyfunc_model")
+
+
+def test_progress_plain_lines_off_a_terminal(monkeypatch):
+    """Off a terminal (a pipe, a worker's log): plain lines at the start, every VEIL_PROGRESS_SECONDS and
+    at the end — no bar, no carriage return; none after a failure; nothing with VEIL_PROGRESS=0."""
+    import io
+
+    from components.core.progress import progress, step
+
+    monkeypatch.setenv("VEIL_PROGRESS_SECONDS", "0.000001")
+    buf = io.StringIO()
+    with progress("train (DP steps)", 3, stream=buf) as tick:
+        for _ in range(3):
+            tick(1, loss="1.234")
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "train (DP steps): started (3 to do)"
+    assert lines[1].startswith("train (DP steps): 1/3 … (") and "left" in lines[1] and lines[1].endswith("loss 1.234")
+    assert lines[-1].startswith("train (DP steps): 3/3 done (") and "\r" not in buf.getvalue()
+    assert_quiet(buf.getvalue())
+    buf = io.StringIO()
+    with pytest.raises(ValueError), progress("evaluate: model", 2, stream=buf) as tick:
+        raise ValueError("boom")
+    assert "done" not in buf.getvalue()
+    buf = io.StringIO()
+    with step("register veil", stream=buf):
+        pass
+    assert buf.getvalue().splitlines()[0] == "register veil: started" and "register veil: done (" in buf.getvalue()
+    monkeypatch.setenv("VEIL_PROGRESS", "0")
+    buf = io.StringIO()
+    with progress("x", 2, stream=buf) as tick, step("y", stream=buf):
+        tick(2)
+    assert buf.getvalue() == ""
