@@ -64,7 +64,14 @@ def _same_number(a: Any, b: Any) -> bool:
 def _check_tags(where: str, tags: Mapping[str, str], cert: Mapping[str, Any]) -> None:
     from components.registry.mlflow_registry import privacy_tags
 
+    from components.audit.public import public_tags
+
     expected = privacy_tags(cert)
+    if isinstance(cert.get("audit"), dict):
+        # record_audit tags the audit's gate (require, met, reason) and one-run bound from the public
+        # section the certificate now holds: they are the certificate's, not forged (issue 26: every
+        # audited model was refused by every load path)
+        expected.update(public_tags(cert["audit"]))
     wrong = sorted(k for k, val in expected.items() if tags.get(k) != val)
     # Every other privacy/audit claim is forged, except the registry's own bookkeeping (lifetime and
     # ledger spend, the signer's fingerprint), which the certificate does not state.

@@ -69,3 +69,21 @@ def test_not_failed_promotes_an_inconclusive_audit(monkeypatch, settings):
         assert s["verdict"] == "failed" and not s["gate"]["meets"]
     one = s["one_run"]
     assert one["computed"] is False or one["epsilon_at_least"] <= 8.0
+
+
+def test_the_gate_tags_an_audit_writes_verify_and_forged_ones_do_not(monkeypatch, settings):
+    # issue 26: record_audit tagged audit.require/meets_requirement/reason/one_run_epsilon_at_least, and the
+    # verifier called them forged — every audited model was refused by verify, load_model and evaluation
+    import pytest
+
+    from components.core.errors import VeilError
+    from components.registry.verification import _check_tags
+
+    got = _audit(monkeypatch, settings, "passed")
+    tags = {k: v for k, v in got.client.tags.items() if k != "privacy.signing_key"}
+    assert {"audit.require", "audit.meets_requirement", "audit.reason"} <= set(tags)
+    _check_tags("run", tags, got.cert)
+    for key, forged in (("audit.meets_requirement", "true"), ("audit.require", "not_failed"),
+                        ("audit.one_run_epsilon_at_least", "0")):
+        with pytest.raises(VeilError, match=key.replace(".", r"\.")):
+            _check_tags("run", {**tags, key: forged}, got.cert)
