@@ -96,7 +96,8 @@ def materialize(doc_root: Path, out: Path, cutoff: datetime) -> dict:
 def veil(args: list[str], env: dict, log: Path, timeout: int) -> tuple[dict | None, float, int, str]:
     """Run one veil command; (its --json document or None, wall seconds, exit code, stderr)."""
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", "import sys; from flows.cli import main; sys.argv[0] = 'veil'; "
+                        "sys.exit(main())", *args], env=env, capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
     wall = time.perf_counter() - t0
     with open(log, "a") as f:

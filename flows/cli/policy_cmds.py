@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from components.core.errors import VeilError
-from flows.cli.common import err, out, print_json as _print_json, settings as _settings
+from flows.cli.common import err, out, print_json as _print_json, quiet_third_party, settings as _settings
 
 
 policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",
@@ -117,6 +117,7 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     from catalog.snapshots import load_snapshot
     from components.policy import load_policy
 
+    quiet_third_party()   # the utility forecast loads the base model (transformers' FutureWarning, issue 26)
     pol = load_policy(policy)
     s = _settings()
     snap = load_snapshot(s, snapshot)

@@ -167,3 +167,24 @@ def test_prediction_policy_problems_name_their_line_and_field(tmp_path):
     other.write_text(text.replace("kind: PredictionPolicy", "kind: PredictionPolcy"))
     res = CliRunner().invoke(app, ["policy", "check", str(other)])
     assert res.exit_code == 2 and "use PrivacyPolicy (training) or PredictionPolicy (PMixED)" in res.stderr, res.stderr
+
+
+def test_plan_with_a_base_model_shows_no_third_party_warning(ingested, tmp_path):
+    # issue 26: `veil plan --base-model` printed transformers' `is_gradient_checkpointing` FutureWarning
+    import sys
+    import warnings
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
+    import tiny_lm_training as tiny
+
+    base = tmp_path / "base"
+    tok = tiny.make_tokenizer()
+    tiny.make_model(seed=0, vocab=len(tok)).save_pretrained(base)
+    tok.save_pretrained(base)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")          # every warning, however often it was shown before
+        res = CliRunner().invoke(app, ["plan", "--policy", str(_small_policy(tmp_path)), "--base-model", str(base),
+                                       "--json"])
+    assert res.exit_code == 0, res.output
+    third = [str(w.message) for w in seen if "site-packages" in (w.filename or "")]
+    assert not third, third
