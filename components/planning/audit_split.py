@@ -368,7 +368,9 @@ def size_audit(audit, *, people: float | None, epsilon: float | None, delta: flo
         ui.update(expected_in=round_up_ladder(max(1, int(n_in))), expected_out=round_up_ladder(max(1, int(n_out))))
         if _ui_settles(n_in, n_out, bound, z):
             ui.update(settles=True, why=f"at about {int(n_in)} in and {int(n_out)} out a model at AUROC 0.5 shows an "
-                                        f"interval below the policy's {bound:g}")
+                                        f"interval below the policy's {bound:g} (if every person has the {m + 1} "
+                                        "distinct texts an audited person needs; `veil plan` shows administrators "
+                                        "how many do)")
         else:
             total = n_in / (1 - p)
             better = next((q for q in HOLDOUT_LADDER if q > p and _ui_settles(total * (1 - q), total * q, bound, z)),
@@ -429,3 +431,42 @@ def size_audit(audit, *, people: float | None, epsilon: float | None, delta: flo
     else:
         out["statement"] = f"the audit can settle at this size; the gate requires '{audit.require}'"
     return out
+
+
+def audited_sizing(audit, counts: dict) -> dict | None:
+    """PRIVATE (exact counts: the operator's terminal only, `veil plan`): user inference with the people
+    the plan's split actually audits. The public sizing above can only assume that every person trained
+    on is audited (N̂ in); only people with m + 1 distinct texts are (issue 26: 181 in and 48 out on the
+    Debian changelogs, not the ~300 and ~75 N̂ implied). `counts`: the annex's counts. Says whether a
+    model at AUROC 0.5 settles, and the largest AUROC a model may show and still pass (the interval's
+    upper end below the policy's bound). None for record units or when nobody is held out."""
+    from components.audit.verdict import CONFIDENCE, auroc_interval, people_needed, z_value
+
+    out = counts.get("n_held_out_users")
+    eligible = counts.get("n_audit_eligible_users")
+    if not out or eligible is None or float(audit.holdout_users) <= 0:
+        return None
+    n_in, n_out = max(0, int(eligible) - int(out)), int(out)
+    m, bound = int(audit.attacker_samples_per_user), float(audit.max_user_inference_auroc)
+    z = z_value(CONFIDENCE, sweep_size(m))
+    doc = {"people_in": n_in, "people_out": n_out, "min_texts": m + 1, "bound": bound, "require": audit.require}
+    if n_in < 1:
+        return {**doc, "settles": False, "passes_below_auroc": None, "people_needed": None,
+                "why": "nobody trained on is audited"}
+    settles = _ui_settles(n_in, n_out, bound, z)
+    lo, hi = 0.5, bound          # the largest AUROC whose interval still ends below the bound (bisection)
+    if not settles:
+        hi = 0.5
+    else:
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if auroc_interval(mid, n_in, n_out, z)[1] < bound else (lo, mid)
+    need = None if settles else people_needed(0.5, n_in, n_out, z, bound - 0.5)
+    return {**doc, "settles": settles, "passes_below_auroc": round(lo, 3) if settles else None,
+            "people_needed": need,
+            "why": (f"{n_in} in and {n_out} out are audited (people with {m + 1}+ distinct texts): a model passes "
+                    f"only if its attack AUROC is below about {lo:.3f} (the interval must end below {bound:g})")
+            if settles else
+            (f"{n_in} in and {n_out} out are audited (people with {m + 1}+ distinct texts): even a model at AUROC "
+             f"0.5 has an interval reaching {bound:g}" + (f"; about {need['in']} in and {need['out']} out would "
+                                                           "settle it" if need else ""))}

@@ -144,6 +144,10 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
                                                                 "definition": FORECAST_DEFINITION}})["forecast"]
             if admin:   # the operator's own terminal, never a published channel
                 doc["administrators_only"] = {"readers": ADMIN_ONLY, "forecast": lfc["people"]}
+        if admin:
+            from components.ledger.report import ADMIN_ONLY
+
+            doc.setdefault("administrators_only", {"readers": ADMIN_ONLY})["audit"] = _audited(s, pol, p)
         _print_json(doc)
         return
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
@@ -172,7 +176,27 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
             out.print(f"ledger (administrators only): over this plan's {pp['people']} people, releases of it left "
                       f"min {'∞' if lo is None else lo} · median {'∞' if med is None else f'{med:g}'}; its release "
                       f"would retire {pp['next_release_retires']}", highlight=False)
+    au = _audited(s, pol, p)
+    if au is not None:
+        # exact counts of audited people: the operator's own terminal (as the ledger line above)
+        ok = au["settles"] and au["require"] == "passed"
+        style = "dim" if ok or au["require"] == "not_failed" else "yellow"
+        verdict = ("" if au["settles"] else " — the audit cannot pass; with audit.require 'passed' the release "
+                   "will not be promoted" if au["require"] == "passed" else
+                   " — the audit cannot pass; audit.require 'not_failed' promotes it unless it fails")
+        out.print(f"[{style}]audit (administrators only): {au['why']}{verdict}[/{style}]", highlight=False)
     out.print(f"written to {path}")
+
+
+def _audited(s, pol, p) -> dict | None:
+    """User inference with the people this plan's split audits (planning.audit_split.audited_sizing):
+    exact counts from the private annex, for the operator only."""
+    from components.planning.annex import load_annex
+    from components.planning.audit_split import audited_sizing
+
+    if pol.spec.privacy_unit != "user":
+        return None
+    return audited_sizing(pol.spec.audit, load_annex(s.private_dir, p.to_dict()).get("counts") or {})
 
 
 def _forecast(s, plan_doc: dict) -> dict | None:

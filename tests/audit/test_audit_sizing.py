@@ -63,3 +63,21 @@ def test_secret_classes_need_enough_secrets_and_the_verdict_agrees():
                  "n_candidates": r} for i, k in enumerate(ranks)]
     assert exposure_verdict(rows(need, "a") + rows(need, "b"), limit=4.0)["verdict"] == "passed"
     assert exposure_verdict(rows(need // 2, "a") + rows(need // 2, "b"), limit=4.0)["verdict"] == "inconclusive"
+
+
+def test_audited_people_sizing_says_which_auroc_still_passes():
+    # issue 26: on the Debian changelogs the plan's public sizing (N̂ ≈ 300 in) said "can settle", but only
+    # 181 in and 48 out had the m + 1 distinct texts an audited person needs, and the model at ε=4 measured
+    # AUROC 0.59: the operator's line says which AUROC still passes at the audited counts
+    from components.planning.audit_split import audited_sizing
+
+    a = Audit(holdout_users=0.2, attacker_samples_per_user=2, max_user_inference_auroc=0.65)
+    got = audited_sizing(a, {"n_held_out_users": 48, "n_audit_eligible_users": 229})
+    assert (got["people_in"], got["people_out"], got["settles"]) == (181, 48, True)
+    z = z_value(0.95, sweep_size(2))
+    top = got["passes_below_auroc"]
+    assert auroc_interval(top - 0.002, 181, 48, z)[1] < 0.65 <= auroc_interval(top + 0.002, 181, 48, z)[1]
+    assert 0.5 < top < 0.59                    # the measured 0.59 could not pass: inconclusive, as observed
+    small = audited_sizing(a, {"n_held_out_users": 5, "n_audit_eligible_users": 25})
+    assert small["settles"] is False and small["people_needed"]["in"] > 20 and "reaching 0.65" in small["why"]
+    assert audited_sizing(a, {"n_held_out_users": 0, "n_audit_eligible_users": 25}) is None
