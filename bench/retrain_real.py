@@ -1,7 +1,7 @@
 """Weekly retraining on a real multi-author corpus, as a new platform engineer runs it (issue 26).
 
     python bench/retrain_real.py --home DIR --base-model BASE [--policy policies/debian-weekly.yaml]
-        [--weeks 2] [--last-entry 2026-09-07] [--json]
+        [--weeks 1] [--last-entry 2026-09-08] [--json] [--from-json DIR-result.json]
 
 The corpus is this machine's Debian changelogs (/usr/share/doc). A weekly schedule needs data that
 changes every week, so the source folder is rebuilt before each step from the installed changelogs
@@ -125,17 +125,46 @@ def spend(ledger: dict | None) -> dict:
     return {k: d.get(f"{k}_epsilon") for k in ("min", "median", "max")}
 
 
+def _admin_forecast(ledger: dict | None) -> dict:
+    return ((ledger or {}).get("administrators_only") or {}).get("forecast") or {}
+
+
+def forecast_checks(rows: list[dict]) -> list[dict]:
+    """What the ledger forecast after release i (for a person of that plan; administrators only) against
+    what release i+1 did: the people it retired, and the releases left one release later."""
+    out = []
+    for a, b in zip(rows, rows[1:]):
+        fa, fb = _admin_forecast(a["ledger"]), _admin_forecast(b["ledger"])
+        public = ((a["ledger"] or {}).get("forecast") or {}).get("releases_for_a_new_person")
+        retired = (b["result"] or {}).get("people_retired")
+        left_a, left_b = fa.get("releases_left_min"), fb.get("releases_left_min")
+        out.append({"after_week": a["week"], "releases_for_a_new_person": public,
+                    "forecast_next_release_retires": fa.get("next_release_retires"), "next_release_retired": retired,
+                    "retires_matches": None if retired is None else fa.get("next_release_retires") == retired,
+                    "releases_left_min": left_a, "releases_left_min_after_next": left_b,
+                    "releases_left_matches": None if left_a is None or left_b is None else left_b == left_a - 1,
+                    "releases_left_median": fa.get("releases_left_median"),
+                    "releases_left_median_after_next": fb.get("releases_left_median")})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", required=True, type=Path, help="a fresh VEIL_HOME")
     ap.add_argument("--base-model", required=True, type=Path)
     ap.add_argument("--policy", type=Path, default=ROOT / "policies" / "debian-weekly.yaml")
     ap.add_argument("--doc-root", type=Path, default=Path("/usr/share/doc"))
-    ap.add_argument("--weeks", type=int, default=2, help="weekly retrainings after the first release")
+    ap.add_argument("--weeks", type=int, default=1, help="weekly retrainings after the first release")
     ap.add_argument("--last-entry", default="2026-09-08", help="the last week ends here (YYYY-MM-DD)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per command")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--from-json", type=Path, help="print the table of a saved DIR-result.json and exit")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        saved["forecasts"] = forecast_checks(saved["rows"])
+        print(json.dumps(saved, indent=1, default=str)) if args.json else print_table(saved)
+        return
 
     home = args.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -186,12 +215,7 @@ def main() -> None:
                      "evaluation": ev, "wall_s": wall})
     models = run(["models", "--json"])
 
-    # forecast check: what the ledger said before release i+1 against what release i+1 did
-    for a, b in zip(rows, rows[1:]):
-        fa = ((a["ledger"] or {}).get("forecast") or {})
-        forecasts.append({"after_week": a["week"], "forecast": fa,
-                          "next_release": {"people_retired": (b["result"] or {}).get("people_retired"),
-                                           "spend": spend(b["ledger"])}})
+    forecasts.extend(forecast_checks(rows))
     out = {"policy": pol, "base_model": base, "plan": plan_doc, "rows": rows, "models": models,
            "forecasts": forecasts, "commands": commands}
     (home.parent / (home.name + "-result.json")).write_text(json.dumps(out, indent=1, default=str))
@@ -250,8 +274,12 @@ def print_table(out: dict) -> None:
                   f"{_fmt(r['ppl_base'], '.1f')} → {_fmt(r['ppl_model'], '.1f')}", f"{r['wall_s']:.0f}")
     con.print(t)
     for f in out["forecasts"]:
-        con.print(f"forecast after week {f['after_week']}: {json.dumps(f['forecast'], default=str)}\n"
-                  f"  next release did: {json.dumps(f['next_release'], default=str)}")
+        con.print(f"ledger after week {f['after_week']}: a new person can take {f['releases_for_a_new_person']} "
+                  f"releases; this plan's people: min {f['releases_left_min']} / median {f['releases_left_median']} "
+                  f"left, the next release would retire {f['forecast_next_release_retires']}.\n"
+                  f"  the next release retired {f['next_release_retired']} (match: {f['retires_matches']}); "
+                  f"releases left after it: min {f['releases_left_min_after_next']} / median "
+                  f"{f['releases_left_median_after_next']} (one fewer: {f['releases_left_matches']})")
     c = Table(title="commands")
     for col in ("command", "wall s", "exit", "third-party noise on screen"):
         c.add_column(col, overflow="fold")
