@@ -57,6 +57,27 @@ def log_step(log, step: str) -> None:
     log.info("step: %s", publish("prefect", {"step": step})["step"], extra={"veil_console": False})
 
 
+def plan_log_fields(plan_doc: dict) -> dict:
+    """The plan's own public statements, for the run's log before training (issue 26: the scheduled flow
+    must say up front whether its audit can settle): the audit sizing's statement and what cannot pass,
+    and the schedule's ε per release. Post-processings of N̂ and policy values (the plan channel's)."""
+    sizing = (plan_doc.get("audit") or {}).get("sizing") or {}
+    sched = plan_doc.get("schedule") or {}
+    audit = str(sizing.get("statement") or "no audit sizing in this plan")
+    if sizing.get("cannot_pass"):
+        audit += ": " + "; ".join(map(str, sizing["cannot_pass"]))
+    when = ""
+    if sched.get("releases"):
+        when = (f"schedule of {sched['releases']} releases: ε per release {sched.get('epsilon_per_release')}"
+                + (" (lowered from the target)" if sched.get("lowered") else ""))
+    return {"plan_audit": [audit, when]}
+
+
+def log_plan(log, plan_doc: dict) -> None:
+    log.info("plan: %s%s", *(lambda a, w: (a, f"; {w}" if w else ""))(
+        *publish("prefect", plan_log_fields(plan_doc))["plan_audit"]))
+
+
 @task(name="ingest", **_task)
 def ingest_task(home, source, fmt, policy, mapping):
     return stages.ingest(load_settings(home), source, fmt, policy=policy, **mapping)
@@ -138,6 +159,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     log_step(log, "base model ready")
     planned = plan_task(home, policy, ing["snapshot_id"], base)
     log_step(log, "planned")
+    log_plan(log, planned["plan"])
     trained = train_task(home, planned["plan_path"], base)
     log_step(log, "trained")
     cert = certify_task(home, planned["plan_path"], trained)

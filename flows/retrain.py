@@ -28,9 +28,8 @@ from components.core.errors import VeilError
 from components.core.settings import Settings, load_settings, private_umask
 from components.publication import publish
 from flows import stages
-from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, log_audit, log_step,
-                            plan_task,
-                            register_task)
+from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, log_audit, log_plan,
+                            log_step, plan_task, register_task)
 
 PRODUCTION = "production"
 LATEST = "latest-certified"
@@ -326,6 +325,7 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
         planned = plan_task(home, policy, ing["snapshot_id"], base, exclude_people=excluded)
         log_step(log, "planned")
         plan_doc = planned["plan"]
+        log_plan(log, plan_doc)
         trained = train_or_resume_task(home, planned["plan_path"], base)
         log_step(log, "trained")
     except VeilError as e:

@@ -475,3 +475,9 @@ declare(
           post_processing_of=_FROM_PLAN),
     Field("prefect", "step", P, "the name of a pipeline step that finished (a fixed word from flows.pipeline.STEPS)"),
 )
+
+# --- weekly retraining on a real corpus (h-real, issue 26) ---
+declare(Field("prefect", "plan_audit", DP, "the plan's audit-sizing statement (what cannot pass, and why) and its "
+              "schedule's ε per release: the plan's own published fields, post-processings of N̂ and policy values",
+              post_processing_of="plan:data.population.estimate"))
+# --- end of h-real ---

@@ -49,3 +49,29 @@ def test_base_is_compared_by_content_not_path(tmp_path):
     assert base_content(str(base)) == h
     (base / "sub" / "w.bin").rename(base / "w.bin")
     assert base_content(str(base)) != h            # a renamed file is a different directory
+
+
+def test_the_plan_line_says_before_training_whether_the_audit_can_pass():
+    # issue 26: the scheduled flow's log said nothing about the audit until the audit (30 min later) said
+    # "inconclusive"; the plan's own published statement now goes to the log right after planning
+    import logging
+
+    from flows.pipeline import log_plan, plan_log_fields
+
+    plan = {"audit": {"sizing": {"statement": "this audit cannot pass at this size, and the policy requires "
+                                              "'passed': the release will not be promoted",
+                                 "cannot_pass": ["user inference: nobody is held out (audit.holdout_users: 0)"]}},
+            "schedule": {"releases": 52, "epsilon_per_release": 3.1, "lowered": True}}
+    audit, when = plan_log_fields(plan)["plan_audit"]
+    assert "will not be promoted: user inference: nobody is held out" in audit
+    assert when == "schedule of 52 releases: ε per release 3.1 (lowered from the target)"
+    assert plan_log_fields({})["plan_audit"] == ["no audit sizing in this plan", ""]
+
+    seen = []
+
+    class _Log(logging.Logger):
+        def info(self, msg, *args, **kw):
+            seen.append(msg % args)
+
+    log_plan(_Log("t"), plan)                        # through the publication gate: the field is declared
+    assert seen and seen[0].startswith("plan: this audit cannot pass") and seen[0].endswith("(lowered from the target)")
