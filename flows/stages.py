@@ -212,6 +212,16 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     scorer, aids = planning_aids(pol, base_dir)
     compute = {**(aids or {}), **(compute or {})} or None
     base_snap = snap
+    ledger_filter = None
+    if pol.spec.schedule is not None:
+        # the schedule is fitted under this ledger's own grid and conversion (an old ledger's are stricter)
+        from components.ledger import Ledger
+
+        led = Ledger.open(settings)
+        try:
+            ledger_filter = (tuple(led.orders), led.conversion)
+        finally:
+            led.dispose()
     for _attempt in range(_PLAN_ATTEMPTS):
         if excluded:
             snap = _without_people(base_snap, excluded)
@@ -221,7 +231,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         # and ledger reservation instead of starting (and paying) again under a new one.
         p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
                       cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
-                      people=people_sections)
+                      people=people_sections, ledger_filter=ledger_filter)
         population_release_id, refused = charge_plan_population(settings, p.to_dict())
         if not refused:
             break

@@ -127,11 +127,14 @@ class Ledger:
                 # this code, or damaged; re-stamping it would re-price and re-key every charge
                 raise VeilError(f"ledger {self._where()} holds releases but no ledger metadata (schema, orders, key): "
                                 f"damaged; {st.RESTORE}")
+            fresh = "schema" not in st.read_meta(conn)
             st.insert_ignore(conn, st.meta, [
                 {"key": "schema", "value": st.SCHEMA_VERSION},
                 {"key": "orders", "value": json.dumps([float(a) for a in orders])},
                 {"key": "key_fingerprint", "value": fp},
                 {"key": "created_at", "value": st.now()}])
+            if fresh:   # a ledger made before issue 26 has no conversion key and keeps union-markov
+                st.insert_ignore(conn, st.meta, [{"key": "conversion", "value": _rdp.CONVERSION}])
             return st.read_meta(conn)
 
         m = st.transact(self.engine, init)
@@ -142,6 +145,11 @@ class Ledger:
                             f"everyone would start at zero. Use the team's key (${_keys.ENV_KEY_FILE})")
         # The grid is the ledger's, fixed when it was created; a newer default never re-prices old charges.
         self.orders = tuple(float(a) for a in json.loads(m["orders"]))
+        # So is its RDP → (ε, δ) conversion (docs/privacy/ledger.md): an old ledger's thresholds never move.
+        self.conversion = m.get("conversion", _rdp.MARKOV)
+        if self.conversion not in _rdp.CONVERSIONS:
+            raise VeilError(f"ledger {self._where()}: conversion {self.conversion!r} is not one this Veil knows "
+                            f"({', '.join(_rdp.CONVERSIONS)}); use the Veil that made it")
 
     @classmethod
     def open(cls, settings) -> "Ledger":
@@ -203,7 +211,7 @@ class Ledger:
             return _budget_of(st.read_meta(conn))
 
     def rdp_budget(self, budget: Budget) -> np.ndarray:
-        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders)
+        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders, self.conversion)
 
     # --- the one write that matters ---------------------------------------------------------------------
 
@@ -269,7 +277,8 @@ class Ledger:
             if have is None:
                 ok = np.ones(len(pkeys), dtype=bool)
             else:
-                ok = _rdp.admits_many(spent, charged, _rdp.rdp_budget(have.epsilon, have.delta, self.orders))
+                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+                ok = _rdp.admits_many(spent, charged, cap)
             at = st.now()
             rid = conn.execute(st.releases.insert().values(
                 kind=kind, mechanism=mechanism, plan_sha256=plan_sha256,
@@ -300,6 +309,40 @@ class Ledger:
                            retired=tuple(i for i, a in zip(ids, ok) if not a), budget=have, orders=self.orders,
                            secrets_charged=tuple(c.secret_id for c, a in zip(sec, sok) if a),
                            secrets_dropped=tuple(c.secret_id for c, a in zip(sec, sok) if not a))
+
+    def forecast(self, *, mechanism: str, costs: Mapping[str, PersonCost], budget: Budget | None = None) -> dict | None:
+        """What the filter would do with releases costing `costs` (a plan's people), read now: per person
+        how many such releases in a row they are admitted to, and how many the next one would retire.
+        Priced and filtered exactly as `reserve` does (same spend, same replace conversion, same budget
+        and conversion), so the next release's retirements are the count it reports. PRIVATE (counts and
+        a spread over people): administrators only. None without a budget."""
+        have = self.budget() or Budget.parse(budget)
+        if have is None:
+            return None
+        ids = list(costs)
+        pkeys = [self.person_key(i) for i in ids]
+        n = len(self.orders)
+        cost_mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids]).reshape(len(ids), n)
+        with st.read_only(self.engine) as conn:
+            by = st.spend_by_mechanism(conn, pkeys, n)
+        new_replace = relation_of(mechanism) == "replace"
+        spent, charged = np.zeros((len(ids), n)), cost_mat.copy()
+        for j, k in enumerate(pkeys):
+            spent[j], replace = effective_spend(by.get(k, {}), self.orders, replace=new_replace)
+            if replace and not new_replace:
+                charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
+        cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+        left = _rdp.releases_left(spent, charged, cap) if len(ids) else np.zeros(0)
+        retire = int((~_rdp.admits_many(spent, charged, cap)).sum()) if len(ids) else 0
+
+        def num(x: float) -> int | None:          # ∞ (a release that costs nothing) as None
+            return None if not math.isfinite(x) else int(x)
+
+        return {"budget": {"epsilon": have.epsilon, "delta": have.delta}, "people": len(ids),
+                "releases_left_min": num(float(np.min(left))) if len(left) else None,
+                "releases_left_median": (None if not len(left) or not math.isfinite(float(np.median(left)))
+                                         else float(np.median(left))),
+                "next_release_retires": retire}
 
     def charge_population(self, *, release_key: str, mechanism: str, costs: Mapping[str, PersonCost],
                           budget: Budget | None, params: Mapping) -> "PopulationCharge":
@@ -345,7 +388,8 @@ class Ledger:
                     spent[j], replace = effective_spend(by.get(k, {}), self.orders)
                     if replace:
                         charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
-                ok = _rdp.admits_many(spent, charged, _rdp.rdp_budget(have.epsilon, have.delta, self.orders))
+                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+                ok = _rdp.admits_many(spent, charged, cap)
                 if not ok.all():
                     return None, False, ok
             at = st.now()
@@ -474,7 +518,8 @@ class Ledger:
         retired = np.zeros(len(people), dtype=int)
         for r in ex:
             retired[idx[r.person_key]] += 1
-        eps = _rdp.epsilon_of_spend(spend, delta, self.orders) if (delta and len(people)) else [None] * len(people)
+        eps = (_rdp.epsilon_of_spend(spend, delta, self.orders, self.conversion) if (delta and len(people))
+               else [None] * len(people))
         return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
                  "times_retired": int(t)} for k, e, c, t in zip(people, eps, count, retired)]
 
@@ -548,8 +593,11 @@ class Ledger:
                                   "charge nobody, and the per-person spend and budget here do not bound what they "
                                   "reveal about the people they trained on (their secrets are bounded per secret, "
                                   "below)")},
-                "spend": spend, "orders": list(self.orders), "secrets": self.secret_summary(),
-                "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + log(|A|/δ)/(α−1): "
+                "spend": spend, "orders": list(self.orders), "conversion": self.conversion,
+                "secrets": self.secret_summary(),
+                "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + pad_α (its conversion: "
+                                    "union-markov log(|A|/δ)/(α−1); union-hockey-stick (log(|A|/δ) − log α)/(α−1) + "
+                                    "log(1 − 1/α)): "
                                     "the smallest budget ε whose Rényi filter this spend meets (the guarantee is the "
                                     "budget itself)",
                 "secrets_definition": "per secret class: lifetime KL of a secret = sum of its KL over the releases "
@@ -557,7 +605,7 @@ class Ledger:
                                       "for the class' prior κ. The guarantee is the class' γ target"}
 
     def burn_down(self) -> list[dict]:
-        """After each release: max and median ε(δ) over the people known so far. Aggregates only."""
+        """After each release: max, median and min ε(δ) over the people known so far. Aggregates only."""
         m, people, rel, ch, ex, first = self._all()
         b = _budget_of(m)
         if b is None or not rel:
@@ -584,11 +632,13 @@ class Ledger:
             if has_rep.any():
                 spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
             known = firsts <= r.id
-            e = _rdp.epsilon_of_spend(spend[known], b.delta, self.orders) if known.any() else np.zeros(0)
+            e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion) if known.any()
+                 else np.zeros(0))
             out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
                         "retired": retired_by.get(r.id, 0),
                         "max_epsilon": float(np.max(e)) if len(e) else 0.0,
-                        "median_epsilon": float(np.median(e)) if len(e) else 0.0})
+                        "median_epsilon": float(np.median(e)) if len(e) else 0.0,
+                        "min_epsilon": float(np.min(e)) if len(e) else 0.0})
         return out
 
 

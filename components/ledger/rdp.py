@@ -17,9 +17,15 @@ Cost of one release to one person (add/remove that person's rows, clip norm C, n
     take a MixtureOfGaussiansDpEvent (0.6.0), which is why the ELS mixture goes through this bound.
 
 The filter (Feldman & Zrnic 2021, one order; several orders by a union bound, see the doc): with a
-fixed grid of orders A and a budget (ε, δ),
-    B_α = ε − log(|A|/δ)/(α − 1),
-a person takes part in a release only if some α ∈ A has spend_α + cost_α ≤ B_α.
+fixed grid of orders A and a budget (ε, δ), a person takes part in a release only if some α ∈ A has
+spend_α + cost_α ≤ B_α, where B_α = ε − pad_α and the pad is the ledger's conversion (stored in its
+metadata, like the grid):
+    "union-markov"        (ledgers made before issue 26)  pad_α = log(|A|/δ)/(α − 1)
+    "union-hockey-stick"  (new ledgers)                    pad_α = (log(|A|/δ) − log α)/(α − 1) + log(1 − 1/α)
+The second is the Balle et al. 2020 / Canonne–Kamath–Steinke 2020 conversion at δ/|A| per order; it is
+valid for the filter because it bounds the hockey-stick divergence by the same supermartingales
+(docs/privacy/ledger.md, "The tighter conversion"). Its pad is smaller at every order, so a ledger that
+was admitted under the first is within budget under the second.
 """
 from __future__ import annotations
 
@@ -180,15 +186,37 @@ def replace_of_add_remove(spend: np.ndarray, orders: Sequence[float] = ORDERS) -
     return np.where(zero, 0.0, out)
 
 
-def rdp_budget(epsilon: float, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
-    """B_α = ε − log(|A|/δ)/(α−1): the per-order budget of the filter (negative: order unusable)."""
-    e, d = float(epsilon), float(delta)
-    if not (e > 0 and math.isfinite(e)):
-        raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
+# The RDP → (ε, δ) conversions a ledger can be kept under (ledger_meta "conversion"). A ledger without
+# the key was made before issue 26 and keeps the first: its thresholds never move under it.
+MARKOV = "union-markov"
+HOCKEY_STICK = "union-hockey-stick"
+CONVERSIONS = (MARKOV, HOCKEY_STICK)
+CONVERSION = HOCKEY_STICK          # what a new ledger is created with
+
+
+def conversion_pad(delta: float, orders: Sequence[float] = ORDERS, conversion: str = CONVERSION) -> np.ndarray:
+    """pad_α = ε − B_α at each order: what the filter keeps back at order α for a δ spread over the grid.
+
+    union-markov:        log(|A|/δ)/(α−1)                         (Markov on each order's supermartingale)
+    union-hockey-stick:  (log(|A|/δ) − log α)/(α−1) + log(1 − 1/α) (the hockey-stick bound, doc)"""
+    d = float(delta)
     if not 0 < d < 1:
         raise VeilError(f"ledger budget: delta {delta} must be in (0, 1)")
     a = _check_orders(orders)
-    return e - math.log(len(a) / d) / (a - 1.0)
+    if conversion == MARKOV:
+        return math.log(len(a) / d) / (a - 1.0)
+    if conversion == HOCKEY_STICK:
+        return (math.log(len(a) / d) - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
+    raise VeilError(f"ledger: unknown RDP conversion {conversion!r}; this Veil knows {', '.join(CONVERSIONS)}")
+
+
+def rdp_budget(epsilon: float, delta: float, orders: Sequence[float] = ORDERS,
+               conversion: str = CONVERSION) -> np.ndarray:
+    """B_α = ε − pad_α: the per-order budget of the filter (negative: order unusable)."""
+    e = float(epsilon)
+    if not (e > 0 and math.isfinite(e)):
+        raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
+    return e - conversion_pad(delta, orders, conversion)
 
 
 def admits(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> bool:
@@ -203,13 +231,29 @@ def admits_many(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.n
     return np.any(total <= np.asarray(budget, dtype=float)[None, :], axis=1)
 
 
-def epsilon_of_spend(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray | float:
-    """min_α S_α + log(|A|/δ)/(α−1): the smallest budget ε whose filter condition this spend meets.
+def epsilon_of_spend(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS,
+                     conversion: str = CONVERSION) -> np.ndarray | float:
+    """min_α S_α + pad_α: the smallest budget ε whose filter condition this spend meets.
 
-    The guarantee is the filter's budget; this number says how much of it a person has used. Works on one
-    curve (→ float) or a (people × orders) matrix (→ one value per row)."""
-    a = _check_orders(orders)
+    The guarantee is the filter's budget; this number says how much of it a person has used. Of one
+    release's cost curve it is the filter's price of that release. Works on one curve (→ float) or a
+    (people × orders) matrix (→ one value per row)."""
     s = np.asarray(spend, dtype=float)
-    pad = math.log(len(a) / float(delta)) / (a - 1.0)
-    out = np.min(s + pad, axis=-1)
+    out = np.min(s + conversion_pad(delta, orders, conversion), axis=-1)
     return float(out) if np.ndim(out) == 0 else out
+
+
+def releases_left(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """How many more releases of cost `cost` each person (rows of `spend`) is admitted to, one after the
+    other: the j-th is admitted iff some α has S_α + j·c_α ≤ B_α, and since admissions only add cost,
+    that is max_α ⌊(B_α − S_α)/c_α⌋ (∞ where an order within budget costs nothing; 0 when none fits).
+    A refused release charges nothing, so the count is exactly what the filter will do."""
+    s = np.atleast_2d(np.asarray(spend, dtype=float))
+    c = np.broadcast_to(np.asarray(cost, dtype=float), s.shape)
+    room = np.asarray(budget, dtype=float)[None, :] - s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.where(c > 0, np.floor(room / np.where(c > 0, c, 1.0)), np.where(room >= 0, np.inf, -1.0))
+    out = np.maximum(np.max(np.where(room >= 0, k, -1.0), axis=1), 0.0)
+    # the next release is decided exactly as the filter decides it (S + c ≤ B), not through a division
+    nxt = admits_many(s, c, budget)
+    return np.where(nxt, np.maximum(out, 1.0), 0.0)

@@ -192,3 +192,43 @@ def reserve_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | N
     finally:
         if own:
             led.dispose()
+
+
+def fresh_person_cost(plan_like: Mapping, orders=_rdp.ORDERS) -> np.ndarray:
+    """The release's RDP cost to a person with the most rows the plan lets one person have (its public
+    records_per_user bound; one row where the plan has none) — its population estimate included: the
+    largest cost anyone pays, computed from the plan's public fields alone. Zero curve for a mechanism
+    that charges nobody."""
+    k = max(1, int(plan_like.get("records_per_user") or 1))
+    costs = release_costs(plan_like, {"_": k}, orders)
+    return np.asarray(costs["_"].rdp, dtype=float) if costs else np.zeros(len(orders))
+
+
+def releases_for_fresh_person(plan_like: Mapping, budget: Budget, orders=_rdp.ORDERS,
+                              conversion: str = _rdp.CONVERSION) -> float:
+    """How many releases of this plan, one after the other, a person who has spent nothing is admitted to
+    under the filter with this budget (∞ for a release that charges nobody). Public: a function of the
+    plan's public fields, the budget and the ledger's grid and conversion."""
+    cost = fresh_person_cost(plan_like, orders)
+    b = _rdp.rdp_budget(budget.epsilon, budget.delta, orders, conversion)
+    return float(_rdp.releases_left(np.zeros((1, len(orders))), cost, b)[0])
+
+
+def forecast_release(settings, plan_like: Mapping, persons, *, ledger: Ledger | None = None,
+                     population_release_key: str | None = None) -> dict | None:
+    """What the ledger would do with this plan's release now and after: per person, how many more
+    releases of it they are admitted to (min and median over the plan's people), and how many people
+    its next reservation would retire — computed exactly as `reserve_release` prices and filters it
+    (Ledger.forecast). None without a budget (nobody is ever retired). PRIVATE: counts of people."""
+    own = ledger is None
+    led = Ledger.open(settings) if own else ledger
+    try:
+        budget = led.budget() or Budget.parse(plan_like.get("lifetime_budget"))
+        if budget is None:
+            return None
+        charged = bool(population_release_key) and led.population_release(population_release_key) is not None
+        costs = release_costs(plan_like, persons, led.orders, population_charged=charged)
+        return led.forecast(mechanism=str(plan_like["mechanism"]), costs=costs, budget=budget)
+    finally:
+        if own:
+            led.dispose()

@@ -52,39 +52,117 @@ def write_private_secret_rows(ledger: Ledger, private_dir: Path) -> Path:
 
 
 def plot_burn_down(ledger: Ledger, path: Path) -> Path | None:
-    """Max and median spend ε(δ) after each release, with the budget line. Aggregates only."""
+    """Max, median and min spend ε(δ) over people after each release (releases counted 1, 2, … on the x
+    axis, integers only), from 0 up to above the lifetime budget's line. Aggregates only."""
     rows = ledger.burn_down()
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    b = ledger.budget()
-    x = list(range(1, len(rows) + 1))
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    ax.plot(x, [r["max_epsilon"] for r in rows], marker="o", label="max over people")
-    ax.plot(x, [r["median_epsilon"] for r in rows], marker=".", label="median over people")
-    if b is not None:
-        ax.axhline(b.epsilon, color="red", linestyle="--", label=f"budget ε={b.epsilon:g}")
-    ax.set_xlabel("release")
-    ax.set_ylabel(f"spend ε at δ={b.delta:g}" if b else "spend ε")
-    ax.set_title("Per-person privacy ledger: burn-down (Rényi filter)")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+    fig = burn_down_figure(rows, ledger.budget())
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def ledger_report(settings, *, estimate: bool = True) -> dict:
+def burn_down_figure(rows: list[dict], b):
+    """The burn-down figure of `Ledger.burn_down()` rows under budget `b` (None: no budget line)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    x = list(range(1, len(rows) + 1))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    ax.plot(x, [r["max_epsilon"] for r in rows], marker="o", label="max over people")
+    ax.plot(x, [r["median_epsilon"] for r in rows], marker=".", label="median over people")
+    ax.plot(x, [r["min_epsilon"] for r in rows], marker="v", label="min over people")
+    top = max(r["max_epsilon"] for r in rows)
+    if b is not None:
+        ax.axhline(b.epsilon, color="red", linestyle="--", label=f"lifetime budget ε={b.epsilon:g}")
+        top = max(top, b.epsilon)
+    ax.set_ylim(0.0, 1.08 * top if top > 0 else 1.0)
+    ax.set_xlim(0.5, len(rows) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.set_xlabel("release (in the order charged)")
+    ax.set_ylabel(f"spend ε at δ={b.delta:g}" if b else "spend ε")
+    ax.set_title("Per-person privacy ledger: burn-down (Rényi filter)")
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def latest_plan(settings, led: Ledger) -> Path | None:
+    """The plan file of the ledger's most recent release that has one under plans_dir (what the next
+    release of a retraining will most resemble); None when there is none."""
+    import json as _json
+
+    from sqlalchemy import select
+
+    from components.ledger import store as st
+
+    with st.read_only(led.engine) as conn:
+        rows = conn.execute(select(st.releases.c.plan_sha256, st.releases.c.kind)
+                            .order_by(st.releases.c.id.desc())).all()
+    for r in rows:
+        if r.plan_sha256 and r.kind != "population":
+            path = Path(settings.plans_dir) / f"{r.plan_sha256}.json"
+            if path.is_file():
+                try:
+                    _json.loads(path.read_text())
+                except ValueError:
+                    continue
+                return path
+    return None
+
+
+def plan_forecast(settings, led: Ledger, plan_doc: dict) -> dict | None:
+    """What the ledger says about more releases of this plan (issue 26), in two parts:
+
+    `public`: how many releases of it a person who has spent nothing can take — a function of the plan's
+    public fields, the budget and the ledger's grid and conversion (no person moves it);
+    `people` (PRIVATE, administrators only): over the plan's people, the min and median of the releases of
+    it each can still take, and how many people its next reservation would retire — priced and filtered
+    exactly as the reservation does (Ledger.forecast). None without a budget."""
+    from components.ledger.release import forecast_release, releases_for_fresh_person
+    from components.ledger.ledger import Budget
+    from components.planning.annex import load_annex
+    from components.planning.data import train_rows
+
+    from components.mechanisms import get as get_mechanism
+
+    budget = led.budget() or Budget.parse(plan_doc.get("lifetime_budget"))
+    if budget is None or not get_mechanism(str(plan_doc.get("mechanism"))).ledger_curve:
+        return None         # nobody is ever retired / a mechanism the ledger prices by other means
+    fresh = releases_for_fresh_person(plan_doc, budget, led.orders, led.conversion)
+    annex = load_annex(settings.private_dir, plan_doc)
+    people = forecast_release(settings, plan_doc, train_rows(annex), ledger=led,
+                              population_release_key=(annex.get("population") or {}).get("release_key"))
+    return {"plan_sha256": plan_doc["sha256"], "mechanism": plan_doc["mechanism"],
+            "public": {"releases_for_a_new_person": None if fresh == float("inf") else int(fresh)},
+            "people": people}
+
+
+def ledger_report(settings, *, estimate: bool = True, plan: Path | None = None) -> dict:
     """The whole `veil ledger` document (names nobody, but holds exact counts of people: split it with
-    `governance_view` / `admin_view` before it is shown to anyone but an administrator)."""
+    `governance_view` / `admin_view` before it is shown to anyone but an administrator). `plan`: the plan
+    whose further releases are forecast (default: the latest release's plan, when its file is here)."""
     led = Ledger.open(settings)
     try:
         doc = led.summary()
+        path = Path(plan) if plan is not None else latest_plan(settings, led)
+        doc["forecast"] = None
+        if path is not None:
+            from components.core.errors import VeilError
+            from components.planning.plan import load_plan
+
+            try:
+                doc["forecast"] = plan_forecast(settings, led, load_plan(path).to_dict())
+            except VeilError:
+                if plan is not None:       # asked for: say why not; the default plan is a best effort
+                    raise
         doc["private_rows"] = str(write_private_rows(led, settings.private_dir))
         doc["private_secret_rows"] = str(write_private_secret_rows(led, settings.private_dir))
         png = plot_burn_down(led, Path(settings.home) / BURN_DOWN_PNG)
@@ -101,13 +179,23 @@ GOVERNANCE_NOTE = ("people, retirements and per-person spend are administrators-
                    "person's guarantee is the budget, enforced per person by the Rényi filter")
 
 
+FORECAST_DEFINITION = ("releases of the forecast plan, one after the other, that a person who has spent nothing "
+                       "is admitted to by the Rényi filter (the most rows the plan allows, its population estimate "
+                       "included); null: any number. Per-person forecasts are administrators-only")
+
+
 def governance_view(doc: dict) -> dict:
     """What governance readers may see (channel `cli.ledger`): values no person's presence moves."""
     out = {"budget": doc["budget"], "releases": doc["releases"], "orders": list(doc["orders"]),
+           "conversion": doc["conversion"],
            "spend_definition": doc["spend_definition"], "secrets_definition": doc["secrets_definition"],
            "note": GOVERNANCE_NOTE}
     if doc.get("persons_not_covered"):   # a count of releases (no person moves it) and its fixed wording
         out["persons_not_covered"] = doc["persons_not_covered"]
+    fc = doc.get("forecast")
+    if fc:      # the plan's public fields, the budget and the grid only: what a new person can take
+        out["forecast"] = {"plan_sha256": fc["plan_sha256"], **fc["public"],
+                           "definition": FORECAST_DEFINITION}
     return out
 
 
@@ -115,4 +203,6 @@ def admin_view(doc: dict) -> dict:
     """The administrators-only part: everything `governance_view` leaves out, labelled as such."""
     keys = ("people", "retired", "spend", "pld_estimate", "secrets", "private_rows", "private_secret_rows",
             "burn_down_png")
-    return {"readers": ADMIN_ONLY, **{k: doc.get(k) for k in keys}}
+    fc = doc.get("forecast") or {}
+    return {"readers": ADMIN_ONLY, **{k: doc.get(k) for k in keys},
+            "forecast": None if not fc else {"plan_sha256": fc["plan_sha256"], **(fc.get("people") or {})}}

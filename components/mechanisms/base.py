@@ -43,6 +43,9 @@ class PlanContext:
     cache_dir: str | Path | None = None
     owners: pa.Table | None = None   # record_id, owners (list): every record's owners where the policy says so
     say: Callable[[str], None] = lambda _m: None
+    # the ledger's (orders, conversion) a schedule is fitted under (public constants of the ledger);
+    # None: a new ledger's (components.ledger.rdp ORDERS, CONVERSION)
+    ledger_filter: tuple | None = None
 
     @property
     def spec(self):

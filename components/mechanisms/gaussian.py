@@ -69,6 +69,11 @@ def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: i
                     "release_key": prf(key, "population-release", *parts).hex()}
 
 
+def _count(x: float) -> int | None:
+    """A count of releases for a document: None for ∞ (a release that costs nothing)."""
+    return None if x == float("inf") else int(x)
+
+
 class SubsampledGaussian(Mechanism):
     """Poisson sampling at q = B/N̂, clipped unit gradients, Gaussian noise σC once per step."""
 
@@ -116,12 +121,80 @@ class SubsampledGaussian(Mechanism):
         if accounting["epsilon"] > target["epsilon"] * (1 + 1e-9):
             raise VeilError(f"accounting: calibrated σ={sigma:g} gives ε={accounting['epsilon']:g} (ε_N {eps_n:g} + "
                             f"DP-SGD {eps_sgd:g}) above the target {target['epsilon']:g}; refusing to plan")
+        extra = {}
+        if spec.schedule is not None:
+            cal, schedule = self._fit_schedule(ctx, bounded, q, population, eps_n, cal, model, target)
+            sigma = float(cal.noise_multiplier)
+            accounting = accounting_section(cal, model)
+            eps_sgd = accounting["epsilon"]
+            accounting.update({"epsilon": sum_up(eps_n, eps_sgd), "epsilon_dp_sgd": eps_sgd,
+                               "epsilon_population": eps_n})
+            schedule["epsilon_per_release"] = accounting["epsilon"]
+            extra["schedule"] = schedule
         caveat = (f"the number of training {unit} is private: only a Laplace estimate N̂ "
                   f"(ε_N = {eps_n:.4g}, sensitivity {sens}) is used and published; "
                   f"q = B/N̂ and the step's divisor B depend on N̂ alone, and ε includes ε_N")
         return Calibrated(sampling_rate=q, expected_batch_size=batch, noise_multiplier=sigma, target=target,
                           accounting=accounting, population=population, population_private=private,
-                          caveats=[caveat])
+                          caveats=[caveat], extra=extra)
+
+    def _fit_schedule(self, ctx: PlanContext, bounded: Bounded, q: float, population: dict, eps_n: float, cal,
+                      model: str, target: dict):
+        """The policy's schedule (issue 26): lower this release's DP-SGD ε until `schedule.releases` releases
+        of the plan, one after the other, fit under the lifetime budget's filter for the person who pays the
+        most (the most rows the plan allows; N̂'s charge included), on the ledger's grid and conversion.
+        σ is found by bisection on the filter's own test (the RDP cost falls as σ grows), then the
+        calibration is asked for that σ's PLD ε and its σ checked to fit — so the plan's σ is one the
+        filter admits `releases` times, and its ε the largest (to the calibration's tolerance) that does.
+        Returns (the calibration, the plan's public `schedule` section)."""
+        from components.accounting import calibrate as calibrate_sigma
+        from components.accounting import epsilon as account
+        from components.ledger import rdp as _rdp
+        from components.ledger.ledger import Budget
+        from components.ledger.release import releases_for_fresh_person
+
+        spec = ctx.spec
+        n = int(spec.schedule.releases)
+        budget = Budget.parse(spec.lifetime_budget.model_dump())
+        orders, conversion = ctx.ledger_filter or (_rdp.ORDERS, _rdp.CONVERSION)
+        k = self.accounting_k(ctx.k)
+
+        def left(sigma: float) -> float:
+            return releases_for_fresh_person(
+                {"mechanism": self.name, "sampling_rate": q, "noise_multiplier": float(sigma), "steps": ctx.steps,
+                 "records_per_user": bounded.records_per_user, "data": {"population": population}},
+                budget, tuple(orders), conversion)
+
+        first = float(cal.noise_multiplier)
+        doc = {"releases": n, "cadence": spec.schedule.cadence, "target_epsilon": target["epsilon"],
+               "lifetime_budget": {"epsilon": budget.epsilon, "delta": budget.delta}, "conversion": conversion,
+               "rule": "each release's ε is the largest (target at most) for which `releases` releases of this plan "
+                       "fit under the ledger's Rényi filter for a person with the most rows the plan allows"}
+        if left(first) >= n:
+            return cal, {**doc, "lowered": False, "releases_for_a_new_person": _count(left(first))}
+        ctx.say(f"schedule: {n} releases do not fit at ε={target['epsilon']:g}; lowering this release's ε")
+        lo, hi = first, 2.0 * first
+        while left(hi) < n:
+            lo, hi = hi, 2.0 * hi
+            if hi > 1e4:
+                raise VeilError(f"spec.schedule.releases: {n} releases cannot fit under the lifetime budget "
+                                f"ε={budget.epsilon:g}, δ={budget.delta:g} at any noise: the population estimate's "
+                                f"share (ε_N={eps_n:.3g} a release) alone does not fit {n} times; lower the schedule "
+                                "or spec.population.epsilon_fraction, or raise lifetime_budget")
+        while hi / lo > 1.0 + 1e-4:
+            mid = (lo * hi) ** 0.5
+            lo, hi = (lo, mid) if left(mid) >= n else (mid, hi)
+        goal = float(account(model, sampling_rate=q, noise_multiplier=hi, steps=ctx.steps, delta=target["delta"],
+                             k=k).epsilon)
+        for _ in range(20):
+            got = calibrate_sigma(model, epsilon=goal, delta=target["delta"], sampling_rate=q, steps=ctx.steps,
+                                  k=k, cache_dir=ctx.cache_dir)
+            if left(float(got.noise_multiplier)) >= n:
+                fit = _count(left(float(got.noise_multiplier)))
+                return got, {**doc, "lowered": True, "releases_for_a_new_person": fit}
+            goal *= 0.999          # the calibration's σ is within its tolerance below σ*: ask for a little less
+        raise VeilError(f"spec.schedule.releases: could not calibrate σ so that {n} releases fit (σ* = {hi:.5g}); "
+                        "this is a bug: report it")
 
     # --- certificate ----------------------------------------------------------------------------
     def certify(self, plan: Mapping, train_result: Mapping, *, steps: int, caveats: list[str], **_inputs) -> dict:

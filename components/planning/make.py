@@ -173,7 +173,7 @@ def _load_owners(snapshot) -> pa.Table | None:
 def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | dict | None = None,
               scorer: Scorer | None = None, created_at: str | None = None,
               cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-              people: tuple[dict, dict] | None = None) -> Plan:
+              people: tuple[dict, dict] | None = None, ledger_filter: tuple | None = None) -> Plan:
     """Turn a policy and a snapshot into a sealed public plan and its private annex.
 
     The annex (held-out users, canary ids, the train/attacker/canary Parquet files and their sha256,
@@ -182,7 +182,9 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     `snapshot` needs `.snapshot_id`, `.sha256`, `.records` (record_id, user_id, text, …) and
     `.secret_spans` (record_id, secret_id, secret_class, …). `scorer` gives base-model perplexities
     for the ppl selection strategies. `people`: (public, annex) sections of the policy's people rules
-    already applied to the records (components.planning.people.people_for_plan). Deterministic: the same inputs (and `created_at`, and the same
+    already applied to the records (components.planning.people.people_for_plan). `ledger_filter`: the
+    ledger's (orders, conversion), for a policy's schedule (default: a new ledger's).
+    Deterministic: the same inputs (and `created_at`, and the same
     private key) give the same plan and the same sha256.
     """
     say = progress or (lambda _msg: None)
@@ -204,7 +206,7 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     mech = get(chosen.mechanism)
     ctx = PlanContext(policy=policy, snapshot=snapshot, key=key, steps=steps, batch=chosen.batch, k=chosen.k,
                       selection=chosen.selection, seed=int(spec.training.seed), scorer=scorer,
-                      cache_dir=cache_dir, say=say, owners=owners)
+                      cache_dir=cache_dir, say=say, owners=owners, ledger_filter=ledger_filter)
 
     say(f"selecting records ({chosen.selection}, k={chosen.k})")
     bounded = mech.bound(ctx, split.train)

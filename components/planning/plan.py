@@ -122,6 +122,16 @@ class Plan:
                 rows.append(("σ set by", f"class {acc['binding_class']} (sensitivity {acc.get('sensitivity')} per record)"))
         if acc.get("epsilon") is not None:
             rows.append(("ε at this σ", f"{acc['epsilon']:.4g} (δ={acc['delta']:g}, {acc.get('accountant', '')})"))
+        if d.get("schedule"):
+            sc = d["schedule"]
+            lb = sc["lifetime_budget"]
+            fit = sc.get("releases_for_a_new_person")
+            rows.append(("schedule", f"{sc['releases']} releases{' (' + sc['cadence'] + ')' if sc.get('cadence') else ''} "
+                                     f"under lifetime ε={lb['epsilon']:g}, δ={lb['delta']:g}: ε per release "
+                                     f"{sc['epsilon_per_release']:.4g}"
+                                     + (f", lowered from the target {sc['target_epsilon']:g}" if sc.get("lowered") else
+                                        f" (the target; the schedule does not bind)")
+                                     + f"; a new person can take {'any number of' if fit is None else fit} releases"))
         pop = data.get("population") or {}
         if pop.get("estimate") is not None:
             rows.append(("training " + pop["unit"], f"≈{pop['estimate']:.1f} (DP estimate, ε_N={pop['epsilon']:.3g}; "

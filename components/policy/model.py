@@ -333,6 +333,16 @@ class Evaluation(_Strict):
                     "Perplexities above exp(nll_clip) are reported as exp(nll_clip).")
 
 
+class Schedule(_Strict):
+    """How many releases the lifetime budget must last (issue 26): the planner lowers each release's ε
+    until that many releases of the plan fit, one after the other, under the ledger's filter for a person
+    with the most rows the plan allows (docs/privacy/ledger.md, "Schedule")."""
+    releases: int = Field(ge=1, le=10_000, description="Releases of this policy one person must be able to take "
+                                                       "under lifetime_budget, e.g. 52 for a year of weekly retraining.")
+    cadence: str = Field(default="", max_length=80, description="What the releases are, in words (e.g. 'weekly "
+                                                                "retraining, one year'); shown on the plan.")
+
+
 class Release(_Strict):
     required_certificate_fields: list[str] = Field(
         default_factory=lambda: ["epsilon", "delta", "privacy_unit", "mechanism", "policy_sha256"])
@@ -401,6 +411,8 @@ class Spec(_Strict):
                                                             "'secret' (then each class's κ/γ is the target).")
     lifetime_budget: Budget | None = Field(default=None, description="Total (ε, δ) one unit may spend over "
                                                                      "all releases.")
+    schedule: Schedule | None = Field(default=None, description="How many releases lifetime_budget must last; the "
+                                                                 "planner calibrates each release's ε to fit them.")
     contribution: Contribution = Field(default_factory=Contribution)
     secrets: Secrets = Field(default_factory=Secrets)
     training: Training = Field(default_factory=Training)
@@ -437,6 +449,14 @@ class Spec(_Strict):
                              f"every record they own; it needs privacy_unit 'user' with mechanism {owners_ok} or auto "
                              f"(got {self.privacy_unit}/{self.mechanism}: user-sampled mechanisms sample whole users, "
                              "and a shared record belongs to several)")
+        if self.schedule is not None:
+            if self.lifetime_budget is None or self.target is None:
+                raise ValueError("@schedule@ a schedule is fitted under lifetime_budget: set lifetime_budget (and a "
+                                 "per-release target, the most ε a release may take)")
+            if self.privacy_unit == "secret" or self.mechanism != "auto" and not (get_mechanism(self.mechanism).ledger_curve
+                                                 and get_mechanism(self.mechanism).ledger_person_claim):
+                raise ValueError(f"@schedule@ {self.privacy_unit}/{self.mechanism} releases have no per-person Rényi "
+                                 "charge in the ledger; a schedule cannot be fitted under its filter")
         if self.lifetime_budget is not None and self.target is not None:
             if self.lifetime_budget.epsilon < self.target.epsilon:
                 raise ValueError(f"@lifetime_budget.epsilon@ lifetime_budget epsilon ({self.lifetime_budget.epsilon:g}) is below the "

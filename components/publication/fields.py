@@ -436,3 +436,33 @@ declare(
           "the public reasons (" + _GATE_REASON + ")", coarsening=_AUDIT_Q, test="tests/privacy/test_audit_gate_tags.py"),
 )
 # --- end of h-audit ---
+
+# --- a budget that lasts the schedule (h-budget, issue 26) -----------------------------------------
+# The policy's schedule on the plan, and the ledger's forecast of a plan's further releases for a person
+# who has spent nothing: functions of the plan's public fields (q and σ post-process N̂), the lifetime
+# budget and the ledger's grid and conversion. Per-person forecasts (min/median releases left over the
+# plan's people, people the next release would retire) are administrators-only, never on a channel.
+channel("cli.plan", "`veil plan --json` readers (the plan itself is on the plan channel)")
+_SCHED_DP = "plan:noise_multiplier"
+_FRESH = ("releases of the plan a person with the most rows it allows is admitted to from zero spend: the "
+          "plan's q, σ, T and N̂ charge against the lifetime budget under the ledger's filter")
+declare(
+    Field("plan", "schedule.releases", P, _POLICY),
+    Field("plan", "schedule.cadence", P, _POLICY),
+    Field("plan", "schedule.target_epsilon", P, _POLICY),
+    Field("plan", "schedule.lifetime_budget.*", P, _POLICY),
+    Field("plan", "schedule.conversion", P, _CONST + " (the ledger's RDP conversion, fixed at its creation)"),
+    Field("plan", "schedule.rule", P, _CONST),
+    Field("plan", "schedule.lowered", DP, "whether the schedule lowered σ's target ε", post_processing_of=_SCHED_DP),
+    Field("plan", "schedule.epsilon_per_release", DP, "the release's ε (= accounting.epsilon)",
+          post_processing_of=_SCHED_DP),
+    Field("plan", "schedule.releases_for_a_new_person", DP, _FRESH, post_processing_of=_SCHED_DP),
+    Field("cli.ledger", "conversion", P, _CONST + " (the ledger's RDP conversion, fixed at its creation)"),
+    Field("cli.ledger", "forecast.plan_sha256", P, "the forecast plan's sha256 (published on the plan channel)",
+          digest=True),
+    Field("cli.ledger", "forecast.releases_for_a_new_person", DP, _FRESH, post_processing_of=_SCHED_DP),
+    Field("cli.ledger", "forecast.definition", P, _CONST),
+    Field("cli.plan", "forecast.releases_for_a_new_person", DP, _FRESH, post_processing_of=_SCHED_DP),
+    Field("cli.plan", "forecast.definition", P, _CONST),
+)
+# --- end of h-budget ---

@@ -2,9 +2,12 @@
 administrators only, the exact counts of people and the spread of per-person spend."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.table import Table
 
+from components.core.errors import VeilError
 from flows.cli import common
 
 
@@ -15,7 +18,9 @@ def _fmt(x) -> str:
 def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON document on stdout"),
                admin: bool = typer.Option(False, "--admin",
                                           help="also the administrators-only part: exact counts of people, "
-                                               "retirements and secrets, the spread of per-person spend")) -> None:
+                                               "retirements and secrets, the spread of per-person spend"),
+               plan: Path = typer.Option(None, "--plan", help="forecast further releases of this plan (default: "
+                                                              "the latest release's plan)")) -> None:
     """Budget, releases and the Rényi orders (for governance readers); with --admin, for administrators
     only, the number of people and retirements, the spread of per-person spend and per secret class the
     secrets charged and their max lifetime KL and γ. Per-person and per-secret rows go only to the private
@@ -23,7 +28,9 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
     from components.ledger.report import admin_view, governance_view, ledger_report
     from components.publication import publish
 
-    full = ledger_report(common.settings())
+    if plan is not None and not plan.is_file():
+        raise VeilError(f"--plan {plan}: no such plan file")
+    full = ledger_report(common.settings(), plan=plan)
     gov = publish("cli.ledger", governance_view(full))
     adm = admin_view(full) if admin else None
     if json_out:
@@ -39,6 +46,11 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
     nc = gov.get("persons_not_covered") or {}
     if nc.get("releases"):
         t.add_row("persons not covered", nc["statement"])
+    fc = gov.get("forecast")
+    if fc:
+        n = fc["releases_for_a_new_person"]
+        t.add_row("forecast", f"plan {fc['plan_sha256'][:12]}: a person who has spent nothing can take "
+                              f"{'any number of' if n is None else n} releases of it")
     if adm is None:
         t.add_row("people, spend", gov["note"])
         common.out.print(t)
@@ -55,6 +67,12 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
     if adm.get("pld_estimate") and adm["pld_estimate"].get("max_epsilon") is not None:
         a.add_row("PLD (estimate)", f"{adm['pld_estimate']['max_epsilon']:.3f} for the most-charged person — "
                                     "non-adaptive estimate, not the guarantee")
+    afc = adm.get("forecast")
+    if afc and afc.get("people"):
+        lo, med = afc.get("releases_left_min"), afc.get("releases_left_median")
+        a.add_row("releases left", f"of plan {afc['plan_sha256'][:12]}, over its {afc['people']} people: min "
+                                   f"{'∞' if lo is None else lo} · median {'∞' if med is None else f'{med:g}'}")
+        a.add_row("next release", f"would retire {afc['next_release_retires']} of them")
     if adm.get("burn_down_png"):
         a.add_row("burn-down plot", adm["burn_down_png"])
     for cls, c in (adm.get("secrets") or {}).items():

@@ -107,8 +107,13 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
          c_values: Optional[str] = typer.Option(None, "--c-values", help="C values for --sweep-c, e.g. 1,3,10"),
          base_model: Optional[Path] = typer.Option(None, "--base-model",
                                                    help="public base model dir: ppl-high/ppl-low selection; "
-                                                        "gradient diversity for mechanism auto")) -> None:
-    """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split."""
+                                                        "gradient diversity for mechanism auto"),
+         admin: bool = typer.Option(False, "--admin", help="with --json: also the administrators-only forecast "
+                                                           "over this plan's people (releases left, people the "
+                                                           "next release would retire)")) -> None:
+    """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split;
+    and what the per-person ledger says about releasing it: how many releases of it a person can still
+    take, and how many people its release would retire."""
     from catalog.snapshots import load_snapshot
     from components.policy import load_policy
 
@@ -127,8 +132,18 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     with err.status("planning…", spinner="dots") if not json_out else _null():
         res = stages.plan(s, policy, snapshot_id=snap.snapshot_id, base_dir=base_model, progress=progress)
     p, path = Plan(res["plan"]), Path(res["plan_path"])
+    lfc = _forecast(s, p.to_dict())
     if json_out:
-        _print_json({"plan_path": str(path), "plan": p.to_dict()})
+        doc = {"plan_path": str(path), "plan": p.to_dict()}
+        if lfc:
+            from components.ledger.report import ADMIN_ONLY, FORECAST_DEFINITION
+            from components.publication import publish
+
+            doc["forecast"] = publish("cli.plan", {"forecast": {**lfc["public"],
+                                                                "definition": FORECAST_DEFINITION}})["forecast"]
+            if admin:   # the operator's own terminal, never a published channel
+                doc["administrators_only"] = {"readers": ADMIN_ONLY, "forecast": lfc["people"]}
+        _print_json(doc)
         return
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
     t.add_column("", style="bold")
@@ -145,7 +160,30 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
 
         style = "bold red" if fc["verdict"] == "hopeless" else "yellow"
         out.print(f"[{style}]utility forecast: {describe(fc)}[/{style}]", highlight=False)
+    if lfc:
+        n = lfc["public"]["releases_for_a_new_person"]
+        out.print(f"ledger: a person who has spent nothing can take {'any number of' if n is None else n} "
+                  "releases of this plan", highlight=False)
+        pp = lfc.get("people")
+        if pp and pp.get("people"):
+            lo, med = pp["releases_left_min"], pp["releases_left_median"]
+            # the operator's own terminal (it already shows the real snapshot id from the annex)
+            out.print(f"ledger (administrators only): over this plan's {pp['people']} people, releases of it left "
+                      f"min {'∞' if lo is None else lo} · median {'∞' if med is None else f'{med:g}'}; its release "
+                      f"would retire {pp['next_release_retires']}", highlight=False)
     out.print(f"written to {path}")
+
+
+def _forecast(s, plan_doc: dict) -> dict | None:
+    """The ledger's forecast for this plan (components.ledger.report.plan_forecast), None without a budget."""
+    from components.ledger import Ledger
+    from components.ledger.report import plan_forecast
+
+    led = Ledger.open(s)
+    try:
+        return plan_forecast(s, led, plan_doc)
+    finally:
+        led.dispose()
 
 
 class _null:

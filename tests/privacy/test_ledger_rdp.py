@@ -67,19 +67,29 @@ def test_rows_bound_dominates_the_exact_mixture_at_integer_orders():
 
 
 def test_filter_budget_and_epsilon_of_spend_by_hand():
-    b = R.rdp_budget(3.0, 1e-6)
-    assert np.allclose(b, 3.0 - math.log(len(A) / 1e-6) / (A - 1))
-    rho = 0.01 * A                          # a zCDP-like curve
-    by_hand = min(float(r) + math.log(len(A) / 1e-6) / (a - 1) for a, r in zip(A, rho))
-    assert R.epsilon_of_spend(rho, 1e-6) == pytest.approx(by_hand, rel=1e-12)
-    # admitted ⇔ ε_of_spend(spend + cost) ≤ budget ε
-    for scale in np.linspace(0.1, 3, 30):
-        assert R.admits(scale * rho, 0 * rho, b) == (R.epsilon_of_spend(scale * rho, 1e-6) <= 3.0)
+    # old ledgers (union-markov) and new ones (union-hockey-stick), each formula written out by hand
+    by_conv = {R.MARKOV: lambda a: math.log(len(A) / 1e-6) / (a - 1),
+               R.HOCKEY_STICK: lambda a: (math.log(len(A) / 1e-6) - math.log(a)) / (a - 1) - math.log(a / (a - 1))}
+    for conv, pad in by_conv.items():
+        b = R.rdp_budget(3.0, 1e-6, conversion=conv)
+        assert np.allclose(b, [3.0 - pad(a) for a in A])
+        rho = 0.01 * A                          # a zCDP-like curve
+        by_hand = min(float(r) + pad(a) for a, r in zip(A, rho))
+        assert R.epsilon_of_spend(rho, 1e-6, conversion=conv) == pytest.approx(by_hand, rel=1e-12)
+        # admitted ⇔ ε_of_spend(spend + cost) ≤ budget ε
+        for scale in np.linspace(0.1, 3, 30):
+            assert R.admits(scale * rho, 0 * rho, b) == (R.epsilon_of_spend(scale * rho, 1e-6, conversion=conv) <= 3.0)
+    # the new conversion keeps back less at every order: whoever the old one admitted, the new one admits
+    assert np.all(R.rdp_budget(3.0, 1e-6, conversion=R.HOCKEY_STICK) > R.rdp_budget(3.0, 1e-6, conversion=R.MARKOV))
+    assert R.CONVERSION == R.HOCKEY_STICK
 
 
-def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo():
+@pytest.mark.parametrize("conversion", [R.MARKOV, R.HOCKEY_STICK])
+def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo(conversion):
     """Fully adaptive Gaussian releases (each σ_t chosen from the previous outputs) to one person under
-    the filter; the person's realised privacy loss L = Σ L_t must exceed ε with probability ≤ δ.
+    the filter; the person's realised privacy loss L = Σ L_t must exceed ε with probability ≤ δ
+    (union-markov bounds that tail), and the hockey-stick divergence E_P[(1 − e^{ε−L})₊] — what
+    (ε, δ)-DP is — must be ≤ δ (what union-hockey-stick bounds; its tail may exceed δ).
 
     Under P (person present) a full-batch Gaussian release with shift 1 and noise σ_t gives
     L_t ~ N(1/(2σ_t²), 1/σ_t²). The analyst picks a cheap release after a 'lucky' output and an
@@ -87,7 +97,7 @@ def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo():
     can see it; the bound is checked with a 4-standard-error margin."""
     rng = np.random.default_rng(0)
     eps, delta, n = 2.0, 0.05, 200_000
-    budget = R.rdp_budget(eps, delta)
+    budget = R.rdp_budget(eps, delta, conversion=conversion)
     sigmas = (1.2, 3.0, 6.0)
     curve = {s: A / (2 * s * s) for s in sigmas}
     L = np.zeros(n)
@@ -103,8 +113,11 @@ def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo():
         L += np.where(ok, lt, 0.0)
         last = np.where(ok, lt * sig ** 2, rng.normal(0, 1, n))  # the output the analyst sees
     assert np.all(np.any(spend <= budget[None, :], axis=1))
-    p = float((L > eps).mean())
-    assert p <= delta + 4 * math.sqrt(delta * (1 - delta) / n)
+    if conversion == R.MARKOV:
+        p = float((L > eps).mean())
+        assert p <= delta + 4 * math.sqrt(delta * (1 - delta) / n)
+    hs = np.maximum(0.0, 1.0 - np.exp(eps - L))      # hockey-stick integrand, in [0, 1)
+    assert float(hs.mean()) <= delta + 4 * float(hs.std()) / math.sqrt(n)
     assert (L > 0.5 * eps).mean() > 0.01   # the test has teeth: the budget is actually used
 
 
