@@ -8,18 +8,25 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from components.core.quiet import quiet_environment, quiet_third_party
 
-from components.certificate import describe as describe_guarantee
-from components.core.errors import VeilError
-from components.core.settings import load_settings, private_umask
-from components.publication import publish
-from flows import stages
+quiet_environment()  # before Prefect's import: a worker's flow-run process imports this module first
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from components.certificate import describe as describe_guarantee  # noqa: E402
+from components.core.errors import VeilError  # noqa: E402
+from components.core.settings import load_settings, private_umask  # noqa: E402
+from components.publication import publish  # noqa: E402
+from flows import stages  # noqa: E402
 
 # The flows' processes write the catalog, snapshots, plans, runs and MLflow's files: owner-only
 # (0600/0700) whatever the umask they were started under (a served deployment's worker included).
 private_umask()
+# Wherever these flows run (the CLI, `veil retrain --serve`, a work pool's flow-run process), third-party
+# warnings and progress bars stay out of the terminal and the Prefect log.
+quiet_third_party()
 
 
 class _UserErrorsWithoutTraceback(logging.Filter):
@@ -37,6 +44,17 @@ for _name in ("prefect.task_runs", "prefect.flow_runs", "prefect.engine"):
     logging.getLogger(_name).addFilter(_UserErrorsWithoutTraceback())
 
 _task = dict(cache_policy=NO_CACHE, retries=0)
+
+STEPS = ("ingested", "base model ready", "planned", "trained", "registered", "audited", "evaluated")
+
+
+def log_step(log, step: str) -> None:
+    """A Prefect log line at a step boundary, so a run's log shows where it is (issue 26: a 13-minute
+    silence). The words are fixed (STEPS), through the publication gate like every Prefect line."""
+    if step not in STEPS:
+        raise ValueError(f"unknown step {step!r}")
+    # the run's log only: the terminal has the steps' own progress lines, and a user error stays one line
+    log.info("step: %s", publish("prefect", {"step": step})["step"], extra={"veil_console": False})
 
 
 @task(name="ingest", **_task)
@@ -107,23 +125,34 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     settings = load_settings(home).ensure()
     home = str(settings.home)
     log = get_run_logger()
+    from components.core.device import resolve_device
+
+    resolve_device(settings.device)  # a missing GPU is said before ingest and model loading, not after
     ing = ingest_task(home, source, fmt, policy, mapping or {})
+    log_step(log, "ingested")
     # Prefect's readers are not the operator: the snapshot's salted commitment only (its id is a content
     # hash, issue 22); exact record counts are private (the CLI's summary shows them on the operator's terminal)
     log.info("ingested snapshot commitment %s…", publish("prefect", {"snapshot_commitment": stages.snapshot_commitment_of(
         settings, ing["snapshot_id"])[:12]})["snapshot_commitment"])
     base = base_model_task(home, public_corpus, base_model_dir)
+    log_step(log, "base model ready")
     planned = plan_task(home, policy, ing["snapshot_id"], base)
+    log_step(log, "planned")
     trained = train_task(home, planned["plan_path"], base)
+    log_step(log, "trained")
     cert = certify_task(home, planned["plan_path"], trained)
     log.info("certificate %s: %s", *publish("prefect", {"certificate": [cert["sha256"][:12], describe_guarantee(cert)]})
              ["certificate"])
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"))
+    log_step(log, "registered")
     aud = audit_task(home, reg["model_uri"], policy, truth) if audit else None
-    if aud:
+    if aud is not None:
         log_audit(log, aud["summary"])
+        log_step(log, "audited")
     ev = evaluate_task(home, reg["model_uri"], policy)
+    if ev is not None:
+        log_step(log, "evaluated")
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,
             "audit": aud["summary"] if aud else None, "evaluation": ev}

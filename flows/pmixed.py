@@ -68,8 +68,10 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     from components.planning.annex import plan_key, snapshot_commitment
     from components.prediction.release import (commitment, make_certificate, manifest_of, private_root,
                                                register_ensemble)
+    from components.core.quiet import quiet_third_party
     from flows import stages
 
+    quiet_third_party(prefect=use_prefect)   # its shards train in threads or dask workers: same quiet there
     pol, raw = load_prediction_policy(policy_path)
     spec = pol.spec
     policy_sha = sha256_bytes(raw)

@@ -28,7 +28,8 @@ from components.core.errors import VeilError
 from components.core.settings import Settings, load_settings, private_umask
 from components.publication import publish
 from flows import stages
-from flows.pipeline import (audit_task, log_audit, base_model_task, certify_task, ingest_task, plan_task,
+from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, log_audit, log_step,
+                            plan_task,
                             register_task)
 
 PRODUCTION = "production"
@@ -297,10 +298,16 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     settings = load_settings(home).ensure()
     home = str(settings.home)
     log = get_run_logger()
+    # a work pool's worker with VEIL_DEVICE naming a GPU it lacks: said at the run's start, not after ingest
+    from components.core.device import resolve_device
+
+    resolve_device(settings.device)
     pol = load_policy(policy)
     # the base first: a missing base model is a one-line error before ingest has run
     base = base_model_task(home, public_corpus, base_model_dir)
+    log_step(log, "base model ready")
     ing = ingest_task(home, source, fmt, policy, mapping or {})
+    log_step(log, "ingested")
     content = training_content(settings, ing["snapshot_id"])
     key = line_key(pol.sha256, source, model_name)
     last = load_state(settings, key)
@@ -317,8 +324,10 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
         # plan only with people who have budget left (N̂, q and the audit split are the trainable's)
         excluded = planning_exclusions(settings, key, pol, ing["snapshot_id"], content, base_sha)
         planned = plan_task(home, policy, ing["snapshot_id"], base, exclude_people=excluded)
+        log_step(log, "planned")
         plan_doc = planned["plan"]
         trained = train_or_resume_task(home, planned["plan_path"], base)
+        log_step(log, "trained")
     except VeilError as e:
         if "spent their lifetime budget" in str(e):
             log.info("skipped: %s", publish("prefect", {"skipped": str(e)})["skipped"])
@@ -337,6 +346,7 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
              "policy_sha256": pol.sha256}
     save_state(settings, key, state)
     aud = audit_task(home, reg["model_uri"], policy, truth)
+    log_step(log, "audited")
     final_cert = aud["certificate"]
     required = list(pol.spec.release.required_certificate_fields)
     require = pol.spec.audit.require

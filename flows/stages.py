@@ -642,9 +642,12 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     plan_doc = load_plan(plan_path).to_dict()
     _check_certified_weights(certificate, adapter_dir)
     target_eps = plan_doc["target"].get("epsilon")
-    reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
-                         adapter_dir=adapter_dir,
-                         policy_max_epsilon=float(target_eps) if target_eps is not None else None, alias=alias)
+    from components.core.progress import step
+
+    with step(f"register {name}"):   # sealing, packaging and copying the model into MLflow
+        reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
+                             adapter_dir=adapter_dir,
+                             policy_max_epsilon=float(target_eps) if target_eps is not None else None, alias=alias)
     # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME may be 0644)
     settings.make_private(settings.mlflow_artifacts_dir)
     return reg.to_dict()
@@ -674,7 +677,7 @@ class PipelineResult:
 
 
 def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = None,
-          truth: str | Path | None = None) -> dict:
+          truth: str | Path | None = None, progress: bool = True) -> dict:
     """Audit a registered model; aggregates go into its certificate, per-user scores stay private."""
     from catalog.snapshots import load_snapshot
     from components.audit import run_audit
@@ -686,7 +689,7 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
     thresholds = load_policy(policy).spec.audit if policy else None
     truth_doc = json.loads(Path(truth).read_text()) if truth else None
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
-                       secret_spans=snap.secret_spans)
+                       secret_spans=snap.secret_spans, progress=progress)
     summary = result.summary() if hasattr(result, "summary") else dict(result)
     new_cert = record_audit(settings, model_uri, summary, plot_path=getattr(result, "plot_path", None))
     return {"summary": summary, "certificate": new_cert}
@@ -739,7 +742,8 @@ def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
 
 
 def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None, log: bool = True,
-             batch_size: int = 8, missing_ok: bool = False, policy: str | Path | None = None) -> dict | None:
+             batch_size: int = 64, missing_ok: bool = False, policy: str | Path | None = None,
+             progress: bool = True) -> dict | None:
     """Perplexity and next-token accuracy of a registered model, its base and (optionally) a reference
     on the plan's evaluation people (never trained on).
 
@@ -773,8 +777,9 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
                         "would not be comparable")
     params = evaluation_params(plan, policy) if log else None
     dp, dp_stats = evaluate_texts_per_text(loaded.model, loaded.tokenizer, texts, max_length=seq_len,
-                                           batch_size=batch_size)
-    b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size)
+                                           batch_size=batch_size, progress="evaluate: model" if progress else None)
+    b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size,
+                                         progress="evaluate: base" if progress else None)
     # the base is fixed by the model's certificate (its fingerprint); the run names the fine-tuned weights
     from components.core.hashing import sha256_json
 
@@ -788,7 +793,8 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
             raise VeilError(f"--reference {reference}: another tokenizer than the model's; perplexities per token "
                             "would not be comparable")
         ref, stats["reference"] = evaluate_texts_per_text(r_model, r_tok, texts, max_length=seq_len,
-                                                          batch_size=batch_size)
+                                                          batch_size=batch_size,
+                                                          progress="evaluate: reference" if progress else None)
     out = {"model_uri": model_uri, "run_id": loaded.run_id,
            "perplexity": dp.perplexity, "base_perplexity": b.perplexity,
            "next_token_accuracy": dp.next_token_accuracy, "base_next_token_accuracy": b.next_token_accuracy,

@@ -106,6 +106,12 @@ def run_point(settings: Settings, point: dict, plan_path: str, base_dir: str, ru
     ev = evaluate_texts(model, tok, texts, max_length=seq_len, batch_size=32)
     base, btok = load_base(base_dir)
     ev0 = evaluate_texts(base, btok, texts, max_length=seq_len, batch_size=32)
+    # one plain line per finished point (points run in threads or dask workers: no live bars); the key
+    # and the times only — the scores come in the final table
+    import sys
+
+    print(f"study: point {pt.key} done (trained in {t_train:.0f} s, evaluated in "
+          f"{time.perf_counter() - t0 - t_train:.0f} s)", file=sys.stderr, flush=True)
     return {
         **pt.to_dict(),
         "privacy_unit": plan_doc.get("privacy_unit"),
@@ -173,10 +179,12 @@ def new_study_dir(settings: Settings, grid: Grid) -> tuple[str, Path]:
 def run_study(settings: Settings, policy: str | Path, grid_path: str | Path, *, base_dir: str | Path | None,
               task_runner: str = "thread", workers: int = 1, use_prefect: bool = True,
               log_mlflow: bool = True, dask_processes: bool = True) -> dict:
+    from components.core.quiet import quiet_third_party
     from components.policy import load_policy
     from flows import stages
     from flows.study_report import gap_closing, log_study, plot_study, write_tables
 
+    quiet_third_party(prefect=use_prefect)  # its points' threads or dask workers log into Prefect's run log
     grid = parse_grid(grid_path)
     pol = load_policy(policy)
     if base_dir is None:
@@ -195,6 +203,10 @@ def run_study(settings: Settings, policy: str | Path, grid_path: str | Path, *, 
         jobs.append({"point": pt.to_dict(), "plan_path": planned["plan_path"], "base_dir": str(base_dir),
                      "run_dir": str(out / "runs" / pt.key), "eval_max": grid.eval_max_records})
     t0 = time.perf_counter()
+    import sys
+
+    print(f"study: {len(jobs)} point(s) planned; training and evaluating {max(1, int(workers))} at a time",
+          file=sys.stderr, flush=True)
     rows = map_points(settings, jobs, task_runner=task_runner, workers=workers, use_prefect=use_prefect,
                       processes=dask_processes)
     shas = {r["eval_texts_sha256"] for r in rows}

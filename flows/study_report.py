@@ -54,7 +54,12 @@ def rich_table(doc: dict):
 
     t = Table(title=f"study {doc['study_id']} — not covered by any certificate")
     for c in ("point", "unit", "ε", "σ", "q", "steps", "PPL", "acc", "base PPL", "gap closed"):
-        t.add_column(c, justify="left" if c in ("point", "unit") else "right")
+        # a point's key is long (mechanism, ε, selection, k, LoRA): it folds onto more lines, never "…";
+        # numbers stay whole on one line
+        if c == "point":
+            t.add_column(c, justify="left", overflow="fold")
+        else:   # short cells; headers may wrap ("base / PPL") before a number is folded
+            t.add_column(c, justify="left" if c == "unit" else "right", overflow="fold")
     ratio = {g["key"]: g["ratio"] for g in doc.get("gap_closing", [])}
     for r in sorted(doc["rows"], key=lambda r: (r["mechanism"], r["epsilon"] or 0.0, r["key"])):
         t.add_row(r["key"], r.get("privacy_unit") or "", "∞" if r["epsilon"] is None else f"{r['epsilon']:g}",

@@ -9,7 +9,6 @@ Whole texts are scored by `components.modeling.sequence_logprobs`; this module a
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,12 +44,12 @@ def encode_continuations(tokenizer, contexts: Sequence[str], continuations: Sequ
     for ctx, cont in zip(contexts, continuations, strict=True):
         full = ctx + cont
         try:
-            enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+            enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True, verbose=False)  # cut below
             ids, offs = list(enc["input_ids"]), enc["offset_mapping"]
             first = next((i for i, (_, e) in enumerate(offs) if e > len(ctx)), len(ids))
         except (NotImplementedError, TypeError, ValueError):  # slow tokenizer: no offsets
-            c = tokenizer(ctx, add_special_tokens=False)["input_ids"] if ctx else []
-            k = tokenizer(cont, add_special_tokens=False)["input_ids"]
+            c = tokenizer(ctx, add_special_tokens=False, verbose=False)["input_ids"] if ctx else []
+            k = tokenizer(cont, add_special_tokens=False, verbose=False)["input_ids"]
             ids, first = list(c) + list(k), len(c)
         ids = bos + ids
         first += len(bos)
@@ -139,15 +138,7 @@ def reference_of(model, reference=None):
         yield model
 
 
-@contextlib.contextmanager
 def _progress(label: str | None, total: int):
-    if not label:
-        yield lambda k: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from components.core.progress import progress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=Console(file=sys.stderr), transient=True) as p:
-        task = p.add_task(label, total=total)
-        yield lambda k: p.advance(task, k)
+    return progress(f"audit: {label}" if label else "", total, on=bool(label), transient=True)

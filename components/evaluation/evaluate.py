@@ -22,18 +22,20 @@ class EvalResult:
         return asdict(self)
 
 
-def evaluate_texts(model, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 8) -> EvalResult:
+def evaluate_texts(model, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 64,
+                   progress: str | None = None) -> EvalResult:
     """Evaluate `model` (a HF causal LM, or a peft model wrapping one) on `texts`.
 
     `max_length`: tokens per text in all, BOS included (the plan's `training.seq_len`). Texts that
     leave nothing to predict (empty after tokenization) still count as records but add no tokens;
     a list with no token to predict at all is an error, not a perplexity of 1.
     """
-    return evaluate_texts_per_text(model, tokenizer, texts, max_length=max_length, batch_size=batch_size)[0]
+    return evaluate_texts_per_text(model, tokenizer, texts, max_length=max_length, batch_size=batch_size,
+                                   progress=progress)[0]
 
 
-def evaluate_texts_per_text(model, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 8
-                            ) -> tuple[EvalResult, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def evaluate_texts_per_text(model, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 64,
+                            progress: str | None = None) -> tuple[EvalResult, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """`evaluate_texts` and its per-text statistics (Σ log p, scored tokens, argmax hits): the DP
     release (components.evaluation.dp) groups the latter by person."""
     from components.modeling.scoring import token_statistics
@@ -44,7 +46,10 @@ def evaluate_texts_per_text(model, tokenizer, texts: Sequence[str], *, max_lengt
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
         raise VeilError(f"evaluation: text #{bad} is {type(texts[bad]).__name__}, not a string")
-    sums, counts, correct = token_statistics(model, tokenizer, texts, int(max_length), int(batch_size))
+    # batches are also capped in tokens (components.modeling.scoring.MAX_BATCH_TOKENS): a large batch_size
+    # is safe for long texts and big vocabularies
+    sums, counts, correct = token_statistics(model, tokenizer, texts, int(max_length), int(batch_size),
+                                             progress=progress)
     tokens = int(counts.sum())
     if tokens == 0:
         raise VeilError(f"evaluation: none of the {len(texts)} texts has a token to predict (empty texts?)")

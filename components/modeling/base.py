@@ -17,6 +17,7 @@ from pathlib import Path
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
+from components.core.progress import progress as _progress
 
 FACTS_FILE = "veil_base.json"
 _LOAD_LOCK = threading.RLock()
@@ -129,8 +130,11 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     eval_texts = [texts[i] for i in sorted(perm[:n_eval])]
     train_texts = [texts[i] for i in sorted(perm[n_eval:])]
 
-    tokenizer = train_tokenizer(train_texts, vocab_size=cfg.vocab_size, model_max_length=cfg.n_positions)
-    stream = torch.tensor(_token_stream(tokenizer, train_texts), dtype=torch.long)
+    from components.core.progress import step as _step
+
+    with _step(f"base model: tokenizer on {len(train_texts)} public texts", on=progress):
+        tokenizer = train_tokenizer(train_texts, vocab_size=cfg.vocab_size, model_max_length=cfg.n_positions)
+        stream = torch.tensor(_token_stream(tokenizer, train_texts), dtype=torch.long)
     if len(stream) <= cfg.seq_len:
         raise VeilError(f"base model: public text has {len(stream)} tokens, fewer than seq_len={cfg.seq_len}")
     eval_blocks = None
@@ -155,7 +159,7 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     eval_before = _eval_loss(model, eval_blocks)
 
     losses: list[float] = []
-    with _progress_bar(progress, cfg.steps) as tick:
+    with _progress("pretraining base model", cfg.steps, on=progress) as tick:
         for step in range(cfg.steps):
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, cfg)
@@ -167,7 +171,7 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             losses.append(float(loss.item()))
-            tick(losses[-1])
+            tick(1, loss=f"{losses[-1]:.3f}")  # public corpus: its loss may be shown
     eval_after = _eval_loss(model, eval_blocks)
     seconds = time.perf_counter() - t0
 
@@ -207,34 +211,6 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
-
-
-class _progress_bar:
-    """A rich bar on stderr showing the running loss (no-op when progress is off)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda loss: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._p = Progress(TextColumn("pretraining base"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
-                           console=Console(file=sys.stderr), transient=True)
-        self._p.__enter__()
-        task = self._p.add_task("base", total=self.total, loss="-")
-
-        def tick(loss: float) -> None:
-            self._p.update(task, advance=1, loss=f"{loss:.3f}")
-        return tick
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self._p.__exit__(*exc)
-        return False
 
 
 def read_base_facts(path: str | Path) -> dict | None:

@@ -153,9 +153,9 @@ def _dotted(loc: tuple) -> str:
     return out
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
+def _model_at(loc: tuple, root: type[BaseModel] = Policy) -> type[BaseModel] | None:
     """The pydantic model that the path `loc` points into (to list allowed keys)."""
-    tp: typing.Any = Policy
+    tp: typing.Any = root
     for part in loc:
         tp = _unwrap(tp)
         if isinstance(part, int):
@@ -193,14 +193,14 @@ def _kind(value) -> str:
     return f"the text {str(value)!r}"
 
 
-def _explain(err: dict) -> tuple[tuple, str]:
+def _explain(err: dict, root: type[BaseModel] = Policy) -> tuple[tuple, str]:
     """(location, plain message) for one pydantic error."""
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in {"int", "float", "str"})))
     typ, inp, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     msg = err["msg"]
     if typ == "extra_forbidden":
         key = str(loc[-1]) if loc else "?"
-        model = _model_at(loc[:-1])
+        model = _model_at(loc[:-1], root)
         allowed = sorted(model.model_fields) if model else []
         near = difflib.get_close_matches(key, allowed, n=1)
         text = f"unknown key '{key}'"
@@ -245,7 +245,15 @@ def _explain(err: dict) -> tuple[tuple, str]:
     return loc, msg
 
 
-def _problems_from_text(raw: bytes, path: str) -> tuple[list[PolicyProblem], Policy | None]:
+def _prediction_model() -> type[BaseModel]:
+    from components.prediction.policy import PredictionPolicy  # imported late: it imports this package
+
+    return PredictionPolicy
+
+
+def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tuple[list[PolicyProblem], BaseModel | None]:
+    """`any_kind`: validate a PredictionPolicy (PMixED) by its own schema too (`veil policy check`);
+    loading a training policy accepts only kind PrivacyPolicy."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -272,11 +280,16 @@ def _problems_from_text(raw: bytes, path: str) -> tuple[list[PolicyProblem], Pol
         return [PolicyProblem(path, _line(root), "", f"expected a mapping at the top level "
                                                      f"(apiVersion, kind, metadata, spec), got {_kind(data)}")], None
     problems = [PolicyProblem(path, line, field, msg) for line, field, msg in _dups(root)]
+    model: type[BaseModel] = Policy
+    if any_kind and data.get("kind") == "PredictionPolicy":
+        model = _prediction_model()
     try:
-        policy = Policy.model_validate(data)
+        policy = model.model_validate(data)
     except ValidationError as e:
         for err in e.errors(include_url=False):
-            loc, msg = _explain(err)
+            loc, msg = _explain(err, model)
+            if any_kind and loc == ("kind",):
+                msg = f"{_kind(data.get('kind'))} is not a policy kind; use PrivacyPolicy (training) or PredictionPolicy (PMixED)"
             problems.append(PolicyProblem(path, _locate(root, loc), _dotted(loc), msg))
         policy = None
     problems.sort(key=lambda p: (p.line, p.field))
@@ -297,8 +310,9 @@ def _read(path: str | Path) -> bytes:
 
 
 def check_policy(path: str | Path) -> list[PolicyProblem]:
-    """Every problem in a policy file (empty list: the policy is valid)."""
-    problems, _ = _problems_from_text(_read(path), str(path))
+    """Every problem in a policy file of either kind — a training policy (PrivacyPolicy) or a PMixED
+    prediction policy (PredictionPolicy) — (empty list: the policy is valid)."""
+    problems, _ = _problems_from_text(_read(path), str(path), any_kind=True)
     return problems
 
 

@@ -132,7 +132,8 @@ class Ensemble:
 
     def encode(self, prompt: str) -> list[int]:
         bos = [] if self.tokenizer.bos_token_id is None else [int(self.tokenizer.bos_token_id)]
-        return bos + list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        # verbose=False: a prompt past the model's positions is refused by `generate` in Veil's own words
+        return bos + list(self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"])
 
     def _forward(self, ids, cache, rows: Sequence[int]):
         out = self.model.forward(ids, cache, rows)

@@ -466,3 +466,12 @@ declare(
     Field("cli.plan", "forecast.definition", P, _CONST),
 )
 # --- end of h-budget ---
+
+# --- issue 26: a CLI that talks (h-cli) ---------------------------------------------------------------------------
+declare(
+    # ε and γ in these sentences are the recomputed ones (`epsilon`, `gamma` above): the same DP post-processing
+    Field("cli.verify", "promises", DP, "plain-language sentences built from the verified certificate's fields "
+          "(unit, relation, recomputed ε/γ, δ, κ, coverage, audit verdict): nothing the certificate does not say",
+          post_processing_of=_FROM_PLAN),
+    Field("prefect", "step", P, "the name of a pipeline step that finished (a fixed word from flows.pipeline.STEPS)"),
+)

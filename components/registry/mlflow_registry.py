@@ -381,11 +381,17 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -
     `with_base`: also load the package's (sealed) public base as `extra["base_model"]`, a
     (model, tokenizer) pair — what evaluation compares the fine-tuned model against.
     """
+    import sys
+
     import mlflow
 
     from components.certificate.seal import trusted_keys
+    from components.core.quiet import quiet_third_party
     from components.registry.verification import verify_version
 
+    # before the download: MLflow's "Downloading artifacts" bars and library notices stay off the
+    # consumer's screen (Prefect's console is configured only in a process that already uses it)
+    quiet_third_party(prefect="prefect" in sys.modules)
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,12 +15,29 @@ import mlflow.pyfunc
 class VeilCausalLM(mlflow.pyfunc.PythonModel):
     """Input: a DataFrame with a `prompt` column (or a list of strings); output: continuations.
 
+    `predict` takes several input shapes, so it has no type hint for MLflow to validate against. MLflow
+    checks for one when the class is created — when a consumer's plain `mlflow.pyfunc.load_model`
+    imports this module, before any Veil code runs — and prints "Add type hints to the `predict`
+    method" in raw ANSI colour. `_skip_type_hint_validation` (what MLflow's own multi-shape models
+    set) skips that check and nothing else. A type hint is no way out: MLflow caches it on the
+    instance, so it would be pickled with the model, and the package's pickle check refuses any
+    import outside Veil's allow-list (pandas.DataFrame for a DataFrame hint).
+
     Artifacts: `certificate` + `seal` (the pre-audit certificate and its signature), `plan` (public),
     `base_model` (HF directory, tokenizer included) and either `adapter` (peft layout:
     `adapter_config.json` + `adapter_model.safetensors`) or `model` (a fully fine-tuned HF directory).
     """
 
+    _skip_type_hint_validation = True
+
     def load_context(self, context):
+        import sys
+
+        from components.core.quiet import quiet_third_party
+
+        # A consumer's plain `mlflow.pyfunc.load_model` enters Veil here: no library notices or progress
+        # bars on their screen either (Prefect is configured only when the process already uses it).
+        quiet_third_party(prefect="prefect" in sys.modules)
         from components.modeling import load_finetuned
         from components.registry.verification import verify_loaded_package
 
@@ -56,7 +73,7 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
         context_len = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
         out = []
         for prompt in prompts:
-            enc = self.tokenizer(prompt, return_tensors="pt")
+            enc = self.tokenizer(prompt, return_tensors="pt", verbose=False)  # cut to the model's positions below
             new = int(params.get("max_new_tokens", 32))
             if context_len:
                 # Stay inside the model's positions: keep the prompt's end and shorten the continuation.

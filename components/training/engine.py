@@ -6,9 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +15,7 @@ import pyarrow as pa
 import torch
 
 from components.core.errors import VeilError
+from components.core.progress import progress as _progress
 from components.training import checkpoint as ckpt
 from components.mechanisms import get as get_mechanism
 from components.training.batches import BatchBuilder
@@ -32,16 +31,6 @@ def _data_fingerprint(*arrays: np.ndarray) -> str:
     for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
-
-
-def _progress(enabled: bool, total: int):
-    if not enabled:
-        return nullcontext(None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    TextColumn("{task.fields[info]}"), console=Console(file=sys.stderr), transient=False)
 
 
 # Schema metadata key under which `planning.data.training_records` passes on the sha256 of the
@@ -169,8 +158,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                              expected=expected)
     started = 0
     try:
-        with _progress(progress and dctx.is_main and spec.steps > start, spec.steps) as bar:
-            task = bar.add_task("train", total=spec.steps, completed=start, info="") if bar else None
+        with _progress("train (DP steps)", int(spec.steps), on=progress and dctx.is_main and spec.steps > start) as tick:
+            if start:
+                tick(start)     # resumed: the steps before the checkpoint are done
             for step in range(start, int(spec.steps) if halted_at is None else start):
                 if dctx.is_main and step + 1 > prior_attempted:
                     ckpt.write_ledger(out_dir, step + 1)
@@ -189,9 +179,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 done = step + 1
                 if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
                     save(done)
-                if bar is not None:
-                    # steps only: a step's loss or batch size is a statistic of a private batch
-                    bar.update(task, completed=done)
+                # steps only: a step's loss or batch size is a statistic of a private batch
+                tick(1)
                 if on_step is not None:
                     on_step(done)
 

@@ -11,7 +11,11 @@ import typer
 from typer.core import TyperGroup
 
 from components.core.errors import VeilError
+from components.core.quiet import quiet_environment
 from components.core.settings import private_umask
+
+# Before any command imports Prefect, transformers or MLflow: some of their switches are read once, at import.
+quiet_environment()
 
 
 class _VeilGroup(TyperGroup):

@@ -12,7 +12,7 @@ from rich.table import Table
 from components.certificate import describe
 from components.core.errors import VeilError
 from components.publication import publish
-from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings
+from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings, settings_with_device
 
 
 def _ceiling(aud: dict) -> str:
@@ -97,7 +97,7 @@ def demo(json_out: bool = typer.Option(False, "--json", help="print the run's re
          audit: bool = typer.Option(True, "--audit/--no-audit", help="audit the registered model")) -> None:
     """The whole run on the demo organization: data → ingest → plan → DP fine-tune → certify → register → audit."""
     quiet_third_party()
-    s = _settings()
+    s = settings_with_device()
     t0 = time.time()
     if prefect:
         from flows.pipeline import demo_flow
@@ -155,7 +155,8 @@ def base_model(public_corpus: Path = typer.Argument(..., help="JSONL with a `tex
 
     if not public_corpus.is_file():
         raise VeilError(f"{public_corpus}: no such file")
-    path = stages.base_model(_settings(), public_corpus=public_corpus)
+    quiet_third_party()
+    path = stages.base_model(settings_with_device(), public_corpus=public_corpus)
     _print_json({"base_model": path}) if json_out else out.print(f"base model: {path}")
 
 
@@ -167,7 +168,8 @@ def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `v
 
     if not plan.is_file():
         raise VeilError(f"{plan}: no such plan file")
-    s = _settings()
+    quiet_third_party()
+    s = settings_with_device()
     res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model))
     cert = stages.certify(s, plan, res)
     cert_path = Path(s.runs_dir) / plan_sha(plan)[:16] / "certificate.json"
@@ -211,21 +213,26 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
     if json_out:
         _print_json(publish("cli.models", rows))
         return
+    out.print(models_table(rows))
+    for r in rows:
+        if r["certificate_status"] != "verified":
+            out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}", soft_wrap=True)
+
+
+def models_table(rows: list[dict]) -> Table:
+    """Names and URIs fold onto more lines at any terminal width, never cut to "…" (issue 26)."""
     t = Table(title="Registered models")
     for col in ("model", "aliases", "mechanism", "guarantee", "steps", "audit AUROC (ceiling)", "certificate"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold", no_wrap=col == "steps")
     for r in rows:
         c = r["certificate"] or {}
         a = c.get("audit") or {}
         aud = _audit_line(a, short=True) if a else "—"
         status = r["certificate_status"]
         short = status if status == "verified" else "INVALID (" + status[len("INVALID: "):].split(":", 1)[0] + ")"
-        t.add_row(f"{r['name']}/{r['version']}", ",".join(r["aliases"]), c.get("mechanism", "?"),
+        t.add_row(f"{r['name']}/{r['version']}", ", ".join(r["aliases"]), c.get("mechanism", "?"),
                   describe(c) if c else "?", str(c.get("steps", "?")), aud, short)
-    out.print(t)
-    for r in rows:
-        if r["certificate_status"] != "verified":
-            out.print(f"{r['name']}/{r['version']}: {r['certificate_status']}")
+    return t
 
 
 # How the source's fields map onto catalog records: the same flags as `veil ingest` (ingest's own
@@ -264,18 +271,25 @@ def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Optio
         time_field: Optional[str] = _TIME_FIELD, meta: List[str] = _META,
         base_model: Optional[Path] = typer.Option(None, "--base-model", help="local HF causal-LM directory"),
         public_corpus: Optional[Path] = typer.Option(None, "--public-corpus", help="pretrain a base on this"),
-        name: str = typer.Option("veil", "--name"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """The whole pipeline on your own data, through Prefect."""
+        name: str = typer.Option("veil", "--name"), json_out: bool = typer.Option(False, "--json"),
+        prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="run through Prefect (default), or the "
+                                     "same stages in this process without a Prefect server")) -> None:
+    """The whole pipeline on your own data, through Prefect (or, with --no-prefect, in this process)."""
     _check_inputs(policy, source, base_model, public_corpus)
     quiet_third_party()
-    from flows.pipeline import pipeline_flow
-
-    s = _settings()
+    s = settings_with_device()
     t0 = time.time()
-    result = pipeline_flow(str(policy), str(source), fmt, home=str(s.home),
-                           public_corpus=str(public_corpus) if public_corpus else None,
-                           base_model_dir=str(base_model) if base_model else None, model_name=name,
-                           mapping=_mapping(user_field, text_field, id_field, time_field, meta))
+    mapping = _mapping(user_field, text_field, id_field, time_field, meta)
+    if prefect:
+        from flows.pipeline import pipeline_flow
+
+        result = pipeline_flow(str(policy), str(source), fmt, home=str(s.home),
+                               public_corpus=str(public_corpus) if public_corpus else None,
+                               base_model_dir=str(base_model) if base_model else None, model_name=name,
+                               mapping=mapping)
+    else:
+        result = run_stages(s, str(policy), str(source), fmt, public_corpus=public_corpus, base_model_dir=base_model,
+                            model_name=name, mapping=mapping)
     _print_json(result) if json_out else out.print(_summary_table(result, time.time() - t0))
 
 
@@ -302,6 +316,7 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
     same counts): they are an administrator. The flow never logs them to the Prefect server."""
     _check_inputs(policy, source, base_model, public_corpus)
     quiet_third_party()
+    settings_with_device()
     if serve:
         _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name,
                           _mapping(user_field, text_field, id_field, time_field, meta))

@@ -47,7 +47,7 @@ def evaluate(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or 
              policy: Optional[str] = typer.Option(None, "--policy",
                                                   help="policy whose evaluation.epsilon/delta/nll_clip price the DP "
                                                        "release (default: the plan's policy file, else the defaults)"),
-             batch_size: int = typer.Option(8, "--batch-size", min=1)) -> None:
+             batch_size: int = typer.Option(64, "--batch-size", min=1, help="texts per forward pass (also capped at 4096 tokens)")) -> None:
     """Perplexity and next-token accuracy of a registered model and its base on the evaluation people
     (reserved at plan time, never trained on): exact here, for you; a DP release on the model's run."""
     from flows import stages

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.common import err, print_json, settings
+from flows.cli.common import err, print_json, quiet_third_party, settings_with_device
 
 pmixed_app = typer.Typer(help="Private prediction: an ensemble served token by token under a token budget.",
                          no_args_is_help=True)
@@ -20,7 +20,8 @@ def build_cmd(policy: Path = typer.Option(..., "--policy", help="A PredictionPol
               as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")):
     from flows.pmixed import build
 
-    s = settings()
+    quiet_third_party()
+    s = settings_with_device()  # the shards train: a missing GPU is said before any ledger charge
     out = build(s, policy, base_dir=base_model, snapshot_id=snapshot, name=name)
     if as_json:
         print_json(out)

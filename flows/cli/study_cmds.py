@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.common import err, out, print_json, quiet_third_party, settings
+from flows.cli.common import err, out, print_json, quiet_third_party, settings_with_device
 
 
 def study(policy: Path = typer.Option(..., "--policy", "-p", help="The policy every grid point starts from."),
@@ -26,7 +26,7 @@ def study(policy: Path = typer.Option(..., "--policy", "-p", help="The policy ev
     quiet_third_party()
     if not policy.is_file():
         raise VeilError(f"--policy: {policy}: no such file")
-    s = settings()
+    s = settings_with_device()   # the points train: a missing GPU is said before any planning
     if private_selection:
         from flows.private_selection import run_private_selection
 

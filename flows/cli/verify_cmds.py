@@ -20,8 +20,13 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
     """
     from components.registry import verify_model
 
+    from components.certificate.summary import promises
+
     v = verify_model(model_uri, _settings())
     doc = v.to_dict()
+    # what the certificate promises, in words: only for a release that verifies (an invalid one promises nothing)
+    doc["promises"] = promises(v.certificate, epsilon=doc["epsilon"], gamma=doc["gamma"]) \
+        if doc["valid"] and v.certificate else []
     if json_out:
         print_json(publish("cli.verify", doc, subject=model_uri))
     else:
@@ -40,6 +45,10 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
         for note in doc["notes"]:
             out.print(f"note: {note}")
         out.print("VALID" if doc["valid"] else f"INVALID: {doc['reason']}")
+        if doc["promises"]:
+            out.print("\n[bold]What this certificate promises[/bold]")
+            for line in doc["promises"]:
+                out.print(f"  • {line}", highlight=False)
     if not doc["valid"]:
         if not json_out:
             err.print(f"error: {model_uri} refused: {doc['reason']}")

@@ -36,15 +36,29 @@ def tiny_base(tmp_path, settings):
     return org, base
 
 
-def test_pipeline_through_prefect(prefect_harness, veil_home, tiny_policy, tiny_base):
+def test_pipeline_through_prefect(prefect_harness, veil_home, tiny_policy, tiny_base, capfd):
+    from datetime import datetime, timezone
+
     from flows.cli import app
     from flows.pipeline import pipeline_flow
 
     policy_path, policy = tiny_policy
     org, base = tiny_base
+    capfd.readouterr()
+    since = datetime.now(timezone.utc)
     result = pipeline_flow(str(policy_path), org["messages"], "jsonl", home=str(veil_home),
                            base_model_dir=str(base), model_name="e2e", truth=org["truth"],
                            mapping=stages.DEMO_MAPPING)
+
+    # what `veil run` shows: the terminal (this process' fds) and the run's Prefect log hold Veil's lines only
+    from _output import assert_quiet, harness_log_text
+
+    seen = capfd.readouterr()
+    assert_quiet(seen.out + seen.err, "the pipeline's terminal output")
+    log = harness_log_text(since)
+    assert_quiet(log, "the pipeline's Prefect log")
+    for step in ("ingested", "base model ready", "planned", "trained", "registered", "audited", "evaluated"):
+        assert f"step: {step}" in log, log[-3000:]
 
     ing, plan, cert, reg = result["ingest"], result["plan"], result["certificate"], result["registration"]
     assert ing["read"] == ing["accepted"] + ing["quarantined"] + ing["duplicates"]

@@ -100,3 +100,21 @@ def test_broken_weights_are_one_line(model, tok):
         broken.lm_head.weight.fill_(float("nan"))
     with pytest.raises(VeilError, match="weights are broken"):
         evaluate_texts(broken, tok, TEXTS, max_length=24)
+
+
+def test_token_capped_batches_match_hand_computation(model, tok):
+    """Batches capped in padded tokens (issue 26: bigger batches, bounded memory) score every text
+    exactly as the hand computation does; each batch respects both caps."""
+    from components.modeling.scoring import _batches, token_statistics
+
+    lengths = [3, 24, 5, 24, 2, 9]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    got = _batches(order, lengths, batch_size=4, max_tokens=30)
+    assert sorted(i for b in got for i in b) == list(range(len(lengths)))
+    assert all(len(b) <= 4 and (len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 30) for b in got)
+    assert got[-1] == [1] or got[-1] == [3]      # a 24-token text alone: two of them exceed 30 tokens
+    mean_nll, acc, n = _by_hand(model, tok, TEXTS, max_length=24)
+    sums, counts, correct = token_statistics(model, tok, TEXTS, 24, 64, max_batch_tokens=30)
+    assert int(counts.sum()) == n
+    assert -sums.sum() / n == pytest.approx(mean_nll, rel=1e-5)
+    assert correct.sum() / n == pytest.approx(acc, abs=1e-12)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import MAPPING, tiny_policy
+from _output import assert_quiet, prefect_log_text
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-c", "from flows.cli import main; main()"]
@@ -38,16 +39,24 @@ def test_user_error_inside_the_flow_is_one_line(env, tmp_path, org, command):
     assert "warning" not in r.stderr.lower() and r.stdout == ""
 
 
-def test_retrain_prints_no_third_party_warnings(env, tmp_path, org):
+def test_retrain_prints_no_third_party_warnings(env, prefect_server, tmp_path, org):
+    """…on the terminal and in the run's Prefect log (issue 26), and the log shows the steps."""
+    from datetime import datetime, timezone
+
+    since = datetime.now(timezone.utc)
     r = _veil(["retrain", "--policy", str(tiny_policy(tmp_path)), "--source", str(org["source"]), *MAPPING,
                "--base-model", str(org["base"]), "--name", "quiet", "--json"], env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert doc["action"] == "trained" and doc["model_uri"] == "models:/quiet/1"
+    assert_quiet(r.stderr, "veil retrain's stderr")
     low = r.stderr.lower()
-    for noise in ("warning", "deprecat", "traceback", "leaked", "cloudpickle", "type hint", "attention_mask",
-                  "downloading artifacts", "loading weights", "beginning flow run", "finished in state"):
+    for noise in ("warning", "beginning flow run", "finished in state"):
         assert noise not in low, f"{noise!r} in stderr:\n{r.stderr[-3000:]}"
+    log = prefect_log_text(prefect_server.api, since)
+    assert_quiet(log, "the retraining's Prefect log")
+    for step in ("base model ready", "ingested", "planned", "trained", "audited"):
+        assert f"step: {step}" in log, log[-3000:]
 
 
 def test_sigint_stops_a_served_retraining(env, prefect_server, tmp_path, org):

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from flows import stages
 
 from conftest import PREFECT, tiny_policy
+from _output import assert_quiet, prefect_log_text
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,7 @@ def test_two_runs_at_once_run_one_after_the_other(prefect_server, veil_home, tmp
     worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "veil-cpu", "--type", "process"],
                               cwd=tmp_path, env=env, stdout=open(tmp_path / "worker.log", "wb"),
                               stderr=subprocess.STDOUT, start_new_session=True)
+    since = datetime.now(timezone.utc)
     params = {"policy": str(tiny_policy(tmp_path)), "source": str(org["source"]), "fmt": "jsonl",
               "home": str(veil_home), "base_model_dir": str(org["base"]), "model_name": "dep",
               "mapping": stages.DEMO_MAPPING}
@@ -96,3 +98,9 @@ def test_two_runs_at_once_run_one_after_the_other(prefect_server, veil_home, tmp
     # one training reservation (beside its plan's N̂ and its evaluation): the skip spent nothing
     assert sum(1 for k, m in kinds if k != "population" and m != "evaluation") == 1
     assert all(g["deployment_id"] for g in got)
+    # the worker's terminal (its flow-run processes write there) and the runs' Prefect log: Veil's
+    # lines only, no third-party warning, bar or traceback (issue 26)
+    assert_quiet((tmp_path / "worker.log").read_text(errors="replace"), "the worker's output")
+    log = prefect_log_text(prefect_server.api, since)
+    assert_quiet(log, "the deployment runs' Prefect log")
+    assert "step: trained" in log and "skipped:" in log, log[-3000:]

@@ -83,3 +83,32 @@ def test_cli_invalid_device_one_line_exit_2(veil_home):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == "error: VEIL_DEVICE='gpu': not a device; use auto, cpu, cuda, cuda:N or mps", r.stderr
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this machine has a CUDA device")
+@pytest.mark.parametrize("command", ["run", "retrain"])
+def test_cli_missing_cuda_is_said_before_any_model_load(veil_home, tmp_path, command, monkeypatch):
+    """Issue 26: VEIL_DEVICE=cuda on a machine without CUDA is one line, exit 2, before ingest or any
+    model is loaded (the base model directory here is not even a model)."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from flows import stages
+    from flows.cli import app
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the device check")
+
+    monkeypatch.setattr("components.modeling.load_base", no_load)
+    monkeypatch.setattr(stages, "ingest", no_load)
+    (tmp_path / "src.jsonl").write_text('{"user": "a", "text": "hi"}\n')
+    (tmp_path / "base").mkdir()
+    args = [command, "--policy", str(stages.DEMO_POLICY), "--source", str(tmp_path / "src.jsonl"),
+            "--base-model", str(tmp_path / "base")] + (["--no-prefect"] if command == "run" else [])
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, args, env={"VEIL_DEVICE": "cuda", "VEIL_HOME": str(veil_home)})
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().startswith("error: VEIL_DEVICE=cuda: no CUDA device on this machine"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert time.monotonic() - t0 < 30

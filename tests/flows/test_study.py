@@ -190,7 +190,7 @@ eval: {max_records: 40}
         assert not (settings.runs_dir / r["plan_sha256"][:16]).exists()
 
 
-def test_cli_study_json(prefect_harness, tiny, tmp_path):
+def test_cli_study_json(prefect_harness, tiny, tmp_path, capfd):
     """`veil study … --json` prints one JSON document (run in this process, as tests/flows/test_retrain.py
     does: CliRunner's swapped streams outlive the test in Prefect's log handlers)."""
     import contextlib
@@ -198,12 +198,22 @@ def test_cli_study_json(prefect_harness, tiny, tmp_path):
 
     from flows.cli import app
 
+    from datetime import datetime, timezone
+
+    from _output import assert_quiet, harness_log_text
+
     grid = _grid(tmp_path, "axes: {mechanism: [uls], epsilon: [8]}\neval: {max_records: 20}\n", "cli.yaml")
     buf = io.StringIO()
+    capfd.readouterr()
+    since = datetime.now(timezone.utc)
     with contextlib.redirect_stdout(buf):
         app(["study", "--policy", str(tiny["policy"]), "--grid", str(grid), "--base-model", str(tiny["base"]),
              "--json"], standalone_mode=False)
     doc = json.loads(buf.getvalue())
+    seen = capfd.readouterr()
+    # the terminal and the study's Prefect log hold Veil's lines only (issue 26)
+    assert_quiet(seen.out + seen.err, "veil study's terminal output")
+    assert_quiet(harness_log_text(since), "veil study's Prefect log")
     assert doc["covered_by_certificate"] is False and [r["key"] for r in doc["rows"]] == ["uls-e8-lora"]
     assert Path(doc["plot"]).is_file()
 

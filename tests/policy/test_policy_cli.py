@@ -143,3 +143,27 @@ def test_plan_command_prints_the_utility_forecast(ingested, tmp_path):
     assert fc["verdict"] == "hopeless" and fc["trainable_parameters"] == 22528 and fc["hints"]["epsilon"] > 8
     res = CliRunner().invoke(app, ["plan", "--policy", str(pol), "--json"])           # no base: says why
     assert "--base-model" in json.loads(res.stdout)["plan"]["utility_forecast"]["why"]
+
+
+def test_readme_check_of_every_shipped_policy_passes():
+    """The README's `veil policy check policies/*.yaml` (issue 26): every shipped kind, PMixED's included."""
+    assert "veil policy check policies/*.yaml" in (ROOT / "policies" / "README.md").read_text()
+    files = sorted(str(p) for p in (ROOT / "policies").glob("*.yaml"))
+    assert any("pmixed" in f for f in files)
+    res = CliRunner().invoke(app, ["policy", "check", *files])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == [f"{f}: ok" for f in files]
+
+
+def test_prediction_policy_problems_name_their_line_and_field(tmp_path):
+    bad = tmp_path / "pm.yaml"
+    text = (ROOT / "policies" / "demo-pmixed.yaml").read_text()
+    bad.write_text(text.replace("shards:", "shardz:", 1))
+    res = CliRunner().invoke(app, ["policy", "check", str(bad)])
+    assert res.exit_code == 2
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip().startswith("shards:"))
+    assert f"{bad}:{line}: spec.shardz: unknown key 'shardz' (did you mean 'shards'?)" in res.stderr, res.stderr
+    other = tmp_path / "kind.yaml"
+    other.write_text(text.replace("kind: PredictionPolicy", "kind: PredictionPolcy"))
+    res = CliRunner().invoke(app, ["policy", "check", str(other)])
+    assert res.exit_code == 2 and "use PrivacyPolicy (training) or PredictionPolicy (PMixED)" in res.stderr, res.stderr

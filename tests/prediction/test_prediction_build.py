@@ -37,14 +37,18 @@ def make_built(settings, tiny_base, tiny_people, tmp_path, when="public_only"):
     return build(settings, pol, base_dir=tiny_base, use_prefect=False)
 
 
-def test_build_registers_a_certified_ensemble_without_adapters(settings, tiny_base, tiny_people, tmp_path):
+def test_build_registers_a_certified_ensemble_without_adapters(settings, tiny_base, tiny_people, tmp_path, capfd):
     from mlflow import MlflowClient
 
+    from _output import assert_quiet
     from components.accounting.prediction import rdp_to_epsilon
     from components.prediction import partition as part
     from components.prediction.release import private_root
 
+    capfd.readouterr()
     out = make_built(settings, tiny_base, tiny_people, tmp_path)
+    seen = capfd.readouterr()
+    assert_quiet(seen.out + seen.err, "pmixed build's output")    # issue 26
     assert out["shards"] == 3 and out["model_uri"].startswith("models:/tiny-pmixed/")
     c = out["certificate"]
     # independent recomputation of the certificate's ε from its public parameters

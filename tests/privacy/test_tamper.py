@@ -175,7 +175,7 @@ def _models_status() -> str:
 
 # --- the untouched release ---------------------------------------------------------------------
 
-def test_untouched_release_verifies_on_every_path(rel):
+def test_untouched_release_verifies_on_every_path(rel, capfd):
     import time
 
     import mlflow
@@ -193,9 +193,26 @@ def test_untouched_release_verifies_on_every_path(rel):
     assert doc["epsilon"] == pytest.approx(rel.cert["epsilon"], rel=1e-12)
     assert seconds < 10, f"veil verify took {seconds:.1f} s"
     assert _models_status() == "verified"
+    # what the certificate promises, in words, from the recomputed ε (issue 26)
+    assert doc["promises"][0].startswith("Who is protected: each person")
+    assert f"ε = {doc['epsilon']:.4g}" in doc["promises"][1]
     loaded = load_model(URI, rel.settings)
     assert loaded.certificate["sha256"] == rel.cert["sha256"]
-    assert mlflow.pyfunc.load_model(URI).predict({"prompt": ["the weekly"]}, params={"max_new_tokens": 2})
+    # the consumer's plain load is quiet: no library warning, notice or progress bar (issue 26). The
+    # filters come from the package's load_context; pytest's own recorder sees what they let through.
+    import warnings
+
+    from _output import assert_quiet
+
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        model = mlflow.pyfunc.load_model(URI)
+        assert model.predict({"prompt": ["the weekly " * 200]}, params={"max_new_tokens": 2})
+    seen = capfd.readouterr()
+    assert_quiet(seen.out + seen.err + "\n".join(f"{w.category.__name__}: {w.message}" for w in caught
+                                                  if "/components/" not in w.filename and "/flows/" not in w.filename),
+                 "a consumer's plain mlflow.pyfunc.load_model")
 
 
 # --- the certificate ---------------------------------------------------------------------------
