@@ -129,8 +129,13 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     eval_texts = [texts[i] for i in sorted(perm[:n_eval])]
     train_texts = [texts[i] for i in sorted(perm[n_eval:])]
 
+    say = _say if progress else (lambda msg: None)
+    say(f"base model: {len(texts):,} public texts ({sum(map(len, texts)):,} characters); training a "
+        f"{cfg.vocab_size:,}-token tokenizer…")
     tokenizer = train_tokenizer(train_texts, vocab_size=cfg.vocab_size, model_max_length=cfg.n_positions)
     stream = torch.tensor(_token_stream(tokenizer, train_texts), dtype=torch.long)
+    say(f"base model: {len(stream):,} training tokens; {cfg.n_layer} layers × {cfg.n_embd} wide, "
+        f"{cfg.steps:,} steps of {cfg.batch_size}×{cfg.seq_len} tokens")
     if len(stream) <= cfg.seq_len:
         raise VeilError(f"base model: public text has {len(stream)} tokens, fewer than seq_len={cfg.seq_len}")
     eval_blocks = None
@@ -205,6 +210,10 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     return out
 
 
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -221,9 +230,24 @@ class _progress_bar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+        console = Console(file=sys.stderr)
+        if not console.is_terminal:
+            # a log file or a pipe: rich draws nothing live there, so a silent quarter of an hour (issue 26) —
+            # one plain line per tenth of the run instead
+            every, t0, done = max(1, self.total // 10), time.perf_counter(), [0]
+            self._p = None
+
+            def line(loss: float) -> None:
+                done[0] += 1
+                if done[0] % every == 0 or done[0] == self.total:
+                    el = time.perf_counter() - t0
+                    eta = el / done[0] * (self.total - done[0])
+                    _say(f"pretraining base: step {done[0]:,}/{self.total:,} · loss {loss:.3f} · "
+                         f"{el:.0f} s elapsed, ~{eta:.0f} s left")
+            return line
         self._p = Progress(TextColumn("pretraining base"), BarColumn(), MofNCompleteColumn(),
                            TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
-                           console=Console(file=sys.stderr), transient=True)
+                           console=console, transient=True)
         self._p.__enter__()
         task = self._p.add_task("base", total=self.total, loss="-")
 
@@ -232,7 +256,7 @@ class _progress_bar:
         return tick
 
     def __exit__(self, *exc):
-        if self.enabled:
+        if self.enabled and self._p is not None:
             self._p.__exit__(*exc)
         return False
 
