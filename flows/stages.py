@@ -777,6 +777,11 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
            "gap_closed": None if ref is None or b.perplexity == ref.perplexity else
            (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity),
            "published": None}
+    # base or privacy? from the exact figures: the operator's, like them (never logged)
+    from components.evaluation.bottleneck import diagnose
+
+    out["utility_limit"] = diagnose(out, (loaded.certificate or {}).get("utility_forecast") or plan.get("utility_forecast"),
+                                    loaded.extra.get("base_facts"))
     if log:
         from components.evaluation.release import CAVEAT, publish_evaluation
 

@@ -70,9 +70,11 @@ def _summary_table(result: dict, seconds: float) -> Table:
     if aud:
         t.add_row("audit", _audit_line(aud))
     if result.get("evaluation"):
-        from flows.cli.evaluate_cmds import summary_line
+        from flows.cli.evaluate_cmds import limit_line, summary_line
 
         t.add_row("evaluation", summary_line(result["evaluation"]))
+        if limit_line(result["evaluation"]):
+            t.add_row("utility limit", limit_line(result["evaluation"]))
     fc = (result["plan"].get("utility_forecast") or {})
     if fc.get("verdict") not in (None, "unknown"):
         from components.planning.forecast import describe as describe_forecast

@@ -104,6 +104,12 @@ def test_evaluate_json_matches_a_hand_computation(release):
 
     # the pipeline's own evaluation (run_stages) agrees
     assert res["evaluation"]["perplexity"] == pytest.approx(doc["perplexity"], rel=1e-9)
+    # base or privacy: the diagnosis from these figures, the plan's forecast and the base's public facts
+    from components.evaluation.bottleneck import diagnose
+    from components.modeling.base import read_base_facts
+
+    fc = res["certificate"].get("utility_forecast") or plan.get("utility_forecast")
+    assert doc["utility_limit"] == diagnose(doc, fc, read_base_facts(release["base"]))
 
 
 def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
@@ -115,6 +121,9 @@ def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
     r = _invoke(release, "evaluate", "models:/ev/1", "--reference", str(release["result"]["train"]["adapter_dir"]))
     assert r.exit_code == 0, r.output
     assert "DP fine-tuned" in r.stdout and "non-private reference" in r.stdout
+    # what limits utility, base or privacy, is said under the table (here the reference is the DP adapter itself,
+    # no better than the base: the reference cannot decide, the tiny plan's HOPELESS forecast does)
+    assert "PRIVACY limits utility: the forecast is HOPELESS" in " ".join(r.stdout.split()), r.stdout
     client = mlflow.tracking.MlflowClient(s.mlflow_tracking_uri)
     run = client.get_run(release["result"]["registration"]["run_id"])
     m = run.data.metrics
