@@ -474,6 +474,7 @@ declare(
           "(unit, relation, recomputed ε/γ, δ, κ, coverage, audit verdict): nothing the certificate does not say",
           post_processing_of=_FROM_PLAN),
     Field("prefect", "step", P, "the name of a pipeline step that finished (a fixed word from flows.pipeline.STEPS)"),
+)
 
 # --- PMixED sized as a product (issue 26: sizing, per-token private flags, per-key quotas) ---------------------
 channel("pmixed.plan", "anyone: `veil pmixed plan --json` (and the sizing `veil pmixed build` shows first)")
