@@ -14,11 +14,8 @@ The output is a local Hugging Face directory: `veil plan|run|study --base-model 
 from __future__ import annotations
 
 import argparse
-import ast
-import gzip
 import json
 import os
-import re
 import sys
 import time
 import warnings
@@ -27,64 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 warnings.filterwarnings("ignore")
 
-_ROFF_ESC = re.compile(r"\\f[BIRP1-4]|\\f\(..|\\\(..|\\[-&e|^~ 0]|\\s[-+]?\d+|\\\*\(..|\\\*.")
-_SKIP = re.compile(r"changelog|news|changes", re.IGNORECASE)
-
-
-def stdlib_docstrings(root: Path, limit_files: int) -> list[str]:
-    out = []
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts)
-    for p in files[:limit_files]:
-        try:
-            tree = ast.parse(p.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                d = ast.get_docstring(node)
-                if d and len(d) >= 40:
-                    out.append(d)
-    return out
-
-
-def licences(root: Path) -> list[str]:
-    out = []
-    for p in sorted(root.glob("*")):
-        if p.is_file() and not p.is_symlink():
-            text = p.read_text(encoding="utf-8", errors="replace")
-            out.extend(x.strip() for x in re.split(r"\n\s*\n", text) if len(x.strip()) >= 40)
-    return out
-
-
-def man_pages(root: Path, sections: tuple[str, ...], limit: int) -> list[str]:
-    out = []
-    for sec in sections:
-        for p in sorted((root / f"man{sec}").glob("*.gz"))[:limit]:
-            if p.is_symlink() or _SKIP.search(p.name):
-                continue
-            try:
-                raw = gzip.decompress(p.read_bytes()).decode("utf-8", "replace")
-            except (OSError, EOFError):
-                continue
-            lines = []
-            for ln in raw.splitlines():
-                if ln.startswith((".", "'")):
-                    # macro lines: keep the words of headings and tagged paragraphs
-                    m = re.match(r"^\.(SH|SS|TP|IP|B|I|BR|IR|RB)\s+(.*)$", ln)
-                    if m:
-                        lines.append(_ROFF_ESC.sub("", m.group(2)).replace('"', ""))
-                    continue
-                lines.append(_ROFF_ESC.sub("", ln).replace("\\", ""))
-            text = "\n".join(lines)
-            out.extend(x.strip() for x in re.split(r"\n\s*\n", text) if len(x.strip()) >= 40)
-    return out
-
-
-def collect(python_root: Path, licence_root: Path, man_root: Path, *, py_files: int, man_limit: int) -> dict:
-    parts = {"python-docstrings": stdlib_docstrings(python_root, py_files) if python_root.is_dir() else [],
-             "common-licenses": licences(licence_root) if licence_root.is_dir() else [],
-             "man-pages": man_pages(man_root, ("1", "5", "8"), man_limit) if man_root.is_dir() else []}
-    return parts
+from components.modeling.public_text import collect  # noqa: E402  (moved there: `veil base-model system`)
 
 
 def main() -> None:

@@ -146,9 +146,32 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
         tb.dispose()
     reg = register_ensemble(settings, name=name or pol.metadata.name, certificate=cert,
                             manifest={**manifest_of(params, base_sha),
-                                      "max_tokens_per_request": spec.max_tokens_per_request},
+                                      "max_tokens_per_request": spec.max_tokens_per_request,
+                                      "key_quota_tokens": spec.key_quota_tokens},
                             base_dir=base_dir)
-    return {"model_uri": reg["model_uri"], "shards": spec.shards, "certificate": cert}
+    return {"model_uri": reg["model_uri"], "shards": spec.shards, "certificate": cert,
+            "sizing": sizing_of(spec)}
+
+
+def sizing_of(spec, keys: int | None = None) -> dict:
+    from components.prediction.sizing import sizing
+
+    return sizing(token_budget=spec.token_budget, max_tokens_per_request=spec.max_tokens_per_request,
+                  key_quota_tokens=spec.key_quota_tokens, keys=keys)
+
+
+def plan(policy_path: str | Path, *, keys: int | None = None) -> dict:
+    """`veil pmixed plan`: what the policy's token budget buys (requests, keys) and its ε/radius trade, from policy
+    values alone — nothing is read from the data, so it is safe to show anyone before a build."""
+    from components.prediction import sizing
+    from components.prediction.policy import load_prediction_policy
+    from components.publication import publish
+
+    pol, raw = load_prediction_policy(policy_path)
+    if keys is not None and keys < 1:
+        raise VeilError(f"--keys: expected an integer ≥ 1, got {keys}")
+    doc = {"policy": {"name": pol.metadata.name, "sha256": sha256_bytes(raw)}, **sizing.plan(pol.spec, keys=keys)}
+    return publish("pmixed.plan", doc, subject=doc["policy"]["sha256"])
 
 
 def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread", use_prefect: bool = True,

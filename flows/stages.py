@@ -6,6 +6,7 @@ tests call them directly.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -48,24 +49,41 @@ def ingest(settings: Settings, source: str | Path, fmt: str, *, policy: str | Pa
 
 
 def base_model(settings: Settings, *, public_corpus: str | Path | None = None,
-               base_model_dir: str | Path | None = None, progress: bool = True) -> str:
-    """Any local HF causal-LM directory, or the demo's base trained locally on the public corpus.
+               base_model_dir: str | Path | None = None, progress: bool = True,
+               config: dict | None = None, out_dir: str | Path | None = None) -> str:
+    """Any local HF causal-LM directory, or a base trained here on public text.
 
-    The built base is cached by the corpus' sha256, so re-runs reuse it.
+    `public_corpus`: the demo's JSONL, or anything `components.modeling.public_text.read_corpus` takes (a text
+    file, a directory, `system`). `config`: `build_base_model` options (n_layer, n_embd, n_head, steps, …).
+    The built base is cached by the corpus' sha256 (and the config, when not the default), so re-runs reuse it.
     """
+    from components.core.hashing import sha256_json
     from components.modeling import build_base_model, load_base
+    from components.modeling.public_text import read_corpus
 
     if base_model_dir is not None:
         load_base(base_model_dir)  # fail early and clearly on a bad directory
         return str(Path(base_model_dir).resolve())
     if public_corpus is None:
         raise VeilError("no base model: pass --base-model PATH or a public corpus to pretrain one")
-    digest = sha256_file(public_corpus)
-    out = settings.models_dir / f"base-{digest[:12]}"
+    config = {k: v for k, v in (config or {}).items() if v is not None}
+    src = Path(str(public_corpus))
+    if src.is_file() and src.suffix == ".jsonl":
+        digest = sha256_file(src)
+        texts = None
+    else:
+        texts = read_corpus(public_corpus)
+        digest = sha256_json(texts)
+    # the default config keeps the cache key the demo has always used
+    key = digest[:12] if not config else sha256_json({"corpus": digest, "config": config})[:12]
+    out = Path(out_dir) if out_dir is not None else settings.models_dir / f"base-{key}"
     if (out / "veil_base.json").is_file():
+        if progress:
+            print(f"base model: reusing {out} (same corpus and options)", file=sys.stderr)
         return str(out)
-    texts = [json.loads(line)["text"] for line in Path(public_corpus).read_text().splitlines() if line.strip()]
-    return str(build_base_model(texts, out, progress=progress))
+    if texts is None:
+        texts = read_corpus(src)
+    return str(build_base_model(texts, out, progress=progress, **config))
 
 
 def planning_aids(pol, base_dir: str | Path | None):
@@ -806,6 +824,11 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
            "gap_closed": None if ref is None or b.perplexity == ref.perplexity else
            (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity),
            "published": None}
+    # base or privacy? from the exact figures: the operator's, like them (never logged)
+    from components.evaluation.bottleneck import diagnose
+
+    out["utility_limit"] = diagnose(out, (loaded.certificate or {}).get("utility_forecast") or plan.get("utility_forecast"),
+                                    loaded.extra.get("base_facts"))
     if log:
         from components.evaluation.release import CAVEAT, publish_evaluation
 

@@ -209,6 +209,10 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     return out
 
 
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 

@@ -28,12 +28,14 @@ accumulate (T steps all pointing the same way at full norm C: T·C). It is the v
 
 The thresholds are a forecast's, not a guarantee's: they bound what can be learnt, not what will be.
 When hopeless, the forecast says how far each knob alone must move to bring ρ_T to HINT_TARGET (just
-under the hopeless line): ε, the number of training units, steps, or batch — each computed by the
+under the hopeless line); when marginal, to OK_TARGET (just under the ok line), so that a MARGINAL plan
+also says what would make it OK (issue 26: the real corpora planned MARGINAL and learnt little): ε, the number of training units, steps, or batch — each computed by the
 project's accountant (the ε the mechanism spends at the needed σ, or the largest sampling rate /
 T / B at which the target ε still affords it), never by a rule of thumb.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +45,7 @@ from components.mechanisms import get as get_mechanism
 HOPELESS_AT = 1.0       # ρ_T at or above: hopeless
 OK_BELOW = 0.3          # ρ_T below: ok; in between: marginal
 HINT_TARGET = 0.9       # hints aim a little under the hopeless line (N̂'s noise, σ's calibration tolerance)
+OK_TARGET = 0.9 * OK_BELOW  # … and, for a marginal plan, a little under the ok line
 MAX_FACTOR = 64         # steps and batch hints look up to 64× the planned value
 
 # Accountant mechanisms whose (ε, δ) the hints can re-run (secret plans target γ per class; the
@@ -68,11 +71,33 @@ def _sigma_for(ratio: float, batch: float, steps: int, d: int) -> float:
     return ratio * float(batch) * math.sqrt(steps) / math.sqrt(d)
 
 
-def _eps(mech: str, *, q: float, sigma: float, steps: int, delta: float, k: int) -> float:
-    from components.accounting import epsilon
+# Orders for the hints' RDP bound: dp-accounting's default grid (fine near 1, where small ε live).
+_HINT_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
 
-    return float(epsilon(mech, sampling_rate=min(q, 1.0), noise_multiplier=sigma, steps=int(steps), delta=delta,
-                         k=k).epsilon)
+
+@functools.lru_cache(maxsize=4096)
+def _eps(mech: str, *, q: float, sigma: float, steps: int, delta: float, k: int) -> float:
+    """An upper bound on the mechanism's ε at δ, by RDP (never below the PLD accountant's ε).
+
+    Hints search over q, T and B and need dozens of ε evaluations at small σ, where a PLD run takes
+    seconds to minutes (its grid spans a privacy loss ∝ 1/σ²); the RDP curve takes milliseconds. An
+    upper bound keeps every hint sufficient: the ε it names affords the σ, the units/steps/batch it
+    names fit the budget; it may ask somewhat more than the tight accountant would (a hint, not a
+    certificate — the plan made with it is calibrated by the PLD accountant as always).
+      uls, record: one Poisson-sampled Gaussian per step (the accountant's event);
+      els, group-tight: k rows each sampled at q — the ledger's row bound (components.ledger.rdp),
+      which is never below the certificate's mixture accounting."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
+
+    from components.ledger.rdp import rows_rdp, sampled_gaussian_rdp
+
+    q = min(float(q), 1.0)
+    if mech in ("els", "group-tight") and int(k) > 1:
+        curve = rows_rdp([q] * int(k), float(sigma), int(steps), orders=_HINT_ORDERS)
+    else:
+        curve = sampled_gaussian_rdp(q, float(sigma), int(steps), orders=_HINT_ORDERS)
+    eps, _ = rdp_acc.compute_epsilon(list(_HINT_ORDERS), list(curve), float(delta))
+    return float(eps)
 
 
 def _round_up(x: float, digits: int = 2) -> float:
@@ -84,35 +109,39 @@ def _round_up(x: float, digits: int = 2) -> float:
 
 
 def hints(*, mech: str, sigma: float, q: float, steps: int, batch: int, d: int, delta: float, k: int,
-          eps_target: float, eps_population: float, n_hat: float | None, unit: str) -> dict:
-    """What alone would bring ρ_T to HINT_TARGET, each knob at a time, the others as planned."""
-    out: dict[str, Any] = {"aim": f"run ratio ≤ {HINT_TARGET:g}", "each_alone": True}
+          eps_target: float, eps_population: float, n_hat: float | None, unit: str,
+          aim: float = HINT_TARGET) -> dict:
+    """What alone would bring ρ_T to `aim` (HINT_TARGET, or OK_TARGET for a marginal plan), each knob at a
+    time, the others as planned."""
+    out: dict[str, Any] = {"aim": f"run ratio ≤ {aim:g}", "each_alone": True}
     share = eps_population / eps_target if eps_target > 0 else 0.0     # ε_N is a fixed share of ε
     budget = eps_target - eps_population                               # what DP-SGD may spend now
-    need = _sigma_for(HINT_TARGET, batch, steps, d)
+    need = _sigma_for(aim, batch, steps, d)
     # ε: what the mechanism spends at the needed σ, plus ε_N's share.
     eps_sgd = _eps(mech, q=q, sigma=need, steps=steps, delta=delta, k=k)
     out["epsilon"] = _round_up(eps_sgd / (1.0 - share))
+    # fewer trainable parameters (a smaller LoRA rank, fewer adapted modules): ρ_T ∝ √d at the planned σ, B, T
+    run = float(sigma) * math.sqrt(d) / float(batch) / math.sqrt(max(int(steps), 1))
+    out["trainable_parameters"] = int(math.floor(d * (aim / run) ** 2)) if run > 0 else None
     # more units: the largest q at which the target ε affords the needed σ; units = B / q.
     if n_hat is not None:
-        lo, hi = 0.0, q
-        if _eps(mech, q=lo + 1e-12, sigma=need, steps=steps, delta=delta, k=k) > budget:
+        # bisection on log q between 1e-9·q (feasible or hopeless) and q; 1 % is finer than N̂'s noise
+        lo, hi = q * 1e-9, q
+        if _eps(mech, q=lo, sigma=need, steps=steps, delta=delta, k=k) > budget:
             out[f"training_{unit}"] = None
         else:
-            for _ in range(40):
-                mid = (lo + hi) / 2
+            while hi / lo > 1.01:
+                mid = math.sqrt(lo * hi)
                 if _eps(mech, q=mid, sigma=need, steps=steps, delta=delta, k=k) <= budget:
                     lo = mid
                 else:
                     hi = mid
-                if hi - lo < 1e-4 * hi:
-                    break
             out[f"training_{unit}"] = int(math.ceil(batch / lo * 1.02)) if lo > 0 else None  # 2 %: N̂'s noise
     # more steps (σ may grow with T, but ρ_T divides by √T): the first doubling that fits the budget.
     out["steps"] = None
     for f in (2 ** j for j in range(1, int(math.log2(MAX_FACTOR)) + 1)):
         t = steps * f
-        if _eps(mech, q=q, sigma=_sigma_for(HINT_TARGET, batch, t, d), steps=t, delta=delta, k=k) <= budget:
+        if _eps(mech, q=q, sigma=_sigma_for(aim, batch, t, d), steps=t, delta=delta, k=k) <= budget:
             out["steps"] = t
             break
     # larger batch at the same N̂ (q = B/N̂ grows with it).
@@ -122,7 +151,7 @@ def hints(*, mech: str, sigma: float, q: float, steps: int, batch: int, d: int, 
             b = batch * f
             if b > n_hat:
                 break
-            if _eps(mech, q=b / n_hat, sigma=_sigma_for(HINT_TARGET, b, steps, d), steps=steps, delta=delta,
+            if _eps(mech, q=b / n_hat, sigma=_sigma_for(aim, b, steps, d), steps=steps, delta=delta,
                     k=k) <= budget:
                 out["expected_batch_size"] = b
                 break
@@ -149,19 +178,22 @@ def plan_forecast(plan: Mapping[str, Any], trainable_parameters: int | None, *, 
            "signal_norm_bound": c, "per_step_ratio": per_step, "run_ratio": run, "verdict": verdict(run)}
     acc = plan.get("accounting") or {}
     mech = acc.get("mechanism")
-    if out["verdict"] == "hopeless" and mechanism.ledger_relation == "replace":
+    poor = out["verdict"] in ("hopeless", "marginal")
+    aim = HINT_TARGET if out["verdict"] == "hopeless" else OK_TARGET
+    if poor and mechanism.ledger_relation == "replace":
         # the hints' accountant assumes add/remove; a replace-relation plan pays ε/2 per group of k
         out["hints"] = {"see": "more records per step (a larger batch), more steps or a smaller k: σ is "
                                "calibrated for a group of k at ε/2 under the fixed-graph replace relation"}
-    elif out["verdict"] == "hopeless" and with_hints and mech in HINTABLE and plan["target"].get("epsilon"):
+    elif poor and with_hints and mech in HINTABLE and plan["target"].get("epsilon"):
         pop = (plan.get("data") or {}).get("population") or {}
         n_hat = pop.get("estimate")                 # the DP estimate N̂: never the exact count
         k = max(1, mechanism.accounting_k(plan.get("records_per_user")))
         out["hints"] = hints(mech=mech, sigma=sigma, q=float(plan["sampling_rate"]), steps=steps, batch=batch, d=d,
                              delta=float(plan["target"]["delta"]), k=k, eps_target=float(plan["target"]["epsilon"]),
                              eps_population=float(acc.get("epsilon_population") or 0.0),
-                             n_hat=None if n_hat is None else float(n_hat), unit=str(pop.get("unit", "units")))
-    elif out["verdict"] == "hopeless" and not mechanism.has_epsilon:   # secret protection: γ, not ε
+                             n_hat=None if n_hat is None else float(n_hat), unit=str(pop.get("unit", "units")),
+                             aim=aim)
+    elif poor and not mechanism.has_epsilon:   # secret protection: γ, not ε
         out["hints"] = {"see": "veil plan --sweep-c (retained data against noise for a range of C), more "
                                "records per step, or more steps"}
     return out
@@ -185,10 +217,13 @@ def describe(fc: Mapping[str, Any]) -> str:
             parts.append(f"≈{v:,} training {key[len('training_'):]}")
     if h.get("steps") is not None:
         parts.append(f"T = {h['steps']:,} steps")
+    if h.get("trainable_parameters"):
+        parts.append(f"d ≤ {h['trainable_parameters']:,} trainable parameters (a smaller LoRA rank)")
     if h.get("expected_batch_size") is not None:
         parts.append(f"batch {h['expected_batch_size']:,}")
     if parts:
-        line += " · would learn with (each alone): " + ", ".join(parts)
-    if h and h.get("steps") is None and h.get("expected_batch_size") is None:
+        line += (" · would learn with (each alone): " if fc["verdict"] == "hopeless"
+                 else " · would be OK with (each alone): ") + ", ".join(parts)
+    if h and "see" not in h and h.get("steps") is None and h.get("expected_batch_size") is None:
         line += f" (more steps or a larger batch, up to {MAX_FACTOR}×, do not get there alone)"
     return line

@@ -12,6 +12,10 @@ ensemble the same curve (their shard may be selected). The per-person ledger is 
 time, for the whole budget T (docs/privacy/pmixed.md §5); this counter guarantees no more than T private
 tokens are ever drawn, so that charge is never exceeded.
 
+Per-key quotas (policy `key_quota_tokens`): a second append-only table counts each key's private tokens
+per ensemble, written in the SAME transaction as the ensemble's counter, so a grant never exceeds either
+and a restart (or another server process on the same database) sees the same per-key spend.
+
 API keys: stored as sha256 of a 256-bit random key (a high-entropy secret needs no slow hash); the key
 itself is shown once.
 """
@@ -46,6 +50,21 @@ spends = Table("pmixed_token_charges", metadata,
 api_keys = Table("pmixed_api_keys", metadata,
                  Column("key_sha256", String(64), primary_key=True),
                  Column("created_at", String(40), nullable=False))
+
+
+# One row per grant to a key: the key's spend = the sum of its rows (same design as the ensemble's counter).
+key_spends = Table("pmixed_key_charges", metadata,
+                   Column("id", Integer, primary_key=True, autoincrement=True),
+                   Column("ensemble_id", String(64), nullable=False, index=True),
+                   Column("key_sha256", String(64), nullable=False, index=True),
+                   Column("tokens", Integer, nullable=False),
+                   Column("at", String(40), nullable=False))
+
+BUDGET_SPENT, QUOTA_SPENT = "budget_spent", "key_quota_spent"
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def _now() -> str:
@@ -104,28 +123,61 @@ class TokenBudget:
     def charge_upto(self, ensemble_id: str, tokens: int) -> int:
         """Durably count up to `tokens` private tokens (as many as remain); returns how many were granted.
         Granted tokens are spent whether or not they are then drawn (a request that stops early wastes them)."""
-        def work(conn) -> int:
+        return self.grant(ensemble_id, tokens)[0]
+
+    def _key_spent(self, conn, ensemble_id: str, digest: str) -> int:
+        return int(conn.execute(select(func.coalesce(func.sum(key_spends.c.tokens), 0))
+                                .where(key_spends.c.ensemble_id == ensemble_id,
+                                       key_spends.c.key_sha256 == digest)).scalar_one())
+
+    def grant(self, ensemble_id: str, tokens: int, *, key: str | None = None,
+              quota: int | None = None) -> tuple[int, str | None]:
+        """Durably count up to `tokens` private tokens within the ensemble's budget and, when `quota` is set, within
+        `key`'s quota (both in one transaction). Returns (granted, why fewer: BUDGET_SPENT, QUOTA_SPENT or None)."""
+        if quota is not None and not key:
+            raise VeilError("pmixed: a per-key quota needs the request's key")
+        digest = key_digest(key) if quota is not None else None
+
+        def work(conn) -> tuple[int, str | None]:
             total = self._total(conn, ensemble_id)
             spent = int(conn.execute(select(func.coalesce(func.sum(spends.c.tokens), 0))
                                      .where(spends.c.ensemble_id == ensemble_id)).scalar_one())
-            k = max(0, min(int(tokens), total - spent))
+            left, why = total - spent, BUDGET_SPENT
+            if digest is not None:
+                kleft = int(quota) - self._key_spent(conn, ensemble_id, digest)
+                if kleft < left:
+                    left, why = kleft, QUOTA_SPENT
+            k = max(0, min(int(tokens), left))
             if k:
-                conn.execute(spends.insert().values(ensemble_id=ensemble_id, tokens=k, at=_now()))
-            return k
+                at = _now()
+                conn.execute(spends.insert().values(ensemble_id=ensemble_id, tokens=k, at=at))
+                if digest is not None:
+                    conn.execute(key_spends.insert().values(ensemble_id=ensemble_id, key_sha256=digest, tokens=k,
+                                                            at=at))
+            return k, (why if k < int(tokens) else None)
         return transact(self.engine, work)
 
-    def prepaid(self, ensemble_id: str, block: int):
+    def key_remaining(self, ensemble_id: str, key: str, quota: int) -> int:
+        """Private tokens `key` may still receive from this ensemble (its quota less its grants)."""
+        d = key_digest(key)
+        return transact(self.engine, lambda conn: max(0, int(quota) - self._key_spent(conn, ensemble_id, d)))
+
+    def prepaid(self, ensemble_id: str, block: int, *, key: str | None = None, quota: int | None = None):
         """A `charge()` for `Ensemble.generate` that commits tokens `block` at a time (one fsync per block, not
-        per token): every drawn token was committed before its draw; at most block − 1 are wasted per request."""
+        per token): every drawn token was committed before its draw; at most block − 1 are wasted per request.
+        With `quota`, each block also counts against `key`'s quota. After a refusal, `charge.reason` says
+        which limit was reached (BUDGET_SPENT or QUOTA_SPENT)."""
         left = [0]
 
         def charge() -> bool:
             if left[0] == 0:
-                left[0] = self.charge_upto(ensemble_id, max(1, int(block)))
+                left[0], why = self.grant(ensemble_id, max(1, int(block)), key=key, quota=quota)
                 if left[0] == 0:
+                    charge.reason = why
                     return False
             left[0] -= 1
             return True
+        charge.reason = None
         return charge
 
     def spent(self, ensemble_id: str) -> int:
@@ -146,14 +198,14 @@ class TokenBudget:
 
     def create_key(self) -> str:
         key = "veil_" + secrets.token_urlsafe(32)
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = key_digest(key)
         transact(self.engine, lambda conn: conn.execute(api_keys.insert().values(key_sha256=digest, created_at=_now())))
         return key
 
     def key_ok(self, key: str | None) -> bool:
         if not key:
             return False
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = key_digest(key)
 
         def work(conn) -> bool:
             return conn.execute(select(api_keys.c.key_sha256).where(api_keys.c.key_sha256 == digest)).first() is not None

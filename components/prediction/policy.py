@@ -57,12 +57,23 @@ class Spec(_Strict):
     temperature: float = Field(default=1.0, gt=0)
     when_exhausted: Literal["public_only", "refuse"] = "public_only"
     max_tokens_per_request: int = Field(default=128, ge=1)
+    # Each API key's lifetime share of the private tokens (None: first come, first served — one key can
+    # spend the whole budget). A product setting, not a privacy one: the guarantee covers all T tokens
+    # whoever asks; the quota only decides who gets them. Counted durably beside the budget.
+    key_quota_tokens: int | None = Field(default=None, ge=1)
     task_runner: Literal["thread", "dask"] = "thread"
     training: Training = Training()
     # Who is a person (bots out, a person's identities merged), as for training policies: the keyed
     # partition puts one *person* in one shard, so a person with two addresses must be one id first,
     # or they would be in two shards with twice the influence (and two ledger budgets).
     people: People = Field(default_factory=People)
+
+    @model_validator(mode="after")
+    def _quota_fits(self) -> "Spec":
+        if self.key_quota_tokens is not None and self.key_quota_tokens > self.token_budget:
+            raise ValueError(f"key_quota_tokens: {self.key_quota_tokens} is more than the whole token_budget "
+                             f"({self.token_budget})")
+        return self
 
     @model_validator(mode="after")
     def _one_owner(self) -> "Spec":

@@ -1,10 +1,20 @@
 """The PMixED HTTP endpoint (FastAPI): POST /v1/completions with a bearer key.
 
     request  {"prompt": str, "max_tokens": int ≥ 1}        (any other field → 422: no seeds, no logprobs)
-    response {"text", "tokens", "budget_remaining_tokens"}
+    response {"text", "tokens",
+              "private": [bool per returned token: drawn from the private ensemble, or from the public model],
+              "private_tokens", "public_only_reason": null | "budget_spent" | "key_quota_spent",
+              "budget_remaining_tokens", "key_quota_remaining_tokens": int | null (no quota)}
 
-401 without a valid key; 422 with one line naming the field on a malformed body; when the private budget is
-spent the policy decides: "public_only" answers from the public model (free), "refuse" answers 429.
+401 without a valid key; 422 with one line naming the field on a malformed body; when the ensemble's private
+budget — or, with a policy `key_quota_tokens`, the calling key's quota — is spent, the policy decides:
+"public_only" answers from the public model (free, flagged per token), "refuse" answers 429.
+
+Why the per-token flags are safe to return: private tokens are always a prefix of the answer, of length
+min(tokens granted, tokens returned). The grant is a function of the request and of the two durable counters,
+which count the private tokens of earlier answers; the answer's length is where the sampled EOS fell. So the
+flags are a post-processing of the DP transcript (all answers) and the public requests: they reveal nothing
+about anyone's data beyond the text the guarantee already covers (docs/privacy/pmixed.md, "What a response says").
 Every private token is committed to the durable budget before it is drawn (components/prediction/budget.py).
 """
 from __future__ import annotations
@@ -16,11 +26,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from components.core.errors import VeilError
+from components.prediction.budget import QUOTA_SPENT
 from components.publication import publish
 
 
 def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_tokens_cap: int,
-               certificate: dict | None = None):
+               certificate: dict | None = None, key_quota: int | None = None):
     app = FastAPI(title="Veil PMixED endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
     def err(status: int, msg: str) -> JSONResponse:
@@ -58,12 +69,18 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
         if isinstance(parsed, str):
             return err(422, parsed)
         prompt, n = parsed
-        if when_exhausted == "refuse" and await run_in_threadpool(budget.remaining, ensemble_id) <= 0:
-            return err(429, "the private token budget of this ensemble is spent; the policy refuses further requests")
+        if when_exhausted == "refuse":
+            if await run_in_threadpool(budget.remaining, ensemble_id) <= 0:
+                return err(429, "the private token budget of this ensemble is spent; the policy refuses further "
+                                "requests")
+            if key_quota is not None and await run_in_threadpool(budget.key_remaining, ensemble_id, key,
+                                                                 key_quota) <= 0:
+                return err(429, f"this key's quota of {key_quota} private tokens is spent; the policy refuses "
+                                "further requests")
+        charge = budget.prepaid(ensemble_id, min(8, n), key=key, quota=key_quota)
 
         def run():
             # committed in blocks of ≤ 8 before any of them is drawn: one fsync per block, ≤ 7 wasted per request
-            charge = budget.prepaid(ensemble_id, min(8, n))
             return ensemble.generate(prompt, n, charge=charge)
 
         try:
@@ -74,13 +91,23 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
             # budget ran out mid-request: public tokens are free, but "refuse" means no public answers —
             # return only what was private
             out["ids"] = out["ids"][:out["private_tokens"]]
+            out["public_tokens"] = 0
             out["text"] = ensemble.tokenizer.decode([t for t in out["ids"] if t != ensemble.tokenizer.eos_token_id],
                                                     skip_special_tokens=True)
             if not out["ids"]:
-                return err(429, "the private token budget of this ensemble is spent")
+                return err(429, "this key's private-token quota is spent" if charge.reason == QUOTA_SPENT
+                           else "the private token budget of this ensemble is spent")
         remaining = await run_in_threadpool(budget.remaining, ensemble_id)
-        return publish("pmixed.response", {"text": out["text"], "tokens": len(out["ids"]),
-                                           "budget_remaining_tokens": remaining}, subject=ensemble_id)
+        key_left = (None if key_quota is None
+                    else await run_in_threadpool(budget.key_remaining, ensemble_id, key, key_quota))
+        k = out["private_tokens"]
+        return publish("pmixed.response", {
+            "text": out["text"], "tokens": len(out["ids"]),
+            # generation draws privately until the first refused charge, then publicly: a prefix
+            "private": [True] * k + [False] * (len(out["ids"]) - k),
+            "private_tokens": k,
+            "public_only_reason": charge.reason if out["public_tokens"] else None,
+            "budget_remaining_tokens": remaining, "key_quota_remaining_tokens": key_left}, subject=ensemble_id)
 
     @app.get("/healthz")
     async def healthz():

@@ -481,3 +481,31 @@ declare(Field("prefect", "plan_audit", DP, "the plan's audit-sizing statement (w
               "schedule's ε per release: the plan's own published fields, post-processings of N̂ and policy values",
               post_processing_of="plan:data.population.estimate"))
 # --- end of h-real ---
+# --- PMixED sized as a product (issue 26: sizing, per-token private flags, per-key quotas) ---------------------
+channel("pmixed.plan", "anyone: `veil pmixed plan --json` (and the sizing `veil pmixed build` shows first)")
+_SIZING = "arithmetic on policy values (token_budget, max_tokens_per_request, key_quota_tokens) and --keys"
+declare(
+    Field("pmixed.plan", "policy.**", P, "the policy's name and sha256"),
+    Field("pmixed.plan", "sizing.**", P, _SIZING),
+    Field("pmixed.plan", "sizing.hints", P, "fixed sentences filled with " + _SIZING),
+    Field("pmixed.plan", "epsilon", P, _POLICY), Field("pmixed.plan", "delta", P, _POLICY),
+    Field("pmixed.plan", "shards", P, _POLICY), Field("pmixed.plan", "subsample_rate", P, _POLICY),
+    Field("pmixed.plan", "when_exhausted", P, _POLICY),
+    Field("pmixed.plan", "radius", P, "calibrated from the policy's ε, δ, q and token_budget (public)"),
+    Field("pmixed.plan", "token_epsilon", P, "the per-token ε of the calibrated radius (public)"),
+    Field("pmixed.plan", "tradeoff.**", P, "radii calibrated for multiples of the policy's token_budget (public)"),
+    Field("pmixed.release", "manifest.key_quota_tokens", P, _POLICY),
+    # Private tokens are a prefix of each answer: its length is min(tokens granted, tokens returned). The grant
+    # is a function of the request and of the ensemble's and the key's counters, which count earlier answers'
+    # private tokens; the answer's length is where the sampled EOS fell. All post-processing of the transcript.
+    Field("pmixed.response", "private", DP, "per returned token, whether it was drawn from the private ensemble "
+          "(a prefix of True): the durable counters' state and this answer's length",
+          post_processing_of="pmixed.response:text"),
+    Field("pmixed.response", "private_tokens", DP, "how many of the returned tokens were private (the prefix's "
+          "length)", post_processing_of="pmixed.response:text"),
+    Field("pmixed.response", "public_only_reason", DP, "which counter refused the first public-only token "
+          "(the ensemble's budget or the key's quota), or null", post_processing_of="pmixed.response:text"),
+    Field("pmixed.response", "key_quota_remaining_tokens", DP, "the policy's per-key quota minus the private tokens "
+          "granted to this key so far (a function of its earlier answers), or null without a quota",
+          post_processing_of="pmixed.response:text"),
+)

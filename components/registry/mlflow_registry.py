@@ -407,6 +407,9 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -
             if base_dir is None:  # a package whose own code predates it
                 raise VeilError(f"model {model_uri}: its package does not expose its base model; re-register it")
             extra["base_model"] = load_base(base_dir)
+            from components.modeling.base import read_base_facts
+
+            extra["base_facts"] = read_base_facts(base_dir)   # public: size, steps, loss on its public text
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
                        tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan, extra=extra)
 

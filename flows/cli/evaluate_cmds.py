@@ -36,6 +36,13 @@ def summary_line(doc: dict) -> str:
     return line + f" · on {doc['eval_records']} held-out records of {doc['eval_people']} evaluation people"
 
 
+def limit_line(doc: dict) -> str | None:
+    """Base or privacy: what holds the model back (components.evaluation.bottleneck), or None."""
+    from components.evaluation.bottleneck import line
+
+    return line(doc["utility_limit"]) if doc.get("utility_limit") else None
+
+
 def evaluate(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or models:/NAME@ALIAS"),
              json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
              reference: Optional[str] = typer.Option(None, "--reference",
@@ -70,6 +77,8 @@ def evaluate(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or 
     out.print(t)
     if doc.get("gap_closed") is not None:
         out.print(f"the DP model closes {doc['gap_closed']:.0%} of the base → non-private perplexity gap")
+    if limit_line(doc):
+        out.print(limit_line(doc))
     out.print(f"on {doc['eval_records']} records ({doc['eval_tokens']:,} tokens, ≤{doc['max_length']} per record) of "
               f"{doc['eval_people']} evaluation people — exact counts: yours only, not logged")
     pub = doc.get("published")

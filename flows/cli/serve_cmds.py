@@ -41,10 +41,14 @@ def serve_cmd(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or
     tb = TokenBudget.open(s)
     cert = r["certificate"]
     cap = int(r["manifest"].get("max_tokens_per_request", 0)) or 1024
+    quota = r["manifest"].get("key_quota_tokens")  # absent in ensembles built before quotas: none
+    quota = None if quota is None else int(quota)
     app = create_app(ensemble=ens, budget=tb, ensemble_id=cert["ensemble_id"], when_exhausted=cert["when_exhausted"],
-                     max_tokens_cap=cap, certificate=cert)
+                     max_tokens_cap=cap, certificate=cert, key_quota=quota)
+    left = tb.remaining(cert["ensemble_id"])
     err.print(f"serving {model_uri} on http://{host}:{port}/v1/completions "
-              f"({tb.remaining(cert['ensemble_id'])} private tokens left)")
+              f"({left} private tokens left ≈ {left // cap} private answers of {cap} tokens; "
+              + (f"each key at most {quota} private tokens" if quota else "no per-key quota") + ")")
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

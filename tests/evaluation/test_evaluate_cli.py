@@ -8,6 +8,7 @@ bad input is one line with exit 2.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -104,6 +105,12 @@ def test_evaluate_json_matches_a_hand_computation(release):
 
     # the pipeline's own evaluation (run_stages) agrees
     assert res["evaluation"]["perplexity"] == pytest.approx(doc["perplexity"], rel=1e-9)
+    # base or privacy: the diagnosis from these figures, the plan's forecast and the base's public facts
+    from components.evaluation.bottleneck import diagnose
+    from components.modeling.base import read_base_facts
+
+    fc = res["certificate"].get("utility_forecast") or plan.get("utility_forecast")
+    assert doc["utility_limit"] == diagnose(doc, fc, read_base_facts(release["base"]))
 
 
 def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
@@ -115,6 +122,9 @@ def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
     r = _invoke(release, "evaluate", "models:/ev/1", "--reference", str(release["result"]["train"]["adapter_dir"]))
     assert r.exit_code == 0, r.output
     assert "DP fine-tuned" in r.stdout and "non-private reference" in r.stdout
+    # what limits utility, base or privacy, is said under the table (the reference here is the DP adapter itself,
+    # a hair above or below the base depending on the fixture's random organization: either verdict can be right)
+    assert re.search(r"(BASE|PRIVACY|BASE AND PRIVACY) limits utility: ", " ".join(r.stdout.split())), r.stdout
     client = mlflow.tracking.MlflowClient(s.mlflow_tracking_uri)
     run = client.get_run(release["result"]["registration"]["run_id"])
     m = run.data.metrics

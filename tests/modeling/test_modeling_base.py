@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,54 @@ def test_load_base_any_local_causal_lm_and_pad_fallback(texts, tmp_path):
     model, tok2 = load_base(tmp_path / "llama")
     assert model.config.model_type == "llama"
     assert tok2.pad_token == tok2.eos_token and model.config.pad_token_id == tok2.eos_token_id
+
+
+def test_read_corpus_takes_jsonl_text_files_and_directories(tmp_path):
+    import json as _json
+
+    from components.core.errors import VeilError
+    from components.modeling.public_text import read_corpus
+
+    para = "a public paragraph long enough to be worth learning from, number "
+    (tmp_path / "d" / ".hidden").mkdir(parents=True)
+    (tmp_path / "d" / "a.txt").write_text(f"{para}1\n\n{para}2\n\nshort\n")
+    (tmp_path / "d" / "b.jsonl").write_text(_json.dumps({"text": para + "3"}) + "\n\n")
+    (tmp_path / "d" / ".hidden" / "c.txt").write_text(f"{para}4\n\n{para}5")
+    assert read_corpus(tmp_path / "d") == [para + "1", para + "2", para + "3"]
+    assert read_corpus(tmp_path / "d" / "a.txt") == [para + "1", para + "2"]
+    (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(VeilError, match=r"bad.jsonl:1: expected a JSON object with a `text` field"):
+        read_corpus(tmp_path / "bad.jsonl")
+    with pytest.raises(VeilError, match="no such file or directory"):
+        read_corpus(tmp_path / "missing")
+
+
+def test_cli_base_model_options_progress_and_cache(tmp_path, monkeypatch):
+    """`veil base-model DIR --layers --width --steps …`: the options reach the model, a non-terminal stderr gets
+    plain progress lines (rich draws nothing there), and the same corpus and options reuse the build."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("VEIL_HOME", str(tmp_path / "home"))
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(" ".join(words[(i + j) % 12] for j in range(20)) for i in range(60)))
+    args = ["base-model", str(corpus), "--layers", "1", "--width", "24", "--heads", "2", "--steps", "10",
+            "--vocab", "300", "--seq-len", "16", "--batch-size", "2"]
+    r = CliRunner().invoke(app, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    doc = _json.loads(r.stdout)
+    cfg = _json.loads((Path(doc["base_model"]) / "veil_base.json").read_text())["config"]
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["steps"], cfg["seq_len"]) == (1, 24, 2, 10, 16)
+    assert doc["steps"] == 10 and doc["n_params"] > 0
+    r2 = CliRunner().invoke(app, args + ["--steps", "11"])   # new options: a new build, with progress lines
+    assert r2.exit_code == 0, r2.output
+    assert "pretraining base: step 11/11" in r2.output and "training a 300-token tokenizer" in r2.output
+    r3 = CliRunner().invoke(app, args + ["--json"])
+    assert r3.exit_code == 0 and _json.loads(r3.stdout)["base_model"] == doc["base_model"]
+    bad = CliRunner().invoke(app, args + ["--width", "25"])
+    assert bad.exit_code == 2 and "divisible" in bad.output and "Traceback" not in bad.output

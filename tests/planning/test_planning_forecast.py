@@ -83,8 +83,31 @@ def test_demo_sized_org_is_learnable(tmp_path):
     per_step = plan["noise_multiplier"] * math.sqrt(_demo_d()) / plan["expected_batch_size"]
     assert fc["per_step_ratio"] == pytest.approx(per_step)
     assert fc["run_ratio"] == pytest.approx(per_step / math.sqrt(plan["steps"]))
-    assert fc["verdict"] in ("ok", "marginal") and "hints" not in fc
+    assert fc["verdict"] in ("ok", "marginal") and ("hints" in fc) == (fc["verdict"] == "marginal")
     assert fc["trainable_parameters"] == _demo_d()
+
+
+def test_marginal_plan_says_what_would_make_it_ok(tmp_path):
+    """A MARGINAL plan gets hints too (issue 26), aimed under the ok line; each, applied alone, gets there."""
+    from components.planning.forecast import OK_TARGET
+
+    plan = make_plan(parse_policy(_policy_text(), "m.yaml"), make_snapshot(240, seed=2), private_dir=tmp_path,
+                     created_at=WHEN, compute={"trainable_parameters": _demo_d()}).to_dict()
+    fc = plan["utility_forecast"]
+    assert fc["verdict"] == "marginal", fc
+    h = fc["hints"]
+    assert h["aim"] == f"run ratio ≤ {OK_TARGET:g}" and h["epsilon"] > 8.0
+    assert "MARGINAL" in describe(fc) and "would be OK with (each alone)" in describe(fc)
+    budget = plan["accounting"]["epsilon_dp_sgd"]
+    delta, q, b, t = plan["target"]["delta"], plan["sampling_rate"], plan["expected_batch_size"], plan["steps"]
+    sigma = calibrate("uls", epsilon=budget, delta=delta, sampling_rate=q, steps=t).noise_multiplier
+    assert ratios(noise_multiplier=sigma, expected_batch_size=b, steps=t, trainable_parameters=_demo_d())[1] >= OK_BELOW
+    # fewer trainable parameters at the same σ: under the ok line
+    assert ratios(noise_multiplier=sigma, expected_batch_size=b, steps=t,
+                  trainable_parameters=h["trainable_parameters"])[1] < OK_BELOW
+    # more people at the target ε: σ re-calibrated at q = B / users
+    s2 = calibrate("uls", epsilon=budget, delta=delta, sampling_rate=b / h["training_users"], steps=t).noise_multiplier
+    assert ratios(noise_multiplier=s2, expected_batch_size=b, steps=t, trainable_parameters=_demo_d())[1] < OK_BELOW
 
 
 def test_tiny_org_is_hopeless_and_each_hint_applied_would_learn(tmp_path):

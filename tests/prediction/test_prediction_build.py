@@ -126,3 +126,42 @@ def test_shipped_demo_prediction_policy_is_valid():
     assert s.privacy_unit == "user" and s.when_exhausted in ("public_only", "refuse")
     r = mech.calibrate_radius(epsilon=s.target.epsilon, delta=s.target.delta, tokens=s.token_budget, q=s.subsample_rate)
     assert r > 0.05  # the demo's budget leaves a usable radius
+
+
+def test_sizing_says_what_the_budget_buys_per_request_and_key():
+    from components.prediction.sizing import sizing
+
+    s = sizing(token_budget=512, max_tokens_per_request=64)
+    assert (s["full_private_requests"], s["min_private_requests"], s["requests_per_key"]) == (8, 64, None)
+    assert any("8 private answers" in h for h in s["hints"]) and any("first key" in h for h in s["hints"])
+    q = sizing(token_budget=10_000, max_tokens_per_request=50, key_quota_tokens=400, keys=30)
+    assert (q["requests_per_key"], q["keys_at_full_quota"], q["private_tokens_per_key"]) == (6, 25, 333)  # 10000//30 = 333 < the quota: 6 answers of 50
+    assert any("30 keys at 400" in h for h in q["hints"])
+    assert sizing(token_budget=10_000, max_tokens_per_request=50, key_quota_tokens=400)["hints"] == []
+
+
+def test_cli_plan_shows_sizing_before_build_and_refuses_a_quota_over_the_budget(tmp_path, veil_home):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    veil = [sys.executable, "-c", "import sys; from flows.cli import main; sys.argv[0] = 'veil'; main()"]
+    env = {**os.environ, "VEIL_HOME": str(veil_home), "PYTHONPATH": str(root)}
+    p = tmp_path / "p.yaml"
+    p.write_text(POLICY.replace("WHEN", "public_only").replace("token_budget: 6", "token_budget: 64\n  key_quota_tokens: 16"))
+    r = subprocess.run(veil + ["pmixed", "plan", "--policy", str(p), "--keys", "3", "--json"], cwd=root, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    z = doc["sizing"]
+    assert (z["full_private_requests"], z["requests_per_key"], z["keys_at_full_quota"]) == (8, 2, 4)
+    assert [t["token_budget"] for t in doc["tradeoff"]] == [32, 64, 128, 256]
+    radii = [t["radius"] for t in doc["tradeoff"]]
+    assert radii == sorted(radii, reverse=True) and math.isclose(radii[1], doc["radius"])
+    r = subprocess.run(veil + ["pmixed", "plan", "--policy", str(p)], cwd=root, env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "2 full-length answers" in r.stderr and "4 keys" in r.stderr
+    p.write_text(POLICY.replace("WHEN", "public_only").replace("token_budget: 6", "token_budget: 6\n  key_quota_tokens: 7"))
+    r = subprocess.run(veil + ["pmixed", "plan", "--policy", str(p)], cwd=root, env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "key_quota_tokens" in r.stderr

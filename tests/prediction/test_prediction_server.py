@@ -107,13 +107,19 @@ def test_endpoint_paths_concurrency_and_fallback(built):
         [t.start() for t in threads]
         [t.join() for t in threads]
         assert all(r.status_code == 200 for r in results), [r.text for r in results]
-        assert all(set(r.json()) == {"text", "tokens", "budget_remaining_tokens"} for r in results)
+        assert all(set(r.json()) == {"text", "tokens", "private", "private_tokens", "public_only_reason",
+                                     "budget_remaining_tokens", "key_quota_remaining_tokens"} for r in results)
+        # private tokens are a prefix; together they are exactly the budget spent
+        assert all(r.json()["private"] == [True] * r.json()["private_tokens"]
+                   + [False] * (r.json()["tokens"] - r.json()["private_tokens"]) for r in results)
+        assert sum(r.json()["private_tokens"] for r in results) <= T
         remaining, spent = _remaining(s, eid)
         assert spent == T and remaining == 0  # 8 requests × up to 4 tokens > T = 6: spent exactly, never more
         assert all(r.json()["budget_remaining_tokens"] >= 0 for r in results)
         # the budget is spent: public_only answers keep coming, free
         r = httpx.post(u2 + "/v1/completions", json=ok, headers=h, timeout=60)
         assert r.status_code == 200 and r.json()["budget_remaining_tokens"] == 0
+        assert r.json()["private"] == [False] * r.json()["tokens"] and r.json()["public_only_reason"] == "budget_spent"
         assert _remaining(s, eid) == (0, T)
     finally:
         for p in (p1, p2):
@@ -156,6 +162,95 @@ def test_refuse_policy_answers_429_in_process_uvicorn(built, tiny_base):
         server.should_exit = True
         th.join(timeout=10)
         tb.dispose()
+
+
+def _uvicorn(app):
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    return server, th, f"http://127.0.0.1:{port}/v1/completions"
+
+
+def test_per_key_quota_is_durable_and_flagged(built):
+    """Two keys, a 5-token quota each, a 9-token budget: each key's private tokens stop at its quota (flagged
+    key_quota_spent, public-only after); a second app on the same database (a restart) sees the same spend;
+    the second key meets the ensemble's budget (budget_spent). Every flag is a prefix of True."""
+    from components.prediction.budget import TokenBudget
+    from components.prediction.release import open_ensemble, resolve
+    from components.prediction.server import create_app
+
+    home, s, out = built
+    ens = open_ensemble(s, resolve(s, out["model_uri"]))
+    tb = TokenBudget.open(s)
+    tb.create("quota-test", 9, "public_only")
+    ka, kb = tb.create_key(), tb.create_key()
+
+    def app():
+        return create_app(ensemble=ens, budget=tb, ensemble_id="quota-test", when_exhausted="public_only",
+                          max_tokens_cap=8, key_quota=5)
+
+    def ask(url, key, n=3):
+        r = httpx.post(url, json={"prompt": "alpha", "max_tokens": n}, headers={"Authorization": f"Bearer {key}"},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        d = r.json()
+        assert d["private"] == [True] * d["private_tokens"] + [False] * (d["tokens"] - d["private_tokens"])
+        return d
+
+    server, th, url = _uvicorn(app())
+    try:
+        got = [ask(url, ka) for _ in range(3)]   # ≤ 9 tokens asked, 5 granted at most
+        assert tb.spent("quota-test") <= 5 and sum(d["private_tokens"] for d in got) <= 5
+        assert tb.key_remaining("quota-test", ka, 5) == got[-1]["key_quota_remaining_tokens"]
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    # a restart: a new app on the same durable counters
+    server, th, url = _uvicorn(app())
+    try:
+        while tb.key_remaining("quota-test", ka, 5) > 0:      # spend key A's quota to the end (EOS may cut short)
+            ask(url, ka, 8)
+        over = ask(url, ka)
+        assert over["private_tokens"] == 0 and over["public_only_reason"] == "key_quota_spent"
+        assert over["key_quota_remaining_tokens"] == 0 and over["budget_remaining_tokens"] == 4
+        b = ask(url, kb, 8)                    # key B: 5 of quota, but only 4 left in the budget
+        assert b["private_tokens"] <= 4
+        while tb.remaining("quota-test") > 0:
+            b = ask(url, kb, 8)
+        b = ask(url, kb)
+        assert b["private_tokens"] == 0 and b["public_only_reason"] == "budget_spent"
+        assert b["key_quota_remaining_tokens"] == 1   # B was granted 4 of its 5: the budget ran out first
+        assert tb.spent("quota-test") == 9
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+        tb.dispose()
+
+
+def test_quota_grants_are_atomic_across_processes(built, tmp_path):
+    """Two processes granting to one key concurrently: its grants sum to the quota, never more."""
+    from components.prediction.budget import TokenBudget
+
+    home, s, _ = built
+    tb = TokenBudget.open(s)
+    tb.create("quota-race", 1000, "public_only")
+    key = tb.create_key()
+    code = ("import sys; from components.core.settings import load_settings; "
+            "from components.prediction.budget import TokenBudget; "
+            "tb = TokenBudget.open(load_settings(sys.argv[1]).ensure()); "
+            "n = sum(iter(lambda: tb.grant('quota-race', 3, key=sys.argv[2], quota=50)[0], 0)); print(n)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(home), key], cwd=ROOT, env=_env(home),
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    got = [int(p.communicate(timeout=120)[0]) for p in procs]
+    assert sum(got) == 50 and tb.spent("quota-race") == 50 and tb.key_remaining("quota-race", key, 50) == 0
+    tb.dispose()
 
 
 _KILL_WORKER = r"""
