@@ -453,8 +453,9 @@ class Spec(_Strict):
             if self.lifetime_budget is None or self.target is None:
                 raise ValueError("@schedule@ a schedule is fitted under lifetime_budget: set lifetime_budget (and a "
                                  "per-release target, the most ε a release may take)")
-            if self.privacy_unit == "secret" or self.mechanism != "auto" and not (get_mechanism(self.mechanism).ledger_curve
-                                                 and get_mechanism(self.mechanism).ledger_person_claim):
+            no_person = self.privacy_unit == "secret"   # the secret unit makes no per-person claim
+            chosen = None if self.mechanism == "auto" else get_mechanism(self.mechanism)
+            if no_person or (chosen is not None and not (chosen.ledger_curve and chosen.ledger_person_claim)):
                 raise ValueError(f"@schedule@ {self.privacy_unit}/{self.mechanism} releases have no per-person Rényi "
                                  "charge in the ledger; a schedule cannot be fitted under its filter")
         if self.lifetime_budget is not None and self.target is not None:

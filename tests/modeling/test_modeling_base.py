@@ -159,7 +159,7 @@ def test_cli_base_model_options_progress_and_cache(tmp_path, monkeypatch):
     assert doc["steps"] == 10 and doc["n_params"] > 0
     r2 = CliRunner().invoke(app, args + ["--steps", "11"])   # new options: a new build, with progress lines
     assert r2.exit_code == 0, r2.output
-    assert "pretraining base: step 11/11" in r2.output and "training a 300-token tokenizer" in r2.output
+    assert "pretraining base model: 11/11" in r2.output and "base model: tokenizer on" in r2.output
     r3 = CliRunner().invoke(app, args + ["--json"])
     assert r3.exit_code == 0 and _json.loads(r3.stdout)["base_model"] == doc["base_model"]
     bad = CliRunner().invoke(app, args + ["--width", "25"])
