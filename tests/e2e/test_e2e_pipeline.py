@@ -20,6 +20,9 @@ def tiny_policy(tmp_path):
     doc["metadata"]["name"] = "e2e-tiny"
     doc["spec"]["training"].update(steps=4, expected_batch_size=8, seq_len=64, micro_batch_size=8)
     doc["spec"]["audit"]["attacker_samples_per_user"] = 2
+    # 100 candidates, as before the planner sized audits (`auto` gives 500 at 6 bits): these tests
+    # exercise the flow, not the audit's power, and 5× the secret scoring costs minutes in CI
+    doc["spec"]["audit"]["candidates_per_secret"] = 100
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path, doc

@@ -48,6 +48,9 @@ def test_nothing_published_names_a_person_a_secret_or_an_exact_count(veil_home, 
     doc["metadata"]["name"] = "leak-scan"
     doc["spec"]["training"].update(steps=2, expected_batch_size=8, seq_len=64, micro_batch_size=8)
     doc["spec"]["audit"]["attacker_samples_per_user"] = 2
+    # 100 candidates, as before the planner sized audits (`auto` gives 500 at 6 bits): these tests
+    # exercise the flow, not the audit's power, and 5× the secret scoring costs minutes in CI
+    doc["spec"]["audit"]["candidates_per_secret"] = 100
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(doc, sort_keys=False))
 
