@@ -63,7 +63,7 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
     # the device and precision that trained the model are on its certificate
     assert loaded.certificate["run"]["device"] == "cpu" and loaded.certificate["run"]["precision"] == "float32"
     if not first["promoted"]:  # an inconclusive/failed audit never moves production
-        assert "audit verdict" in first["reason"] and "no version is production" in first["reason"]
+        assert "only a passed audit is promoted" in first["reason"] and "no version is production" in first["reason"]
     assert _releases(veil_home) == 1
 
     again = _retrain(policy, org, capsys)
