@@ -101,6 +101,13 @@ def test_two_runs_at_once_run_one_after_the_other(prefect_server, veil_home, tmp
     # the worker's terminal (its flow-run processes write there) and the runs' Prefect log: Veil's
     # lines only, no third-party warning, bar or traceback (issue 26)
     assert_quiet((tmp_path / "worker.log").read_text(errors="replace"), "the worker's output")
-    log = prefect_log_text(prefect_server.api, since)
+    # a run is COMPLETED before its process has sent its last buffered log lines (Prefect's log
+    # worker flushes at exit): wait for them rather than race them
+    deadline = time.monotonic() + 90
+    while True:
+        log = prefect_log_text(prefect_server.api, since)
+        if ("step: trained" in log and "skipped:" in log) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert_quiet(log, "the deployment runs' Prefect log")
     assert "step: trained" in log and "skipped:" in log, log[-3000:]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -76,7 +77,9 @@ def test_uls_sampling_rate_and_sigma_meet_the_target(demo_plan):
     eps = pop["epsilon"] + account("uls", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
                                    steps=d["steps"], delta=d["target"]["delta"]).epsilon
     assert eps <= d["target"]["epsilon"] + 1e-9
-    assert d["accounting"]["epsilon"] == pytest.approx(eps, rel=1e-6)
+    # published rounded up to 6 significant digits: never below the independent value, at most one
+    # last-digit step above it (the accountants agree to ~1e-9 across CPUs, not bit for bit)
+    assert eps * (1 - 1e-9) <= d["accounting"]["epsilon"] <= eps * (1 + 1e-9) + 10 ** (math.floor(math.log10(eps)) - 5)
     # σ is the smallest that meets the target: 2 % less noise breaks it
     eps_less = pop["epsilon"] + account("uls", sampling_rate=d["sampling_rate"],
                                         noise_multiplier=0.98 * d["noise_multiplier"], steps=d["steps"],
