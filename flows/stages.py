@@ -237,7 +237,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
 
         led = Ledger.open(settings)
         try:
-            ledger_filter = (tuple(led.orders), led.conversion)
+            ledger_filter = led.filter_spec()
         finally:
             led.dispose()
     for _attempt in range(_PLAN_ATTEMPTS):

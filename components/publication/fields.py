@@ -509,3 +509,11 @@ declare(
           "granted to this key so far (a function of its earlier answers), or null without a quota",
           post_processing_of="pmixed.response:text"),
 )
+# --- the filter's order weights (h-price, issue 26) ---------------------------------------------------------------
+# A weighted ledger's δ shares over its orders: components.ledger.rdp.order_weights of the lifetime budget (ε, δ)
+# and the grid, both public; recorded when the budget is fixed. None under the older conversions.
+declare(
+    Field("cli.ledger", "order_weights", P, "a function of the lifetime budget (policy) and the ledger's order grid "
+          "(a constant of its creation): components.ledger.rdp.order_weights"),
+)
+# --- end of h-price ---
