@@ -108,7 +108,8 @@ def policy_rows(name: str, users: int) -> list[dict]:
         life = Budget.parse(pol.spec.lifetime_budget.model_dump())
         snap = make_snapshot(users, seed=3)
         for rule in RULES:
-            plan = make_plan(pol, snap, private_dir=tmp / f"private-{rule}", created_at="2026-01-01T00:00:00+00:00",
+            # one private area for both rules: the same planner key, so the same N̂ draw and q
+            plan = make_plan(pol, snap, private_dir=tmp / "private", created_at="2026-01-01T00:00:00+00:00",
                              ledger_filter=(R.ORDERS, rule, None)).to_dict()
             c = fresh_person_cost(plan)
             w = R.order_weights(life.epsilon, life.delta) if rule == R.WEIGHTED else None

@@ -28,8 +28,8 @@ from components.core.errors import VeilError
 from components.core.settings import Settings, load_settings, private_umask
 from components.publication import publish
 from flows import stages
-from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, log_audit, log_plan,
-                            log_step, plan_task, register_task)
+from flows.pipeline import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
+                            log_plan, log_step, plan_task, register_task)
 
 PRODUCTION = "production"
 LATEST = "latest-certified"
@@ -289,8 +289,10 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
                  model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
                  alias: str = PRODUCTION, approval_poll_s: int = 5) -> dict:
     """One retraining. Returns {action, reason, model_uri, promoted, approval, people_trained,
-    people_retired} (approval: who approved or rejected it and when, None when nobody was asked);
-    the people counts are exact and private: they are returned to the caller, never logged."""
+    people_retired}, and for a trained release `evaluation` (`stages.evaluate`'s document, None when the
+    policy reserves no evaluation people) (approval: who approved or rejected it and when, None when
+    nobody was asked); the people counts and the evaluation's exact figures are private: they are
+    returned to the caller, never logged."""
     from components.policy import load_policy
 
     private_umask()
@@ -351,6 +353,12 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     required = list(pol.spec.release.required_certificate_fields)
     require = pol.spec.audit.require
     log_audit(log, aud["summary"])
+    # Evaluated as `veil run` does, before the promoters are asked: the version's run gets the DP release
+    # of the metrics (charged to the evaluation people); the exact figures are returned to the operator,
+    # never logged. None when the plan reserved no evaluation people (evaluation.fraction 0).
+    ev = evaluate_task(home, reg["model_uri"], policy)
+    if ev is not None:
+        log_step(log, "evaluated")
     approval = None
     if promotion_gate(final_cert, aud["summary"], required, require)[0]:
         # only a release that passed its gates is put to the promoters (the flow pauses, not a task)
@@ -364,4 +372,4 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     public_approval = None if approval is None else {k: approval[k] for k in ("approved", "by", "at", "refused")}
     return {"action": "trained", "reason": gate["reason"], "model_uri": reg["model_uri"],
             "promoted": gate["promoted"], "approval": public_approval,
-            "people_trained": trained_n, "people_retired": retired_n}
+            "people_trained": trained_n, "people_retired": retired_n, "evaluation": ev}

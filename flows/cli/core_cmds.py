@@ -364,6 +364,12 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
         out.print(f"trained {result['model_uri']} · {result['people_trained']} people trained, "
                   f"{result['people_retired']} retired (no budget left) · "
                   + ("promoted" if result["promoted"] else "not promoted") + f": {result['reason']}")
+        if result.get("evaluation"):       # exact figures: the operator's terminal only, as `veil run` shows them
+            from flows.cli.evaluate_cmds import limit_line, summary_line
+
+            out.print(f"evaluation: {summary_line(result['evaluation'])}")
+            if limit_line(result["evaluation"]):
+                out.print(f"utility limit: {limit_line(result['evaluation'])}")
 
 
 def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name, mapping) -> None:
