@@ -449,12 +449,18 @@ def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     from components.core.identity import person_id_or_empty
 
     changed: dict[str, tuple[str, str]] = {}
+    ambiguous: dict[str, str] = {}
     for u in pc.unique(users).to_pylist():
         if u is None:
             continue
         acct, person = u.strip(" "), person_id_or_empty(u)
         if person != acct:
             changed[u] = (person, acct)
+            why = _display_conflict(u, person)
+            if why:
+                ambiguous[u] = why
+    if ambiguous:
+        batch = _quarantine_users(batch, ambiguous)
     if not changed:
         return batch, None
     idx = pc.index_in(users, value_set=pa.array(list(changed), pa.string()))
@@ -462,6 +468,32 @@ def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     accounts = pc.take(pa.array([v[1] for v in changed.values()], pa.string()), idx)
     batch = batch.set_column(batch.schema.get_field_index("user"), "user", persons)
     return batch, accounts.combine_chunks() if isinstance(accounts, pa.ChunkedArray) else accounts
+
+
+def _display_conflict(raw: str, person: str) -> str | None:
+    """Why a user field `Display Name <address>` is ambiguous, if it is: its display name holds another
+    address (`victim@corp <eve@evil>`): the rule credits the angle address, a reader may credit the
+    display name's. The mail connector's rule (catalog/connectors/addresses.py), for every format."""
+    if "@" not in person:
+        return None
+    import unicodedata
+
+    if "<" not in (raw if raw.isascii() else unicodedata.normalize("NFKC", raw)):
+        return None
+    from catalog.connectors.addresses import mailboxes
+
+    boxes, why = mailboxes(raw)
+    return f"ambiguous user: {why}" if why else None
+
+
+def _quarantine_users(batch: pa.Table, reasons: dict[str, str]) -> pa.Table:
+    """`batch` with `error` set to reasons[user] on the rows of those users (an earlier error stays)."""
+    users = batch.column("user")
+    idx = pc.index_in(users, value_set=pa.array(list(reasons), pa.string()))
+    why = pc.take(pa.array(list(reasons.values()), pa.string()), idx)
+    err = batch.column("error")
+    err = err.cast(pa.string()) if pa.types.is_null(err.type) else err
+    return batch.set_column(batch.schema.get_field_index("error"), "error", pc.coalesce(err, why))
 
 
 def _with_account(meta: pa.ChunkedArray | pa.Array, accounts: pa.Array) -> pa.Array:
