@@ -84,3 +84,81 @@ def test_maildir_symlink_out_of_the_tree_is_not_read(settings, tmp_path):
     assert texts == ["ann's mail"]
     assert rep.read == rep.accepted + rep.quarantined + rep.duplicates
     assert rep.quarantine_reasons.get("outside the source") == 2
+
+
+# -- issue 28: a display name that is another address ------------------------------------------------
+
+_SPOOFS = [  # From headers that show the victim's address but are sent by Eve
+    b"victim.user@corp.example <eve@evil.example>",                   # Outlook-style, unquoted
+    b'"victim.user@corp.example" <eve@evil.example>',                 # quoted
+    b"'victim.user@corp.example' <eve@evil.example>",                 # Outlook's single quotes
+    b"=?utf-8?q?victim.user=40corp.example?= <eve@evil.example>",    # RFC 2047-encoded
+    "victim.user＠corp.example <eve@evil.example>".encode(),          # full-width '@' (NFKC: '@')
+    b"eve@evil.example (victim.user@corp.example)",                   # in a comment
+    b"victim.user@corp.example eve@evil.example",                     # two addresses, no brackets
+    b"victim.user@corp.example, eve@evil.example",                    # two authors
+]
+_FINE = [b"eve@evil.example", b"Eve <eve@evil.example>", b"EVE@evil.example <eve@evil.example>",
+         b"'eve@evil.example' <eve@evil.example>"]
+
+
+def _msg(frm: bytes, body: bytes, to: bytes = b"bob@x.example") -> bytes:
+    return b"From: " + frm + b"\nTo: " + to + b"\nSubject: s\n\n" + body + b"\n"
+
+
+@pytest.mark.parametrize("fmt", ["mbox", "maildir"])
+def test_a_display_name_that_is_another_address_is_quarantined_not_credited(settings, tmp_path, fmt):
+    msgs = [_msg(f, b"spoof %d" % i) for i, f in enumerate(_SPOOFS)] + \
+           [_msg(f, b"eve's own %d" % i) for i, f in enumerate(_FINE)] + \
+           [_msg(b"Victim User <victim.user@corp.example>", b"the victim's own words")]
+    if fmt == "mbox":
+        src = tmp_path / "m.mbox"
+        src.write_bytes(b"".join(b"From x@y Mon Jan  2 03:04:05 2006\n" + m + b"\n" for m in msgs))
+    else:
+        src = tmp_path / "md"
+        (src / "inbox").mkdir(parents=True)
+        for i, m in enumerate(msgs):
+            (src / "inbox" / f"{i:02d}.").write_bytes(m)
+    rep = ingest_source(src, fmt, settings=settings)
+    assert rep.read == rep.accepted + rep.quarantined + rep.duplicates == len(msgs)
+    recs = load_snapshot(settings).records.to_pylist()
+    by_user = {}
+    for r in recs:
+        by_user.setdefault(r["user_id"], []).append(r["text"])
+    # nothing of Eve's is the victim's; nothing is silently dropped: every spoof is quarantined
+    assert by_user == {"eve@evil.example": [f"eve's own {i}" for i in range(len(_FINE))],
+                       "victim.user@corp.example": ["the victim's own words"]}
+    assert rep.quarantined == len(_SPOOFS) and rep.quarantine_reasons == {"ambiguous sender": len(_SPOOFS)}
+    import duckdb
+
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    reasons = [r for (r,) in con.sql("SELECT reason FROM quarantine ORDER BY position").fetchall()]
+    con.close()
+    assert sorted(reasons) == sorted(["ambiguous sender: display name is another address"] * 6
+                                     + ["ambiguous sender: two addresses in one mailbox without angle brackets",
+                                        "ambiguous sender: From names 2 addresses"])
+
+
+def test_a_recipient_whose_display_name_is_another_address_is_quarantined(settings, tmp_path):
+    # To/Cc own the record under all-participants: a spoofed recipient would charge the wrong person
+    src = tmp_path / "m.mbox"
+    src.write_bytes(b"From x@y Mon Jan  2 03:04:05 2006\n"
+                    + _msg(b"ann@x.example", b"to the real bob", b"Bob <bob@x.example>") + b"\n"
+                    + b"From x@y Mon Jan  2 03:04:05 2006\n"
+                    + _msg(b"ann@x.example", b"to whom?", b"bob@x.example, victim@corp.example <eve@evil.example>"))
+    rep = ingest_source(src, "mbox", settings=settings)
+    assert (rep.read, rep.accepted) == (2, 1) and rep.quarantine_reasons == {"ambiguous recipient": 1}
+    [rec] = load_snapshot(settings).records.to_pylist()
+    assert rec["text"] == "to the real bob" and json.loads(rec["metadata"])["to"] == ["bob@x.example"]
+
+
+def test_a_user_field_whose_display_name_is_another_address_is_quarantined(settings, tmp_path):
+    # The identity rule reads 'Name <addr>' as addr in every format: the same ambiguity, the same answer
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"user": "victim.user@corp.example <eve@evil.example>", "text": "spoof"},
+        {"user": "Eve <eve@evil.example>", "text": "eve's own"}]))
+    rep = ingest_source(src, "jsonl", settings=settings)
+    assert (rep.read, rep.accepted) == (2, 1) and rep.quarantine_reasons == {"ambiguous user": 1}
+    assert [(r["user_id"], r["text"]) for r in load_snapshot(settings).records.to_pylist()] == \
+        [("eve@evil.example", "eve's own")]
