@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 
+import pyarrow as pa
 import pytest
 
 from catalog.ingest import ingest_source
@@ -162,3 +163,73 @@ def test_a_user_field_whose_display_name_is_another_address_is_quarantined(setti
     assert (rep.read, rep.accepted) == (2, 1) and rep.quarantine_reasons == {"ambiguous user": 1}
     assert [(r["user_id"], r["text"]) for r in load_snapshot(settings).records.to_pylist()] == \
         [("eve@evil.example", "eve's own")]
+
+
+# -- issue 28: a key written twice, a user id that is not text ---------------------------------------
+
+def test_a_duplicated_key_is_quarantined_not_last_wins(settings, tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_bytes(b"".join(ln + b"\n" for ln in [
+        b'{"user": "victim@corp.example", "text": "eve wrote this", "user": "eve@evil.example"}',   # 1
+        b'{"user": "victim@corp.example", "us\\u0065r": "eve@evil.example", "text": "escaped twin"}',  # 2
+        b'{"user": "ann@x.example", "text": "one", "text": "two"}',                                  # 3
+        b'{"user": "ann@x.example", "text": "meta twin", "team": {"id": 1, "id": 2}}',               # 4
+        b'{"user": "ann@x.example", "text": "an unread twin", "z": 1, "z": 2}',                      # 5 ok
+        b'{"user": "bob@x.example", "text": "plain"}',                                               # 6 ok
+    ]))
+    rep = ingest_source(src, "jsonl", settings=settings, metadata_fields=("team",))
+    assert (rep.read, rep.accepted, rep.quarantined) == (6, 2, 4)
+    assert rep.quarantine_reasons == {"duplicate key": 4}
+    import duckdb
+
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    q = dict(con.sql("SELECT line, reason FROM quarantine").fetchall())
+    con.close()
+    assert sorted(q) == [1, 2, 3, 4]
+    assert q[1].startswith("duplicate key: 'user' appears twice") and q[2].startswith("duplicate key: 'user'")
+    assert q[3].startswith("duplicate key: 'text'") and q[4].startswith("duplicate key: 'team.id'")
+    users = {r["user_id"] for r in load_snapshot(settings).records.to_pylist()}
+    assert users == {"ann@x.example", "bob@x.example"}
+
+
+def test_a_user_id_that_is_not_text_is_quarantined_naming_field_and_type(settings, tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"user": 123, "text": "a"}, {"user": 123.0, "text": "b"}, {"user": True, "text": "c"},
+        {"user": {"id": "victim"}, "text": "d"}, {"user": ["victim"], "text": "e"},
+        {"user": "123", "text": "a string of digits is an id"}]))
+    rep = ingest_source(src, "jsonl", settings=settings)
+    assert (rep.read, rep.accepted, rep.quarantine_reasons) == (6, 1, {"wrong type": 5})
+    import duckdb
+
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    q = [r for (r,) in con.sql("SELECT reason FROM quarantine ORDER BY line").fetchall()]
+    con.close()
+    assert q == [f"wrong type: field 'user' (user) is a JSON {t}, not a string"
+                 for t in ("number", "number", "boolean", "object", "array")]
+    assert [r["user_id"] for r in load_snapshot(settings).records.to_pylist()] == ["123"]
+
+
+@pytest.mark.parametrize("user,text,why", [
+    (pa.array([{"id": "v"}, {"id": "w"}]), ["a", "b"], "column 'user' (user) is struct<id: string>"),
+    (pa.array([["v"], ["w"]]), ["a", "b"], "column 'user' (user) is list<element: string>"),
+    (pa.array([1, 2]), ["a", "b"], "column 'user' (user) is int64"),
+    (pa.array(["v", "w"]), pa.array([1.5, 2.5]), "column 'text' (text) is double"),
+    (pa.array(["v", "w"]), pa.array([{"q": "x"}, {"q": "y"}]), "column 'text' (text) is struct<q: string>"),
+])
+def test_parquet_user_or_text_of_another_type_is_quarantined_never_spelled_out(settings, tmp_path, user, text, why):
+    import pyarrow.parquet as pq
+
+    from components.core.errors import VeilError
+
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"user": user, "text": text}), p)
+    with pytest.raises(VeilError, match="nothing accepted") as e:
+        ingest_source(p, "parquet", settings=settings)
+    assert f"wrong type: {why}, not a string" in str(e.value)
+    # with good rows beside them (another file, a string column): only the bad ones go
+    good = tmp_path / "g.parquet"
+    pq.write_table(pa.table({"user": pa.array(["v", "w"]).dictionary_encode(), "text": ["a", "b"]}), good)
+    rep = ingest_source(good, "parquet", settings=settings)
+    assert sorted(r["user_id"] for r in load_snapshot(settings).records.to_pylist()) == ["v", "w"]
+    assert rep.accepted == 2
