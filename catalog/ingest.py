@@ -16,6 +16,7 @@ new), its secret spans to a span staging table. The merge into the catalog is on
 """
 from __future__ import annotations
 
+import errno
 import json
 import queue
 import threading
@@ -219,6 +220,39 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
 
     ner_plugin, ner_status = load_ner(ner)
     tagger = Tagger(rules, ner=ner_plugin)
+    try:
+        return _ingest(source, fmt, fields, max_record_bytes, settings=settings, tagger=tagger, rules=rules,
+                       progress=progress, keep_duplicates=keep_duplicates, time_field=time_field,
+                       user_field=user_field, text_field=text_field, id_field=id_field, path_field=path_field,
+                       ner_status=ner_status, t0=t0)
+    except OSError as e:          # a full disk, an unreadable source: the file and the cause, one line
+        raise VeilError(_os_problem(e, source, settings)) from None
+    except duckdb.IOException as e:
+        raise VeilError(_os_problem(e, source, settings)) from None
+
+
+def _os_problem(e: Exception, source: Path, settings: Settings) -> str:
+    """One line for an I/O failure during an ingest. An ingest commits whole or not at all (the merge is
+    one catalog transaction, LATEST is rewritten from the catalog by the next writer), and a failed
+    one's temporary files are removed: running it again is the recovery."""
+    if isinstance(e, OSError):
+        what = e.strerror or " ".join(str(e).split())[:300]
+        full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or "[errno 28]" in what.lower()
+        # Arrow's write errors name no file: what fills up is VEIL_HOME (the source is only read)
+        where = e.filename if e.filename is not None else (settings.home if full else source)
+    else:                         # DuckDB's message names the file
+        where, what = settings.catalog_path, " ".join(str(e).split())[:300]
+        full = "space left" in what or "disk is full" in what.lower()
+    if full:
+        return (f"{where}: no space left on device while ingesting {source} ({what}); free space on that disk "
+                "and run the ingest again (an ingest commits whole or not at all: the catalog is as it was "
+                "before, or holds this ingest whole)")
+    return f"{where}: {what} (while ingesting {source})"
+
+
+def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, settings: Settings, tagger,
+            rules, progress: bool, keep_duplicates: bool, time_field, user_field, text_field, id_field,
+            path_field, ner_status: str, t0: float) -> IngestReport:
     conn = _connector(source, fmt, fields, max_record_bytes)
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
@@ -240,22 +274,32 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
     if report.accepted:
-        # Likely duplicates, for the operator only (names in a private file, counts on their screen):
-        # names under several ids (sources that carry names), spellings the identity rule merged (all).
-        from catalog.people import likely_duplicates, write_likely_duplicates
-
-        found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
-        if isinstance(rules, (str, Path)):
-            # ingested under a policy: names its people.aliases already merge are settled, not news
-            from catalog.people import unsettled_by_policy
-
-            found = unsettled_by_policy(found, rules)
-        report.likely_duplicate_people = len(found)
-        report.identity_merged_people = len(merged)
-        write_likely_duplicates(settings.private_dir, found, str(source), merged)
+        try:
+            _report_likely_duplicates(report, settings, rules, source)
+        except (OSError, duckdb.IOException) as e:  # after the commit: the ingest stands, the report is missing
+            where = getattr(e, "filename", None) or settings.private_dir
+            raise VeilError(f"{where}: {getattr(e, 'strerror', None) or e}: the ingest is committed (snapshot "
+                            f"{report.snapshot_id}) but the likely-duplicates report was not written; free space "
+                            "and run `veil catalog people --policy <policy>` to write it") from None
     report.ner = ner_status
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _report_likely_duplicates(report: IngestReport, settings: Settings, rules, source: Path) -> None:
+    """Likely duplicates, for the operator only (names in a private file, counts on their screen):
+    names under several ids (sources that carry names), spellings the identity rule merged (all)."""
+    from catalog.people import likely_duplicates, write_likely_duplicates
+
+    found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
+    if isinstance(rules, (str, Path)):
+        # ingested under a policy: names its people.aliases already merge are settled, not news
+        from catalog.people import unsettled_by_policy
+
+        found = unsettled_by_policy(found, rules)
+    report.likely_duplicate_people = len(found)
+    report.identity_merged_people = len(merged)
+    write_likely_duplicates(settings.private_dir, found, str(source), merged)
 
 
 class _PrefixCollision(Exception):

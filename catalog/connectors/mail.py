@@ -299,7 +299,15 @@ class MailSource:
         shown with backslash escapes."""
         n = 0
         root_real = os.path.realpath(self.path)
-        for root, dirs, files in os.walk(self.path):
+        unreadable: list[OSError] = []   # folders os.walk could not list: quarantined, never skipped silently
+        for root, dirs, files in os.walk(self.path, onerror=unreadable.append):
+            while unreadable:
+                e = unreadable.pop(0)
+                n += 1
+                rel = _rel(Path(e.filename), self.path) if e.filename else "."
+                self._sha.update(os.fsencode(rel) + b"\0unreadable")
+                yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                        "error": f"unreadable folder: {e.strerror or e}"}, b"")
             keep = []
             for d in sorted(dirs):
                 if d.startswith(".") or d == "tmp":
@@ -329,11 +337,25 @@ class MailSource:
                     continue
                 if not p.is_file():
                     continue
-                raw = p.read_bytes()
+                try:
+                    raw = p.read_bytes()
+                except OSError as e:  # (chmod 000, an I/O error): this message is quarantined, the rest read
+                    n += 1
+                    self._done = n
+                    self._sha.update(os.fsencode(rel) + b"\0unreadable")
+                    yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                            "error": f"unreadable file: {e.strerror or e}"}, b"")
+                    continue
                 self._sha.update(os.fsencode(rel) + b"\0" + hashlib.sha256(raw).digest())
                 n += 1
                 self._done = n
                 yield {"seq": n, "line": n, "offset": None, "locator": rel, "folder": str(Path(rel).parent)}, raw
+        for e in unreadable:  # a folder listed last
+            n += 1
+            rel = _rel(Path(e.filename), self.path) if e.filename else "."
+            self._sha.update(os.fsencode(rel) + b"\0unreadable")
+            yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                    "error": f"unreadable folder: {e.strerror or e}"}, b"")
 
     def batches(self) -> Iterator[pa.Table]:
         rows = RawRows(())
