@@ -5,9 +5,10 @@ streaming decoder, so quoted fields may span lines; a row's position is its numb
 starts on. A row with the wrong number of fields, bytes that are not UTF-8, or a field over the size
 limit is quarantined; the rows around it are kept.
 
-Parquet: read in row batches. The user and text columns must be text (string, or binary decoded per
-row: bad UTF-8 is quarantined); any other type there — a number, a struct, a list — quarantines its
-rows as `wrong type`, naming the column and its type. Other mapped columns (time, id, source,
+Parquet: read in row batches. The text column must be text (string, or binary decoded per row: bad
+UTF-8 is quarantined), the user column text or integers (their decimal spelling); any other type
+there — a float, a boolean, a struct, a list — quarantines its rows as `wrong type`, naming the
+column and its type. Other mapped columns (time, id, source,
 metadata) may be numbers, booleans or timestamps too (their decimal/ISO spelling).
 """
 from __future__ import annotations
@@ -223,10 +224,13 @@ class ParquetSource:
             for c, name in colmap.items():
                 if name in t.column_names:
                     col = t.column(name)
-                    if c in ("user", "text") and not _is_text(col.type):
-                        # A person id or a text must be text in the file: a number, a struct or a list
-                        # spelled out as a string would be an id or a text nobody wrote (issue 28)
-                        why = f"wrong type: column {name!r} ({c}) is {col.type}, not a string"
+                    if (c == "text" and not _is_text(col.type)) or \
+                            (c == "user" and not (_is_text(col.type) or pa.types.is_integer(col.type))):
+                        # A person id or a text must be text in the file (a user id may be a whole
+                        # number: a typed column has one decimal spelling); a float (7.0 or 7?), a
+                        # struct or a list spelled out would be an id or a text nobody wrote (issue 28)
+                        allowed = "a string or an integer" if c == "user" else "a string"
+                        why = f"wrong type: column {name!r} ({c}) is {col.type}, not {allowed}"
                         for i in pc.indices_nonzero(pc.is_valid(col)).to_pylist():
                             errors[i] = errors[i] or why
                         cols[c] = pa.nulls(n, pa.string())
