@@ -46,7 +46,7 @@ class PolicyError(VeilError):
 # Bounds on what the checker reads, so that no file can pin a core (issue 28: a policy of 10⁶ literals or
 # 10⁵ regexes kept `veil policy check` busy past 120 s). Far above any policy a governance team writes
 # and reviews (the largest in policies/ is 7 KB and ~300 values); measured at the limits, refusing or
-# checking takes seconds (docs/privacy/threat-model.md, "Policy files"; tests/policy/test_policy_hangs.py).
+# checking takes seconds (policies/README.md, Limits; tests/policy/test_policy_hangs.py).
 MAX_POLICY_BYTES = 4 << 20          # the file, before it is decoded
 MAX_NODES = 100_000                 # YAML values (keys, list items, scalars), counted while composing
 MAX_REGEX_PATTERNS = 10_000         # `kind: regex` patterns over all rules: each is compiled twice (re, RE2)
@@ -365,12 +365,12 @@ def _over_node_limit(text: str):
 def _too_many_nodes(path: str, mark) -> PolicyProblem:
     return PolicyProblem(path, mark.line + 1, "", f"not a policy: more than {MAX_NODES:,} YAML values (keys, list "
                                                   "items, scalars); policies are bounded "
-                                                  "(docs/privacy/threat-model.md, Policy files)")
+                                                  "(policies/README.md, Limits)")
 
 
 def _too_big(path: str, size: int) -> PolicyProblem:
     return PolicyProblem(path, 1, "", f"not a policy: {size:,} bytes, over the {MAX_POLICY_BYTES:,}-byte limit "
-                                      "(docs/privacy/threat-model.md, Policy files)")
+                                      "(policies/README.md, Limits)")
 
 
 def _regex_budget(data: dict) -> tuple[tuple, str] | None:
@@ -393,10 +393,10 @@ def _regex_budget(data: dict) -> tuple[tuple, str] | None:
             loc = ("spec", "secrets", "classes", i, "rules", j, "patterns")
             if n > MAX_REGEX_PATTERNS:
                 return loc, (f"more than {MAX_REGEX_PATTERNS:,} regex patterns in the policy; list fixed strings "
-                             "as kind: literal (docs/privacy/threat-model.md, Policy files)")
+                             "as kind: literal (policies/README.md, Limits)")
             if chars > MAX_REGEX_CHARS:
                 return loc, (f"regex patterns total more than {MAX_REGEX_CHARS:,} characters; list fixed strings "
-                             "as kind: literal (docs/privacy/threat-model.md, Policy files)")
+                             "as kind: literal (policies/README.md, Limits)")
     return None
 
 
