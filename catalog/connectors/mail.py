@@ -1,6 +1,8 @@
 """Email: mbox files (optionally gzip) and maildir trees (the Enron layout: any folder of message files).
 
-One record per message; the user is the sender (the From address, lower-cased). The text is the
+One record per message; the user is the sender: the From header's angle address (or its one bare
+address), lower-cased. A display name that is another address, or a From naming two people, is
+ambiguous and quarantined, never credited (catalog/connectors/addresses.py; To/Cc alike). The text is the
 sender's own words only: quoted replies (`>` lines, "On … wrote:", "-----Original Message-----",
 Outlook/Lotus Notes header blocks) and forwarded messages are cut, because a per-user bound means
 nothing if one user's words sit in another user's records. Recipients (To/Cc) go to metadata; Bcc is
