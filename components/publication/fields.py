@@ -509,3 +509,15 @@ declare(
           "granted to this key so far (a function of its earlier answers), or null without a quota",
           post_processing_of="pmixed.response:text"),
 )
+
+# --- the endpoint's API keys and the PMixED certificate field by field (h-serve2, issues 28 and 22) ---------
+channel("cli.keys", "the operator: `veil keys list|revoke --json`")
+_KEYHASH = ("a 256-bit random API key's sha256 (and its 16-hex-digit prefix, the key's id): random, a function of "
+            "no one's data; preimage-resistant, so it does not give the key")
+declare(
+    *(Field("cli.keys", f"{doc}.{leaf}", P, what)
+      for doc in ("keys", "revoked")
+      for leaf, what in [("id", _KEYHASH), ("sha256", _KEYHASH), ("created_at", "when `veil keys create` ran"),
+                         ("revoked_at", "when `veil keys revoke` ran, or null")]),
+    Field("cli.keys", "keys", P, "an empty list: no key was ever created"),
+)
