@@ -555,4 +555,16 @@ declare(*(Field("pmixed.release", f"manifest.{p}", P, w) for p, w in [
     ("params.shards", _POLICY), ("params.q", _POLICY), ("params.radius", _PMX_CALIB), ("params.tokens", _POLICY),
     ("params.delta", _POLICY), ("params.temperature", _POLICY),
     ("base_sha256", "the public base model's hash"), ("max_tokens_per_request", _POLICY)]))
+# What Prefect stores of Veil's flows (issue 22): flow-run parameters are public handles only — paths (whose
+# contents stay in the private area), names, flags. Task parameters are the same handles (a list of person ids
+# travels as the path of the private file holding it); results are never persisted (persist_result=False).
+_PATH = "a path on the operator's host (its contents stay private; the path names no person)"
+declare(*(Field("prefect", f"parameters.{p}", P, w) for p, w in [
+    ("policy", "the policy file's path (public YAML)"), ("source", _PATH), ("fmt", "the source's format name"),
+    ("home", "VEIL_HOME's path"), ("public_corpus", _PATH + " (a public corpus)"),
+    ("base_model_dir", _PATH + " (a public base model)"), ("model_name", "the registered model's name"),
+    ("mapping", "the source's field mapping (field names given on the command line); empty"),
+    ("mapping.*", "the source's field mapping: field names given on the command line"),
+    ("audit", "whether to audit (a flag)"), ("truth", _PATH + " (the demo's planted-secret list)"),
+    ("alias", "the alias to promote to (a name)"), ("approval_poll_s", "seconds between approval polls")]))
 # --- end of h-serve2 ---
