@@ -203,7 +203,7 @@ def await_approval(promoters: list[str], timeout_s: int, model_uri: str, *, poll
             "reason": f"no promoter approved within {timeout_s} s"}
 
 
-@task(name="promote", cache_policy=NO_CACHE, retries=0)
+@task(name="promote", cache_policy=NO_CACHE, retries=0, persist_result=False)
 def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | None, required: list[str],
                  alias: str, approval: dict | None = None, require: str | None = None) -> dict:
     """Move `alias` when the gates pass and (when asked for) a promoter approved; tag the version with
@@ -239,7 +239,7 @@ def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | No
     return {"promoted": ok, "reason": why}
 
 
-@task(name="train-or-resume", cache_policy=NO_CACHE, retries=0)
+@task(name="train-or-resume", cache_policy=NO_CACHE, retries=0, persist_result=False)
 def train_or_resume_task(home: str, plan_path: str, base_dir: str) -> dict:
     """Train (resuming from the run's checkpoint) or, when this plan's run already finished, take its
     result: a retraining stopped after training never trains or charges twice."""
@@ -283,7 +283,7 @@ def _skip(reason: str, model_uri: str | None = None) -> dict:
             "approval": None, "people_trained": 0, "people_retired": 0}
 
 
-@flow(name="veil-retrain", log_prints=True)
+@flow(name="veil-retrain", log_prints=True, persist_result=False)  # returns exact people counts
 def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                  base_model_dir: str | None = None, public_corpus: str | None = None,
                  model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
@@ -322,7 +322,9 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     try:
         # plan only with people who have budget left (N̂, q and the audit split are the trainable's)
         excluded = planning_exclusions(settings, key, pol, ing["snapshot_id"], content, base_sha)
-        planned = plan_task(home, policy, ing["snapshot_id"], base, exclude_people=excluded)
+        # the ids stay in the private state file: the task gets its path (a Prefect task parameter is a public handle)
+        planned = plan_task(home, policy, ing["snapshot_id"], base,
+                            exclusions_file=str(_state_path(settings, f"{key}.planning")) if excluded else None)
         log_step(log, "planned")
         plan_doc = planned["plan"]
         log_plan(log, plan_doc)

@@ -238,6 +238,8 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     mv = mlflow.register_model(info.model_uri, name, tags=tags)
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
+    # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME is typically 0644)
+    settings.make_private(settings.mlflow_artifacts_dir)
     return Registration(name=name, version=str(mv.version), run_id=run_id,
                         model_uri=f"models:/{name}/{mv.version}", certificate_sha256=cert["sha256"],
                         lifetime=lifetime)
