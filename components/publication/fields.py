@@ -509,3 +509,11 @@ declare(
           "granted to this key so far (a function of its earlier answers), or null without a quota",
           post_processing_of="pmixed.response:text"),
 )
+# --- h-kill: kills, resume, registry (issue 28) -------------------------------------------------------------
+declare(
+    Field("registry.tag", "veil.plan_sha256", P, "the hash of the public plan the run registers (the plan is "
+          "published in full with the model): how a registration killed after MLflow registered its version is "
+          "found again instead of registered twice", digest=True),
+    Field("prefect", "resuming", P, "a registered model URI and the step a killed retraining left undone "
+          "(a fixed word: audit or promotion)"),
+)
