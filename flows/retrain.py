@@ -235,7 +235,8 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
                  base_model_dir: str | None = None, public_corpus: str | None = None,
                  model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
                  alias: str = PRODUCTION, approval_poll_s: int = 5) -> dict:
-    """One retraining. Returns {action, reason, model_uri, promoted, approval, people_trained,
+    """One retraining. Returns {action ("trained", "skipped", or "resumed": a killed run's registered
+    release finished — its audit, its promotion), reason, model_uri, promoted, approval, people_trained,
     people_retired} (approval: who approved or rejected it and when, None when nobody was asked);
     the people counts are exact and private: they are returned to the caller, never logged."""
     from components.policy import load_policy
@@ -321,10 +322,14 @@ def unfinished(settings: Settings, model_uri: str) -> str | None:
         mv = _resolve_version(client, model_uri)
     except VeilError:       # the version was deleted since: nothing of it to finish
         return None
+    if mv.tags.get("veil.promotion"):
+        # the last thing a retraining writes (promote_task, after the audit was recorded): finished, and
+        # a skipped run need not download and verify the package to say so
+        return None
     v = verify_version(client, mv, trusted_keys(settings))
     if not v.valid or not isinstance((v.certificate or {}).get("audit"), dict):
         return "audit"
-    return None if mv.tags.get("veil.promotion") else "promotion"
+    return "promotion"
 
 
 def _saved_plan(settings: Settings, state: dict) -> dict:

@@ -675,6 +675,24 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     return reg.to_dict()
 
 
+def settle_latest(settings: Settings, model_uri: str, audit_summary: dict | None) -> None:
+    """`latest-certified` is never on a version whose audit failed (the promotion gate checks it at load,
+    components.registry.gate): registration set it before the audit; a failed audit takes it off."""
+    if (audit_summary or {}).get("verdict") != "failed":
+        return
+    from components.registry.gate import LATEST
+    from components.registry.mlflow_registry import _client
+
+    name, version = model_uri[len("models:/"):].split("/", 1)
+    client = _client(settings)
+    try:
+        on = client.get_model_version_by_alias(name, LATEST).version
+    except Exception:  # noqa: BLE001 - MLflow raises when the alias is not set
+        return
+    if str(on) == str(version):
+        client.delete_registered_model_alias(name, LATEST)
+
+
 def _check_certified_weights(certificate: dict, weights_dir: str | Path | None) -> None:
     """The weights being registered are the ones the certificate names (nothing swapped since)."""
     from components.core.fingerprints import weights_fingerprint
