@@ -179,6 +179,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     if aud is not None:
         log_audit(log, aud["summary"])
         log_step(log, "audited")
+        stages.settle_latest(settings, reg["model_uri"], aud["summary"])
     ev = evaluate_task(home, reg["model_uri"], policy)
     if ev is not None:
         log_step(log, "evaluated")

@@ -568,3 +568,11 @@ declare(*(Field("prefect", f"parameters.{p}", P, w) for p, w in [
     ("audit", "whether to audit (a flag)"), ("truth", _PATH + " (the demo's planted-secret list)"),
     ("alias", "the alias to promote to (a name)"), ("approval_poll_s", "seconds between approval polls")]))
 # --- end of h-serve2 ---
+# --- h-kill: kills, resume, registry (issue 28) -------------------------------------------------------------
+declare(
+    Field("registry.tag", "veil.plan_sha256", P, "the hash of the public plan the run registers (the plan is "
+          "published in full with the model): how a registration killed after MLflow registered its version is "
+          "found again instead of registered twice", digest=True),
+    Field("prefect", "resuming", P, "a registered model URI and the step a killed retraining left undone "
+          "(a fixed word: audit or promotion)"),
+)
