@@ -16,6 +16,7 @@ new), its secret spans to a span staging table. The merge into the catalog is on
 """
 from __future__ import annotations
 
+import errno
 import json
 import queue
 import threading
@@ -145,7 +146,10 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
             # A JSON object of the non-null members (absent fields leave no key behind), written by
             # hand: the same bytes as json_merge_patch('{}', json_object(…)) (a test compares them) at
             # ~60 % of its CPU. The columns are strings (connectors/base.py): to_json quotes them.
-            members = ", ".join(f"CASE WHEN {col} IS NOT NULL THEN to_json({_q(k)}) || ':' || to_json({col}) END"
+            # Recipient fields arrive as JSON array text (`_recipients`): kept as an array, which the
+            # owners column and the dedup union read; every other member is a JSON string.
+            members = ", ".join(f"CASE WHEN {col} IS NOT NULL THEN to_json({_q(k)}) || ':' || "
+                                f"{col if k in RECIPIENT_FIELDS else f'to_json({col})'} END"
                                 for k, col in pairs)
             meta = f"'{{' || concat_ws(',', {members}) || '}}'"
         else:
@@ -219,6 +223,39 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
 
     ner_plugin, ner_status = load_ner(ner)
     tagger = Tagger(rules, ner=ner_plugin)
+    try:
+        return _ingest(source, fmt, fields, max_record_bytes, settings=settings, tagger=tagger, rules=rules,
+                       progress=progress, keep_duplicates=keep_duplicates, time_field=time_field,
+                       user_field=user_field, text_field=text_field, id_field=id_field, path_field=path_field,
+                       ner_status=ner_status, t0=t0)
+    except OSError as e:          # a full disk, an unreadable source: the file and the cause, one line
+        raise VeilError(_os_problem(e, source, settings)) from None
+    except duckdb.IOException as e:
+        raise VeilError(_os_problem(e, source, settings)) from None
+
+
+def _os_problem(e: Exception, source: Path, settings: Settings) -> str:
+    """One line for an I/O failure during an ingest. An ingest commits whole or not at all (the merge is
+    one catalog transaction, LATEST is rewritten from the catalog by the next writer), and a failed
+    one's temporary files are removed: running it again is the recovery."""
+    if isinstance(e, OSError):
+        what = e.strerror or " ".join(str(e).split())[:300]
+        full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or "[errno 28]" in what.lower()
+        # Arrow's write errors name no file: what fills up is VEIL_HOME (the source is only read)
+        where = e.filename if e.filename is not None else (settings.home if full else source)
+    else:                         # DuckDB's message names the file
+        where, what = settings.catalog_path, " ".join(str(e).split())[:300]
+        full = "space left" in what or "disk is full" in what.lower()
+    if full:
+        return (f"{where}: no space left on device while ingesting {source} ({what}); free space on that disk "
+                "and run the ingest again (an ingest commits whole or not at all: the catalog is as it was "
+                "before, or holds this ingest whole)")
+    return f"{where}: {what} (while ingesting {source})"
+
+
+def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, settings: Settings, tagger,
+            rules, progress: bool, keep_duplicates: bool, time_field, user_field, text_field, id_field,
+            path_field, ner_status: str, t0: float) -> IngestReport:
     conn = _connector(source, fmt, fields, max_record_bytes)
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
@@ -240,22 +277,32 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
     if report.accepted:
-        # Likely duplicates, for the operator only (names in a private file, counts on their screen):
-        # names under several ids (sources that carry names), spellings the identity rule merged (all).
-        from catalog.people import likely_duplicates, write_likely_duplicates
-
-        found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
-        if isinstance(rules, (str, Path)):
-            # ingested under a policy: names its people.aliases already merge are settled, not news
-            from catalog.people import unsettled_by_policy
-
-            found = unsettled_by_policy(found, rules)
-        report.likely_duplicate_people = len(found)
-        report.identity_merged_people = len(merged)
-        write_likely_duplicates(settings.private_dir, found, str(source), merged)
+        try:
+            _report_likely_duplicates(report, settings, rules, source)
+        except (OSError, duckdb.IOException) as e:  # after the commit: the ingest stands, the report is missing
+            where = getattr(e, "filename", None) or settings.private_dir
+            raise VeilError(f"{where}: {getattr(e, 'strerror', None) or e}: the ingest is committed (snapshot "
+                            f"{report.snapshot_id}) but the likely-duplicates report was not written; free space "
+                            "and run `veil catalog people --policy <policy>` to write it") from None
     report.ner = ner_status
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _report_likely_duplicates(report: IngestReport, settings: Settings, rules, source: Path) -> None:
+    """Likely duplicates, for the operator only (names in a private file, counts on their screen):
+    names under several ids (sources that carry names), spellings the identity rule merged (all)."""
+    from catalog.people import likely_duplicates, write_likely_duplicates
+
+    found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
+    if isinstance(rules, (str, Path)):
+        # ingested under a policy: names its people.aliases already merge are settled, not news
+        from catalog.people import unsettled_by_policy
+
+        found = unsettled_by_policy(found, rules)
+    report.likely_duplicate_people = len(found)
+    report.identity_merged_people = len(merged)
+    write_likely_duplicates(settings.private_dir, found, str(source), merged)
 
 
 class _PrefixCollision(Exception):
@@ -435,6 +482,84 @@ class _RecordIds:
         return pc.if_else(valid, ids, pa.scalar(None, pa.string()))
 
 
+# Metadata fields that name a record's other participants: under `ownership: all-participants` each
+# one owns the record (components/planning/people.py reads them as lists). The mail connector writes
+# them as lists; a JSONL/CSV/Parquet source's `--meta to --meta cc` arrive as text (`as_text`).
+RECIPIENT_FIELDS = ("to", "cc")
+
+
+def _recipient_list(raw: str, field: str) -> tuple[str | None, str | None]:
+    """One source value of a recipient field → (JSON array text of its participants, None), or
+    (None, why the record is quarantined). A JSON array of strings, or one string; each entry is a
+    mailbox list (`a@x, "B" <b@y>`) read by the mail connector's rule (an address-like display name
+    that differs is ambiguous), or a plain account name (a chat handle) kept as it is."""
+    from catalog.connectors.addresses import mailboxes
+
+    s = raw.strip()
+    items: list = [raw]
+    if s[:1] in ("[", "{"):
+        try:
+            parsed = json.loads(s)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return None, f"wrong type: field {field!r} (recipients) is a JSON object, not a list of strings"
+        if isinstance(parsed, list):
+            for x in parsed:
+                if not isinstance(x, str):
+                    kind = "number" if isinstance(x, (int, float)) and not isinstance(x, bool) else \
+                        {bool: "boolean", dict: "object", list: "array", type(None): "null"}.get(type(x), "value")
+                    return None, f"wrong type: field {field!r} (recipients) holds a JSON {kind}, not a string"
+            items = parsed
+    out: list[str] = []
+    for it in items:
+        it = it.strip()
+        if not it:
+            continue
+        if "@" not in it and "<" not in it and "\uff20" not in it and "\ufe6b" not in it:
+            who = [it]                          # an account name, not an address (chat handles)
+        else:
+            boxes, why = mailboxes(it)
+            if why:
+                return None, f"ambiguous recipient: {why} ({field})"
+            who = [b.addr for b in boxes]
+        out += [w for w in who if w not in out]
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")), None
+
+
+def _recipients(batch: pa.Table) -> pa.Table:
+    """The batch with its recipient metadata columns as JSON array text (see `_recipient_list`),
+    and the rows whose recipients are ambiguous or of the wrong type quarantined with the reason.
+    Before this, a JSONL `"to": ["b@x"]` was kept as the string '["b@x"]', which the owners column
+    cannot read: its recipients owned nothing and were charged nothing."""
+    for field in RECIPIENT_FIELDS:
+        name = meta_col(field)
+        if name not in batch.schema.names:
+            continue
+        col = batch.column(name)
+        if pa.types.is_null(col.type) or col.null_count == len(col):
+            continue
+        col = col.cast(pa.string())
+        fixed: dict[str, str | None] = {}
+        why: dict[str, str] = {}
+        for v in pc.unique(col).to_pylist():
+            if v is None:
+                continue
+            fixed[v], bad = _recipient_list(v, field)
+            if bad:
+                why[v] = bad
+        idx = pc.index_in(col, value_set=pa.array(list(fixed), pa.string()))
+        batch = batch.set_column(batch.schema.get_field_index(name), name,
+                                 pc.take(pa.array(list(fixed.values()), pa.string()), idx))
+        if why:
+            bad_idx = pc.index_in(col, value_set=pa.array(list(why), pa.string()))
+            reason = pc.take(pa.array(list(why.values()), pa.string()), bad_idx)
+            err = batch.column("error")
+            err = err.cast(pa.string()) if pa.types.is_null(err.type) else err
+            batch = batch.set_column(batch.schema.get_field_index("error"), "error", pc.coalesce(err, reason))
+    return batch
+
+
 def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     """The batch with its `user` column under the one identity rule (components.core.identity: case,
     spacing, Unicode form, e-mail address form), so every record's `user_id` is its person's id and
@@ -449,12 +574,18 @@ def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     from components.core.identity import person_id_or_empty
 
     changed: dict[str, tuple[str, str]] = {}
+    ambiguous: dict[str, str] = {}
     for u in pc.unique(users).to_pylist():
         if u is None:
             continue
         acct, person = u.strip(" "), person_id_or_empty(u)
         if person != acct:
             changed[u] = (person, acct)
+            why = _display_conflict(u, person)
+            if why:
+                ambiguous[u] = why
+    if ambiguous:
+        batch = _quarantine_users(batch, ambiguous)
     if not changed:
         return batch, None
     idx = pc.index_in(users, value_set=pa.array(list(changed), pa.string()))
@@ -462,6 +593,32 @@ def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     accounts = pc.take(pa.array([v[1] for v in changed.values()], pa.string()), idx)
     batch = batch.set_column(batch.schema.get_field_index("user"), "user", persons)
     return batch, accounts.combine_chunks() if isinstance(accounts, pa.ChunkedArray) else accounts
+
+
+def _display_conflict(raw: str, person: str) -> str | None:
+    """Why a user field `Display Name <address>` is ambiguous, if it is: its display name holds another
+    address (`victim@corp <eve@evil>`): the rule credits the angle address, a reader may credit the
+    display name's. The mail connector's rule (catalog/connectors/addresses.py), for every format."""
+    if "@" not in person:
+        return None
+    import unicodedata
+
+    if "<" not in (raw if raw.isascii() else unicodedata.normalize("NFKC", raw)):
+        return None
+    from catalog.connectors.addresses import mailboxes
+
+    boxes, why = mailboxes(raw)
+    return f"ambiguous user: {why}" if why else None
+
+
+def _quarantine_users(batch: pa.Table, reasons: dict[str, str]) -> pa.Table:
+    """`batch` with `error` set to reasons[user] on the rows of those users (an earlier error stays)."""
+    users = batch.column("user")
+    idx = pc.index_in(users, value_set=pa.array(list(reasons), pa.string()))
+    why = pc.take(pa.array(list(reasons.values()), pa.string()), idx)
+    err = batch.column("error")
+    err = err.cast(pa.string()) if pa.types.is_null(err.type) else err
+    return batch.set_column(batch.schema.get_field_index("error"), "error", pc.coalesce(err, why))
 
 
 def _with_account(meta: pa.ChunkedArray | pa.Array, accounts: pa.Array) -> pa.Array:
@@ -499,6 +656,7 @@ class _Normalizer:
             self.con.execute("SET TimeZone = 'UTC'")
             self.ids = _RecordIds()
         batch, accounts = _person_ids(batch)
+        batch = _recipients(batch)
         out = self._stage(batch)
         # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
         # are they rewritten (catalog/dates.py) and the batch staged again.

@@ -379,7 +379,14 @@ def latest_snapshot_id(settings: Settings) -> str:
     p = settings.snapshots_dir / "LATEST"
     if not p.is_file():
         raise VeilError(f"{settings.snapshots_dir}: no snapshot yet; run `veil ingest` first")
-    return p.read_text().strip()
+    try:
+        sid = p.read_bytes().decode("ascii").strip()
+    except UnicodeDecodeError:
+        sid = ""
+    if not sid or "/" in sid or sid.startswith("."):
+        raise VeilError(f"{p}: garbled (it should hold the latest snapshot's id); the next `veil ingest` "
+                        "rewrites it from the catalog, or name one with --snapshot (veil catalog snapshots)")
+    return sid
 
 
 def load_snapshot(settings: Settings, snapshot_id: str | None = None, *, verify: bool = True) -> Snapshot:
@@ -389,19 +396,27 @@ def load_snapshot(settings: Settings, snapshot_id: str | None = None, *, verify:
     mpath = d / "manifest.json"
     if not mpath.is_file():
         raise VeilError(f"snapshot {sid!r}: not found under {settings.snapshots_dir}")
+    restore = f"restore the folder {d} from a backup, or ingest the sources again into a fresh VEIL_HOME"
     try:
-        manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
-        raise VeilError(f"{mpath}: not valid JSON ({e})") from None
-    if manifest.get("schema") != SCHEMA or manifest.get("snapshot_id") != sid:
-        raise VeilError(f"{mpath}: not a {SCHEMA} manifest for {sid}")
+        manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # (JSONDecodeError is a ValueError)
+        raise VeilError(f"{mpath}: not valid JSON ({e}); {restore}") from None
+    except OSError as e:
+        raise VeilError(f"{mpath}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA or manifest.get("snapshot_id") != sid \
+            or not isinstance(manifest.get("files"), dict):
+        raise VeilError(f"{mpath}: not a {SCHEMA} manifest for {sid}; {restore}")
     if verify:
         for name, info in manifest["files"].items():
             f = d / name
             if not f.is_file():
-                raise VeilError(f"snapshot {sid}: {name} is missing")
-            if sha256_file(f) != info["sha256"]:
-                raise VeilError(f"snapshot {sid}: {name} does not match its manifest sha256 (modified or damaged)")
+                raise VeilError(f"snapshot {sid}: {name} is missing; {restore}")
+            try:
+                ok = isinstance(info, dict) and sha256_file(f) == info.get("sha256")
+            except OSError as e:
+                raise VeilError(f"{f}: cannot be read ({e.strerror or e})") from None
+            if not ok:
+                raise VeilError(f"{f}: does not match its manifest sha256 (modified or damaged); {restore}")
     return Snapshot(snapshot_id=sid, sha256=sha256_file(mpath), path=d, manifest=manifest)
 
 

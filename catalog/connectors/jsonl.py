@@ -39,6 +39,7 @@ class JsonlSource(StreamedFile):
         self.max_line_bytes = max_line_bytes
         self.stream = HashedStream(self.path, block=block)
         names = fields.wanted()
+        self._read_names = frozenset(names)
         self._schema = pa.schema([(n, pa.string()) for n in names])
         self.meta_names = tuple(fields.metadata)
 
@@ -178,9 +179,12 @@ class JsonlSource(StreamedFile):
             fields = []
             for f in self._schema:
                 typ = probe.schema.field(f.name).type if f.name in probe.column_names else pa.string()
-                if f.name == self.fields.text or not (pa.types.is_integer(typ) or pa.types.is_floating(typ)
-                                                       or pa.types.is_boolean(typ)):
-                    if f.name != self.fields.text and (pa.types.is_nested(typ) or pa.types.is_binary(typ)):
+                # The user and the text must be JSON strings (a number as a user id is quarantined
+                # line by line, never spelled out: 123, 123.0 and 1.23e2 would be three people);
+                # other fields' numbers and booleans become their JSON spelling.
+                strict = f.name in (self.fields.text, self.fields.user)
+                if strict or not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)):
+                    if not strict and (pa.types.is_nested(typ) or pa.types.is_binary(typ)):
                         raise  # objects/arrays in a mapped field: line by line
                     typ = pa.string()
                 fields.append((f.name, typ))
@@ -213,22 +217,24 @@ class JsonlSource(StreamedFile):
                 rows.add(**pos, error=f"undecodable bytes: not UTF-8 at byte {ex.start} of the line", raw=raw[:RAW_KEEP])
                 continue
             try:
-                obj = json.loads(txt)
+                obj = json.loads(txt, object_pairs_hook=_Object)
             except json.JSONDecodeError as ex:
                 rows.add(**pos, error=f"malformed JSON: {ex.msg} at column {ex.colno}", raw=raw[:RAW_KEEP])
                 continue
             if not isinstance(obj, dict):
-                rows.add(**pos, error=f"not a JSON object: a JSON {type(obj).__name__}", raw=raw[:RAW_KEEP])
+                rows.add(**pos, error=f"not a JSON object: a JSON {_json_type(obj)}", raw=raw[:RAW_KEEP])
+                continue
+            dup = _duplicate_key(obj, self._read_names)
+            if dup:
+                rows.add(**pos, error=f"duplicate key: {dup} appears twice in the object (which one counts is "
+                                      "a guess no reader may make)", raw=raw[:RAW_KEEP])
                 continue
             vals = {}
             err = None
             for c, name in colmap.items():
                 v = obj.get(name)
-                if c == "text" and v is not None and not isinstance(v, str):
-                    err = f"wrong type: field {name!r} (text) is a {type(v).__name__}, not a string"
-                elif c == "user" and v is not None and not isinstance(v, (str, int)) or \
-                        c == "user" and isinstance(v, bool):
-                    err = f"wrong type: field {name!r} (user) is a {type(v).__name__}, not a string or integer"
+                if c in ("text", "user") and v is not None and not isinstance(v, str):
+                    err = f"wrong type: field {name!r} ({c}) is a JSON {_json_type(v)}, not a string"
                 vals[c] = as_text(v)
             for m in self.meta_names:
                 vals[meta_col(m)] = as_text(obj.get(m))
@@ -254,6 +260,69 @@ def _blank_lines(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
         line = arr[starts[i]:ends[i]]
         blank[i] = not bool(((line != 32) & (line != 9) & (line != 13)).any())
     return blank
+
+
+class _Object(dict):
+    """A JSON object that remembers the keys written more than once (Python's json keeps the last)."""
+
+    __slots__ = ("dups",)
+
+    def __init__(self, pairs):
+        super().__init__(pairs)
+        self.dups = ()
+        if len(self) != len(pairs):
+            seen, dups = set(), []
+            for k, _ in pairs:
+                if k in seen and k not in dups:
+                    dups.append(k)
+                seen.add(k)
+            self.dups = tuple(dups)
+
+
+def _duplicate_key(obj: "_Object", read: frozenset) -> str | None:
+    """The first duplicated key among the fields ingest reads (and anywhere inside their values), as
+    'field' or 'field.key'. Keys of fields it does not read are not looked at: pyarrow's block path
+    ignores those fields, and a line must get the same answer on either path."""
+    for k in obj.dups:
+        if k in read:
+            return repr(k)
+    for k in read:
+        v = obj.get(k)
+        if isinstance(v, (dict, list)):
+            inner = _nested_dup(v)
+            if inner is not None:
+                return repr(f"{k}.{inner}")
+    return None
+
+
+def _nested_dup(v) -> str | None:
+    if isinstance(v, dict):
+        if getattr(v, "dups", ()):
+            return v.dups[0]
+        items = v.items()
+    elif isinstance(v, list):
+        items = enumerate(v)
+    else:
+        return None
+    for k, x in items:
+        inner = _nested_dup(x)
+        if inner is not None:
+            return f"{k}.{inner}"
+    return None
+
+
+def _json_type(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, dict):
+        return "object"
+    if isinstance(v, list):
+        return "array"
+    if v is None:
+        return "null"
+    return "string"
 
 
 def _lone_surrogate(vals: dict) -> str | None:

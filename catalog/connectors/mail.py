@@ -1,6 +1,8 @@
 """Email: mbox files (optionally gzip) and maildir trees (the Enron layout: any folder of message files).
 
-One record per message; the user is the sender (the From address, lower-cased). The text is the
+One record per message; the user is the sender: the From header's angle address (or its one bare
+address), lower-cased. A display name that is another address, or a From naming two people, is
+ambiguous and quarantined, never credited (catalog/connectors/addresses.py; To/Cc alike). The text is the
 sender's own words only: quoted replies (`>` lines, "On … wrote:", "-----Original Message-----",
 Outlook/Lotus Notes header blocks) and forwarded messages are cut, because a per-user bound means
 nothing if one user's words sit in another user's records. Recipients (To/Cc) go to metadata; Bcc is
@@ -22,8 +24,10 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from catalog.connectors.addresses import mailboxes
 from catalog.connectors.base import RAW_KEEP, HashedStream, RawRows
 from components.core.errors import VeilError
+from components.core.identity import person_id_or_empty
 
 _BATCH = 5_000
 
@@ -82,13 +86,18 @@ def strip_quoted(text: str) -> tuple[str, dict]:
     return "\n".join(own), {"cut": how, "cut_lines": len(lines) - cut_at, "quoted_lines": quoted}
 
 
-def _addresses(msg, header: str) -> list[str]:
-    vals = msg.get_all(header, [])
-    out = []
-    for _, addr in email.utils.getaddresses([str(v) for v in vals]):
-        if addr and "@" in addr:
-            out.append(addr.strip().lower())
-    return out
+def _header_values(msg, header: str) -> str:
+    """Every `header` field of the message, raw (before Python's address parser, which credits
+    `victim@corp <eve@evil>` to the victim), joined as one address list."""
+    return ", ".join(str(v) for k, v in msg.raw_items() if k.lower() == header.lower())
+
+
+def _people(msg, header: str) -> tuple[list, str | None]:
+    """(mailboxes, why ambiguous) of an address header (catalog/connectors/addresses.py)."""
+    try:
+        return mailboxes(_header_values(msg, header))
+    except Exception as e:  # noqa: BLE001 - a header Python cannot even hand over: ambiguous, never guessed
+        return [], f"unreadable {header} header ({type(e).__name__})"
 
 
 def _body(msg) -> tuple[str | None, str | None]:
@@ -137,12 +146,25 @@ def parse_message(raw: bytes) -> dict:
         msg = email.message_from_bytes(raw, policy=email.policy.default)
     except Exception as e:  # noqa: BLE001 - the stdlib parser rarely raises; be safe
         return {"error": f"malformed message: {e}"}
-    try:
-        senders = _addresses(msg, "From")
-    except Exception:  # noqa: BLE001
-        senders = []
-    if not senders:
+    # The sender is the angle address; a display name that is another address (Outlook writes
+    # `victim@corp <eve@evil>` unquoted) or a From naming two people is ambiguous: quarantined with
+    # the reason, never credited to either (docs/catalog.md, "Email: what is credited to the sender").
+    froms, why = _people(msg, "From")
+    if why:
+        return {"error": f"ambiguous sender: {why}"}
+    if not froms:
         return {"error": "missing user: no sender address in From"}
+    persons = {person_id_or_empty(m.addr) for m in froms}
+    if len(persons) > 1:
+        return {"error": f"ambiguous sender: From names {len(persons)} addresses"}
+    senders = [froms[0].addr]
+    # To/Cc own the record under `ownership: all-participants`: read by the same rule
+    recipients = {}
+    for h in ("To", "Cc"):
+        boxes, why = _people(msg, h)
+        if why:
+            return {"error": f"ambiguous recipient: {why} ({h})", "user": senders[0]}
+        recipients[h.lower()] = [m.addr for m in boxes]
     body, err = _body(msg)
     if err:
         return {"error": err, "user": senders[0]}
@@ -154,23 +176,17 @@ def parse_message(raw: bytes) -> dict:
             ts = dt.isoformat() if dt is not None and dt.tzinfo is not None else (dt.isoformat() + "+00:00" if dt else None)
         except (TypeError, ValueError, IndexError):
             ts = None
-    try:  # the sender's display name: how ingest spots one person behind several addresses
-        from_name = next((n.strip() for n, a in email.utils.getaddresses([str(v) for v in msg.get_all("From", [])])
-                          if a and a.strip().lower() == senders[0] and n.strip()), None)
-    except Exception:  # noqa: BLE001 - malformed headers: no name, the address still counts
-        from_name = None
+    from_name = froms[0].name  # the sender's display name: how ingest spots one person behind several addresses
     meta = {
         "from_name": from_name,
         "message_id": str(msg.get("Message-ID", "")).strip() or None,
         "subject": str(msg.get("Subject", "")) or None,
-        "to": _addresses(msg, "To"),
-        "cc": _addresses(msg, "Cc"),
+        "to": recipients["to"],
+        "cc": recipients["cc"],
         "in_reply_to": str(msg.get("In-Reply-To", "")).strip() or None,
         "attachments": _attachments(msg),
         "quoted": info,
     }
-    if len(senders) > 1:
-        meta["other_senders"] = senders[1:]
     if ts is None and msg.get("Date"):
         meta["date_raw"] = str(msg.get("Date"))
     if not own.strip():
@@ -285,7 +301,15 @@ class MailSource:
         shown with backslash escapes."""
         n = 0
         root_real = os.path.realpath(self.path)
-        for root, dirs, files in os.walk(self.path):
+        unreadable: list[OSError] = []   # folders os.walk could not list: quarantined, never skipped silently
+        for root, dirs, files in os.walk(self.path, onerror=unreadable.append):
+            while unreadable:
+                e = unreadable.pop(0)
+                n += 1
+                rel = _rel(Path(e.filename), self.path) if e.filename else "."
+                self._sha.update(os.fsencode(rel) + b"\0unreadable")
+                yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                        "error": f"unreadable folder: {e.strerror or e}"}, b"")
             keep = []
             for d in sorted(dirs):
                 if d.startswith(".") or d == "tmp":
@@ -315,11 +339,25 @@ class MailSource:
                     continue
                 if not p.is_file():
                     continue
-                raw = p.read_bytes()
+                try:
+                    raw = p.read_bytes()
+                except OSError as e:  # (chmod 000, an I/O error): this message is quarantined, the rest read
+                    n += 1
+                    self._done = n
+                    self._sha.update(os.fsencode(rel) + b"\0unreadable")
+                    yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                            "error": f"unreadable file: {e.strerror or e}"}, b"")
+                    continue
                 self._sha.update(os.fsencode(rel) + b"\0" + hashlib.sha256(raw).digest())
                 n += 1
                 self._done = n
                 yield {"seq": n, "line": n, "offset": None, "locator": rel, "folder": str(Path(rel).parent)}, raw
+        for e in unreadable:  # a folder listed last
+            n += 1
+            rel = _rel(Path(e.filename), self.path) if e.filename else "."
+            self._sha.update(os.fsencode(rel) + b"\0unreadable")
+            yield ({"seq": n, "line": n, "offset": None, "locator": rel,
+                    "error": f"unreadable folder: {e.strerror or e}"}, b"")
 
     def batches(self) -> Iterator[pa.Table]:
         rows = RawRows(())

@@ -5,8 +5,11 @@ streaming decoder, so quoted fields may span lines; a row's position is its numb
 starts on. A row with the wrong number of fields, bytes that are not UTF-8, or a field over the size
 limit is quarantined; the rows around it are kept.
 
-Parquet: read in row batches; string, numeric, boolean and timestamp columns map directly (numbers
-become their decimal spelling); a binary text column is decoded per row (bad UTF-8 is quarantined).
+Parquet: read in row batches. The text column must be text (string, or binary decoded per row: bad
+UTF-8 is quarantined), the user column text or integers (their decimal spelling); any other type
+there — a float, a boolean, a struct, a list — quarantines its rows as `wrong type`, naming the
+column and its type. Other mapped columns (time, id, source,
+metadata) may be numbers, booleans or timestamps too (their decimal/ISO spelling).
 """
 from __future__ import annotations
 
@@ -123,9 +126,22 @@ class CsvSource(StreamedFile):
             yield rows.table()
 
 
+def _is_text(t: pa.DataType) -> bool:
+    """A column type whose values are text as they stand (strings, or bytes to decode as UTF-8)."""
+    if pa.types.is_dictionary(t):
+        return _is_text(t.value_type)
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_null(t))
+
+
 def _as_strings(col: pa.ChunkedArray) -> tuple[pa.ChunkedArray, list[int]]:
     """A column as strings, and the rows whose bytes were not UTF-8 (binary columns only)."""
     t = col.type
+    if pa.types.is_dictionary(t):  # (a pandas categorical): its values, not a JSON dump of each
+        return _as_strings(col.cast(t.value_type))
+    if pa.types.is_null(t):
+        return col.cast(pa.string()), []
     if pa.types.is_string(t):
         return col, []
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
@@ -207,7 +223,19 @@ class ParquetSource:
             errors = [None] * n
             for c, name in colmap.items():
                 if name in t.column_names:
-                    arr, bad = _as_strings(t.column(name))
+                    col = t.column(name)
+                    if (c == "text" and not _is_text(col.type)) or \
+                            (c == "user" and not (_is_text(col.type) or pa.types.is_integer(col.type))):
+                        # A person id or a text must be text in the file (a user id may be a whole
+                        # number: a typed column has one decimal spelling); a float (7.0 or 7?), a
+                        # struct or a list spelled out would be an id or a text nobody wrote (issue 28)
+                        allowed = "a string or an integer" if c == "user" else "a string"
+                        why = f"wrong type: column {name!r} ({c}) is {col.type}, not {allowed}"
+                        for i in pc.indices_nonzero(pc.is_valid(col)).to_pylist():
+                            errors[i] = errors[i] or why
+                        cols[c] = pa.nulls(n, pa.string())
+                        continue
+                    arr, bad = _as_strings(col)
                     for i in bad:
                         errors[i] = f"undecodable bytes: column {name!r} is not UTF-8"
                     cols[c] = arr

@@ -43,8 +43,36 @@ class PolicyError(VeilError):
         super().__init__(msg)
 
 
+# Bounds on what the checker reads, so that no file can pin a core (issue 28: a policy of 10⁶ literals or
+# 10⁵ regexes kept `veil policy check` busy past 120 s). Far above any policy a governance team writes
+# and reviews (the largest in policies/ is 7 KB and ~300 values); measured at the limits, refusing or
+# checking takes seconds (policies/README.md, Limits; tests/policy/test_policy_hangs.py).
+MAX_POLICY_BYTES = 4 << 20          # the file, before it is decoded
+MAX_NODES = 100_000                 # YAML values (keys, list items, scalars), counted while composing
+MAX_REGEX_PATTERNS = 10_000         # `kind: regex` patterns over all rules: each is compiled twice (re, RE2)
+MAX_REGEX_CHARS = 1 << 20           # their total length: compile time grows with it
+
+# Characters YAML does not allow in a document (PyYAML's reader refuses them with a traceback-worthy
+# error): C0 controls but tab/LF/CR, DEL, C1 controls but NEL, surrogates, U+FFFE/FFFF.
+_NON_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
+
+
+class _TooManyNodes(Exception):
+    def __init__(self, mark):
+        self.mark = mark
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as `1e-5` (1.1 reads them as text)."""
+    """SafeLoader that also reads YAML 1.2 floats such as `1e-5` (1.1 reads them as text), and stops
+    composing past MAX_NODES values (before the document's size costs any more time)."""
+
+    _nodes = 0
+
+    def compose_node(self, parent, index):
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _TooManyNodes(self.peek_event().start_mark)
+        return super().compose_node(parent, index)
 
 
 _Loader.add_implicit_resolver(
@@ -254,10 +282,23 @@ def _prediction_model() -> type[BaseModel]:
 def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tuple[list[PolicyProblem], BaseModel | None]:
     """`any_kind`: validate a PredictionPolicy (PMixED) by its own schema too (`veil policy check`);
     loading a training policy accepts only kind PrivacyPolicy."""
+    if len(raw) > MAX_POLICY_BYTES:
+        return [_too_big(path, len(raw))], None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return [PolicyProblem(path, 1, "", f"not UTF-8 text ({e.reason} at byte {e.start})")], None
+    bad = _NON_PRINTABLE.search(text)
+    if bad:
+        line = text.count("\n", 0, bad.start()) + 1
+        col = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        c = ord(bad.group())
+        name = {0: " (NUL)", 0x1B: " (ESC)", 0x7F: " (DEL)"}.get(c, "")
+        return [PolicyProblem(path, line, "", f"not a policy: control character U+{c:04X}{name} at column {col}; "
+                                              "a policy is plain text")], None
+    many = _over_node_limit(text)
+    if many is not None:
+        return [_too_many_nodes(path, many)], None
     loader = _Loader(text)
     try:
         root = loader.get_single_node()
@@ -268,6 +309,8 @@ def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tup
         if why:
             return [PolicyProblem(path, why[0], "", why[1])], None
         data = loader.construct_document(root)
+    except _TooManyNodes as e:
+        return [_too_many_nodes(path, e.mark)], None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
@@ -280,6 +323,10 @@ def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tup
         return [PolicyProblem(path, _line(root), "", f"expected a mapping at the top level "
                                                      f"(apiVersion, kind, metadata, spec), got {_kind(data)}")], None
     problems = [PolicyProblem(path, line, field, msg) for line, field, msg in _dups(root)]
+    over = _regex_budget(data)
+    if over:  # before validation compiles them: past the budget, compiling is the hang
+        loc, msg = over
+        return [PolicyProblem(path, _locate(root, loc), _dotted(loc), msg)], None
     model: type[BaseModel] = Policy
     if any_kind and data.get("kind") == "PredictionPolicy":
         model = _prediction_model()
@@ -296,6 +343,63 @@ def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tup
     return problems, (policy if not problems else None)
 
 
+def _over_node_limit(text: str):
+    """The mark where the document passes MAX_NODES values, counted on libyaml's C event stream (~10×
+    faster than composing in Python, which _Loader also bounds); None within the limit, without
+    libyaml, or where libyaml cannot parse the text (the Python loader then names the problem)."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return None
+    n = 0
+    kinds = (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent, yaml.AliasEvent)
+    try:
+        for ev in yaml.parse(text, Loader=yaml.CSafeLoader):
+            if isinstance(ev, kinds):
+                n += 1
+                if n > MAX_NODES:
+                    return ev.start_mark
+    except yaml.YAMLError:
+        return None
+    return None
+
+
+def _too_many_nodes(path: str, mark) -> PolicyProblem:
+    return PolicyProblem(path, mark.line + 1, "", f"not a policy: more than {MAX_NODES:,} YAML values (keys, list "
+                                                  "items, scalars); policies are bounded "
+                                                  "(policies/README.md, Limits)")
+
+
+def _too_big(path: str, size: int) -> PolicyProblem:
+    return PolicyProblem(path, 1, "", f"not a policy: {size:,} bytes, over the {MAX_POLICY_BYTES:,}-byte limit "
+                                      "(policies/README.md, Limits)")
+
+
+def _regex_budget(data: dict) -> tuple[tuple, str] | None:
+    """(location, message) of the rule where the policy's regex patterns pass MAX_REGEX_PATTERNS or
+    MAX_REGEX_CHARS; None within both. Reads the raw document (any shape: validation comes after)."""
+    spec = data.get("spec")
+    classes = spec.get("secrets", {}).get("classes") if isinstance(spec, dict) and isinstance(
+        spec.get("secrets"), dict) else None
+    if not isinstance(classes, list):
+        return None
+    n = chars = 0
+    for i, c in enumerate(classes):
+        rules = c.get("rules") if isinstance(c, dict) else None
+        for j, r in enumerate(rules if isinstance(rules, list) else ()):
+            if not isinstance(r, dict) or r.get("kind") != "regex" or not isinstance(r.get("patterns"), list):
+                continue
+            pats = [p for p in r["patterns"] if isinstance(p, str)]
+            n += len(pats)
+            chars += sum(len(p) for p in pats)
+            loc = ("spec", "secrets", "classes", i, "rules", j, "patterns")
+            if n > MAX_REGEX_PATTERNS:
+                return loc, (f"more than {MAX_REGEX_PATTERNS:,} regex patterns in the policy; list fixed strings "
+                             "as kind: literal (policies/README.md, Limits)")
+            if chars > MAX_REGEX_CHARS:
+                return loc, (f"regex patterns total more than {MAX_REGEX_CHARS:,} characters; list fixed strings "
+                             "as kind: literal (policies/README.md, Limits)")
+    return None
+
+
 def _dups(root) -> list[tuple[int, str, str]]:
     out: list[tuple[int, str, str]] = []
     _duplicate_keys(root, "", out)
@@ -306,13 +410,24 @@ def _read(path: str | Path) -> bytes:
     p = Path(path)
     if not p.is_file():
         raise VeilError(f"{path}: no such policy file")
-    return p.read_bytes()
+    try:
+        size = p.stat().st_size
+        if size > MAX_POLICY_BYTES:  # refused unread
+            raise PolicyError([_too_big(str(path), size)])
+        with open(p, "rb") as f:
+            return f.read(MAX_POLICY_BYTES + 1)   # (a file growing meanwhile is cut, then refused)
+    except OSError as e:
+        raise VeilError(f"{path}: cannot read the policy ({e.strerror or e})") from None
 
 
 def check_policy(path: str | Path) -> list[PolicyProblem]:
     """Every problem in a policy file of either kind — a training policy (PrivacyPolicy) or a PMixED
     prediction policy (PredictionPolicy) — (empty list: the policy is valid)."""
-    problems, _ = _problems_from_text(_read(path), str(path), any_kind=True)
+    try:
+        raw = _read(path)
+    except PolicyError as e:  # over the size limit: a problem like any other, the file left unread
+        return e.problems
+    problems, _ = _problems_from_text(raw, str(path), any_kind=True)
     return problems
 
 

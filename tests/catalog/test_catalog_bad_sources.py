@@ -110,3 +110,140 @@ def test_crash_leftovers_are_cleaned_and_uncommitted_snapshot_is_invisible(setti
     second = ingest_source(p2, "jsonl", settings=settings)
     assert not tmp.exists() and not ghost.exists() and not list(staging.iterdir())
     assert sorted(s["snapshot_id"] for s in list_snapshots(settings)) == sorted([second.snapshot_id, first.snapshot_id])
+
+
+# -- issue 28: unreadable messages, a full disk, a garbled snapshot: one line or a quarantined record ---
+
+def _cli(args):
+    """The `veil` command in process (typer's runner): (exit code, output lines)."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(app, args)
+    out = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert "Traceback" not in res.output, res.output
+    return res.exit_code, out
+
+
+def _unreadable(monkeypatch, path):
+    """Make `path` unreadable: chmod 000, and — root reads through modes — every read of it refused."""
+    import errno
+    from pathlib import Path
+
+    os.chmod(path, 0)
+    if os.geteuid() != 0:
+        return
+    real_read, real_scandir = Path.read_bytes, os.scandir
+
+    def read_bytes(self):
+        if os.path.samefile(self, path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_read(self)
+
+    def scandir(p="."):
+        if os.path.exists(p) and os.path.samefile(p, path):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(p))
+        return real_scandir(p)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+def test_maildir_unreadable_message_and_folder_are_quarantined(settings, tmp_path, monkeypatch):
+    md = tmp_path / "md"
+    (md / "inbox").mkdir(parents=True)
+    (md / "locked").mkdir()
+    for i in range(3):
+        (md / "inbox" / f"{i}.").write_bytes(b"From: a%d@x.example\n\nhello %d\n" % (i, i))
+    (md / "locked" / "1.").write_bytes(b"From: z@x.example\n\nunseen\n")
+    _unreadable(monkeypatch, md / "inbox" / "1.")
+    _unreadable(monkeypatch, md / "locked")
+    try:
+        rep = ingest_source(md, "maildir", settings=settings)
+    finally:
+        os.chmod(md / "inbox" / "1.", 0o600)
+        os.chmod(md / "locked", 0o700)
+    _reconciles(rep)
+    assert (rep.read, rep.accepted) == (4, 2)
+    assert rep.quarantine_reasons == {"unreadable file": 1, "unreadable folder": 1}
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    q = dict(con.sql("SELECT position, reason FROM quarantine").fetchall())
+    con.close()
+    assert q == {"inbox/1.": "unreadable file: Permission denied", "locked": "unreadable folder: Permission denied"}
+
+
+def test_an_unreadable_mbox_is_one_line(settings, tmp_path, monkeypatch):
+    p = tmp_path / "m.mbox"
+    p.write_bytes(b"From: a@x.example\n\nhello\n")
+    _unreadable(monkeypatch, p)
+    if os.geteuid() == 0:  # (HashedStream opens the file itself)
+        import builtins
+        import errno
+
+        real_open = builtins.open
+        monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (_ for _ in ()).throw(
+            PermissionError(errno.EACCES, "Permission denied", str(f))) if str(f) == str(p) else real_open(f, *a, **k))
+    code, out = _cli(["ingest", str(p), "--format", "mbox", "--json"])
+    assert code == 2 and out == [f"error: {p}: Permission denied (while ingesting {p})"]
+
+
+@pytest.mark.parametrize("where", ["stage", "snapshot"])
+def test_a_full_disk_during_ingest_is_one_line_and_recovers(settings, tmp_path, monkeypatch, where):
+    import errno
+
+    import catalog.ingest as ci
+    import catalog.snapshots as cs
+
+    first = tmp_path / "a.jsonl"
+    first.write_text('{"user":"a","text":"one"}\n')
+    before = ingest_source(first, "jsonl", settings=settings)
+    src = tmp_path / "b.jsonl"
+    src.write_text("".join(json.dumps({"user": f"u{i}", "text": f"text {i}"}) + "\n" for i in range(50)))
+    if where == "stage":   # an OSError naming the file (Python's own writes)
+        full = tmp_path / "stage.arrow"
+
+        def boom(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device", str(full))
+        monkeypatch.setattr(ci._StageFile, "write", boom)
+    else:                  # Arrow's: no file named, errno in the text; what fills up is VEIL_HOME
+        full = settings.home
+
+        def boom(*a, **k):
+            raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+        monkeypatch.setattr(cs.RowGroupWriter, "write", boom)
+    code, out = _cli(["ingest", str(src), "--format", "jsonl", "--json"])
+    assert code == 2 and len(out) == 1 and out[0].startswith(f"error: {full}: no space left on device while "
+                                                             f"ingesting {src}")
+    # clean: nothing staged or half-written left, the catalog still at the earlier snapshot
+    assert not list((settings.cache_dir / "ingest-tmp").iterdir())
+    assert not [p for p in settings.snapshots_dir.iterdir() if p.name.startswith(".tmp-")]
+    assert load_snapshot(settings).snapshot_id == before.snapshot_id
+    monkeypatch.undo()
+    again = ingest_source(src, "jsonl", settings=settings)
+    assert again.accepted == 50 and load_snapshot(settings).snapshot_id == again.snapshot_id
+
+
+def _garble(path, how):
+    os.chmod(path, 0o600)
+    b = bytearray(path.read_bytes())
+    if how == "flip":
+        b[len(b) // 2:len(b) // 2 + 8] = b"\xff" * 8
+    elif how == "truncate":
+        b = b[:len(b) // 2]
+    else:
+        b = bytearray()
+    path.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("name,how", [("records.parquet", "flip"), ("secret_spans.parquet", "flip"),
+                                      ("records.parquet", "truncate"), ("manifest.json", "flip"),
+                                      ("manifest.json", "empty"), ("LATEST", "flip")])
+def test_a_garbled_snapshot_file_is_one_line_naming_it(settings, tmp_path, name, how):
+    p = tmp_path / "a.jsonl"
+    p.write_text('{"user":"a","text":"key AKIAABCDEFGHIJKLMNOP"}\n{"user":"b","text":"two"}\n')
+    rep = ingest_source(p, "jsonl", settings=settings)
+    f = settings.snapshots_dir / (name if name == "LATEST" else f"{rep.snapshot_id}/{name}")
+    _garble(f, how)
+    for cmd in (["catalog", "stats"], ["secrets"]):
+        code, out = _cli(cmd)
+        assert code == 2 and len(out) == 1 and str(f) in out[0], out

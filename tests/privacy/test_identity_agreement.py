@@ -232,3 +232,37 @@ def test_the_operator_detail_reaches_the_terminal_only():
     e = VeilError("ledger: refused", operator_detail="'Ann' and 'ann'")
     copy = pickle.loads(pickle.dumps(e))
     assert "Ann" not in str(e) and copy.operator_detail is None and str(copy) == "ledger: refused"
+
+
+FIVE = ["Alice@Example.org", "  alice@example.org  ", "ALICE@EXAMPLE.ORG", "ａｌｉｃｅ＠ｅｘａｍｐｌｅ.ｏｒｇ",
+        "Alice Smith <alice@example.org>"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "mbox"])
+def test_five_spellings_of_one_address_are_one_person_at_ingest(settings, tmp_path, fmt):
+    """Issue 28: case, surrounding spaces, full-width characters and a display name around the address
+    ingested as four people; the ledger (one person) then refused the release. The catalog counts one."""
+    from catalog.ingest import ingest_source
+    from catalog.snapshots import load_snapshot
+
+    if fmt == "jsonl":
+        src = tmp_path / "a.jsonl"
+        src.write_text("".join(json.dumps({"user": u, "text": f"note {i}"}) + "\n" for i, u in enumerate(FIVE)))
+    else:
+        src = tmp_path / "a.mbox"
+        src.write_bytes(b"".join(b"From x@y Mon Jan  2 03:04:05 2006\nFrom: " + u.encode() + b"\nSubject: s\n\n"
+                                 + f"note {i}".encode() + b"\n\n" for i, u in enumerate(FIVE)))
+    rep = ingest_source(src, fmt, settings=settings)
+    assert (rep.read, rep.accepted, rep.users, rep.snapshot_users) == (5, 5, 1, 1)
+    assert {r["user_id"] for r in load_snapshot(settings).records.to_pylist()} == {"alice@example.org"}
+    if fmt == "jsonl":  # the spellings the rule merged: reported to the operator, privately
+        doc = json.loads((settings.private_dir / "people" / "likely-duplicates.json").read_text())
+        merged = {d["person_id"]: d["spellings"] for d in doc["merged_by_identity_rule"]}
+        assert merged == {"alice@example.org": sorted({u.strip() for u in FIVE})}
+        assert rep.identity_merged_people == 1
+    led = Ledger.open(settings)
+    try:
+        res = reserve_release(settings, {**PLAN, "sha256": "b" * 64}, {"alice@example.org": 5}, ledger=led)
+        assert list(res.admitted) == ["alice@example.org"] and len({led.person_key(u) for u in FIVE}) == 1
+    finally:
+        led.dispose()
