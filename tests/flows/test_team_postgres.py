@@ -59,9 +59,12 @@ def test_retrain_on_postgresql_backed_prefect_mlflow_and_ledger(tmp_path, veil_h
             assert not (veil_home / "mlflow.db").exists()  # nothing fell back to the embedded sqlite
             # the ledger's release is in PostgreSQL, not in private/ledger.db
             with psycopg.connect(f"{base}/veil_ledger") as con:
-                # one training release, and the population estimate N̂ charged to everyone it counts (issue 22)
-                    kinds = sorted(k for (k,) in con.execute("SELECT kind FROM ledger_releases").fetchall())
-                    assert kinds.count("population") == 1 and len(kinds) == 2, kinds  # + the training release
+                # one training release, the population estimate N̂ charged to everyone it counts (issue 22), and
+                # the retrain's DP evaluation charged to the evaluation people (issue 26)
+                    rows = con.execute("SELECT kind, mechanism FROM ledger_releases").fetchall()
+                    kinds = sorted(k for k, _ in rows)
+                    assert kinds.count("population") == 1 and len(kinds) == 3, rows
+                    assert sum(1 for _, m in rows if m == "evaluation") == 1, rows
             assert not (veil_home / "private" / "ledger.db").exists()
             # the run is recorded by the PostgreSQL-backed Prefect server, completed
             runs = server.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["veil-retrain"]}}})
