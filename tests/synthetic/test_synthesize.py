@@ -28,7 +28,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
     from components.modeling import build_base_model
-    from flows.cli.core_cmds import run_stages
 
     tmp = tmp_path_factory.mktemp("synth")
     home = tmp / "home"
@@ -50,9 +49,14 @@ def release(tmp_path_factory):
     old = os.environ.get("VEIL_HOME")
     os.environ["VEIL_HOME"] = str(home)
     try:
-        res = run_stages(s, str(policy), str(src), "jsonl", base_model_dir=str(base), model_name="syn",
-                         mapping=stages.DEMO_MAPPING, audit=False)
-        yield {"home": home, "settings": s, "result": res, "tmp": tmp}
+        # the pipeline's stages up to registration (no audit, no evaluation: not what is tested here)
+        ing = stages.ingest(s, str(src), "jsonl", policy=str(policy), **stages.DEMO_MAPPING)
+        planned = stages.plan(s, str(policy), snapshot_id=ing["snapshot_id"], base_dir=str(base))
+        trained = stages.train(s, planned["plan_path"], str(base))
+        cert = stages.certify(s, planned["plan_path"], trained)
+        reg = stages.register(s, name="syn", certificate=cert, plan_path=planned["plan_path"], base_dir=str(base),
+                              adapter_dir=trained.get("adapter_dir") or trained.get("model_dir"))
+        yield {"home": home, "settings": s, "result": {"certificate": cert, "registration": reg}, "tmp": tmp}
     finally:
         if old is None:
             os.environ.pop("VEIL_HOME", None)
