@@ -101,6 +101,9 @@ def test_consumer_load_ledger_and_tampering(release):
     assert cert["inherits"]["epsilon"] == model_cert["epsilon"] and cert["inherits"]["delta"] == model_cert["delta"]
     assert cert["inherits"]["privacy_unit"] == "user" and cert["generation"]["reads_private_data"] is False
     assert corpus.verification["valid"] and corpus.verification["checks"]["registry"]
+    from flows.cli.synthetic_cmds import summary_line      # the demo summary's row
+    line = summary_line(doc)
+    assert line.startswith("12 records (public-control-codes), inherits user-level ε=") and doc["uri"] in line
     # files are the owner's only
     for p in Path(doc["corpus_dir"]).iterdir():
         assert p.stat().st_mode & 0o077 == 0, p
