@@ -95,8 +95,22 @@ def real_texts(settings, plan: dict, limit: int, seed: int) -> list[str]:
     rows = evaluation_records(plan, annex, _plan_snapshot(settings, plan, annex).records, single_owner=True)
     texts = rows.column("text").to_pylist()
     rng = np.random.default_rng(seed)
-    idx = rng.permutation(len(texts))[:limit]
-    return [texts[i] for i in sorted(idx)]
+    # random order, not sorted: the halves (reference / ceiling) must be two iid draws, and the records'
+    # stored order groups them by person and source
+    return [texts[i] for i in rng.permutation(len(texts))[:limit]]
+
+
+def _package_base(loaded) -> str:
+    """The public base the model was fine-tuned from: the directory inside its (verified) package."""
+    from components.registry.mlflow_registry import _client, _resolve_version
+    from components.core.settings import load_settings
+    import mlflow
+
+    s = load_settings()
+    mv = _resolve_version(_client(s), f"models:/{loaded.name}/{loaded.version}")
+    pkg = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(Path(s.home) / "cache" /
+                                                                                    f"bench-{loaded.name}-{loaded.version}"))
+    return str(Path(pkg) / "artifacts" / "base_model")
 
 
 def main() -> None:
@@ -110,29 +124,44 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="MAUVE quantisation seeds")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--encoder", type=Path, default=None)
+    ap.add_argument("--nonprivate-adapter", type=Path, default=None,
+                    help="a non-private reference adapter on the model's base (a tuning run: `veil study` point "
+                         "`non-private`, or stages.train(release=False, adjust=nonprivate_adjust)): sampled the "
+                         "same way, as the row the DP corpus is compared against; never certified or registered")
+    ap.add_argument("--prompts", type=Path, default=None, help="public prompts YAML for both the DP corpus and "
+                                                               "the base's samples (default: unconditional)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ["VEIL_HOME"] = str(args.home)
     os.environ.setdefault("VEIL_PROGRESS", "0")
     from components.core.settings import load_settings
     from components.registry import load_model, load_synthetic
-    from components.synthetic import Sampling, generate_records
+    from components.synthetic import Sampling, generate_records, load_prompts
     from flows.synthetic import synthesize
 
     s = load_settings(args.home).ensure()
     s.apply_environment()
     times = {}
     t = time.time()
+    prompts = load_prompts(args.prompts) if args.prompts else None
     res = synthesize(s, args.model, records=args.records, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                     progress=False)
+                     prompts_path=args.prompts, progress=False)
     corpus = load_synthetic(res["public"]["uri"], s)
     times["synthesize_s"] = round(time.time() - t, 1)
     loaded = load_model(args.model, s, with_base=True)
     t = time.time()
     base_model, base_tok = loaded.extra["base_model"]
     base_recs = generate_records(base_model, base_tok, Sampling(records=args.records, seed=args.seed,
-                                                                max_new_tokens=args.max_new_tokens))
+                                                                max_new_tokens=args.max_new_tokens), prompts)
     times["base_sampling_s"] = round(time.time() - t, 1)
+    np_recs = None
+    if args.nonprivate_adapter is not None:
+        from components.modeling import load_finetuned
+
+        base_dir = getattr(loaded, "extra", {}).get("base_dir") or _package_base(loaded)
+        np_model, np_tok = load_finetuned(base_dir, adapter_dir=str(args.nonprivate_adapter))
+        np_recs = generate_records(np_model, np_tok, Sampling(records=args.records, seed=args.seed,
+                                                             max_new_tokens=args.max_new_tokens), prompts)
     real = real_texts(s, loaded.plan, args.real or 2 * args.records, args.seed)
     half = len(real) // 2
     enc = encoder_dir(args.encoder, Path(s.home) / "cache")
@@ -140,6 +169,7 @@ def main() -> None:
     e_real = embed(real, enc)
     e_syn = embed(corpus.texts, enc)
     e_base = embed([r["text"] for r in base_recs], enc)
+    e_np = None if np_recs is None else embed([r["text"] for r in np_recs], enc)
     times["embedding_s"] = round(time.time() - t, 1)
     seeds = list(range(1, args.seeds + 1))
     t = time.time()
@@ -147,11 +177,13 @@ def main() -> None:
         # every corpus against the same real half, so the three scores share one reference
         {"corpus": "DP synthetic (veil synthesize)", **mauve_score(e_syn, e_real[half:half * 2], seeds)},
         {"corpus": "public base, same sampler", **mauve_score(e_base, e_real[half:half * 2], seeds)},
+        *([] if e_np is None else [{"corpus": "non-private reference, same sampler (not certified)",
+                                    **mauve_score(e_np, e_real[half:half * 2], seeds)}]),
         {"corpus": "real vs real (disjoint halves)", **mauve_score(e_real[:half], e_real[half:half * 2], seeds)},
     ]
     times["mauve_s"] = round(time.time() - t, 1)
     empty = sum(1 for x in corpus.texts if not x.strip())
-    out = {"model": args.model, "records": args.records, "real_texts": half * 2, "seed": args.seed,
+    out = {"model": args.model, "records": args.records, "prompts": None if prompts is None else prompts.public(), "real_texts": half * 2, "seed": args.seed,
            "max_new_tokens": args.max_new_tokens, "epsilon": corpus.certificate["inherits"]["epsilon"],
            "delta": corpus.certificate["inherits"]["delta"], "corpus_uri": res["public"]["uri"],
            "corpus_sha256": res["public"]["corpus_sha256"], "scan": res["public"]["scan"],
