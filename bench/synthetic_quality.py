@@ -110,7 +110,9 @@ def _package_base(loaded) -> str:
     mv = _resolve_version(_client(s), f"models:/{loaded.name}/{loaded.version}")
     pkg = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(Path(s.home) / "cache" /
                                                                                     f"bench-{loaded.name}-{loaded.version}"))
-    return str(Path(pkg) / "artifacts" / "base_model")
+    from components.registry.verification import package_artifacts
+
+    return package_artifacts(pkg)["base_model"]
 
 
 def main() -> None:
