@@ -146,7 +146,10 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
             # A JSON object of the non-null members (absent fields leave no key behind), written by
             # hand: the same bytes as json_merge_patch('{}', json_object(…)) (a test compares them) at
             # ~60 % of its CPU. The columns are strings (connectors/base.py): to_json quotes them.
-            members = ", ".join(f"CASE WHEN {col} IS NOT NULL THEN to_json({_q(k)}) || ':' || to_json({col}) END"
+            # Recipient fields arrive as JSON array text (`_recipients`): kept as an array, which the
+            # owners column and the dedup union read; every other member is a JSON string.
+            members = ", ".join(f"CASE WHEN {col} IS NOT NULL THEN to_json({_q(k)}) || ':' || "
+                                f"{col if k in RECIPIENT_FIELDS else f'to_json({col})'} END"
                                 for k, col in pairs)
             meta = f"'{{' || concat_ws(',', {members}) || '}}'"
         else:
@@ -479,6 +482,84 @@ class _RecordIds:
         return pc.if_else(valid, ids, pa.scalar(None, pa.string()))
 
 
+# Metadata fields that name a record's other participants: under `ownership: all-participants` each
+# one owns the record (components/planning/people.py reads them as lists). The mail connector writes
+# them as lists; a JSONL/CSV/Parquet source's `--meta to --meta cc` arrive as text (`as_text`).
+RECIPIENT_FIELDS = ("to", "cc")
+
+
+def _recipient_list(raw: str, field: str) -> tuple[str | None, str | None]:
+    """One source value of a recipient field → (JSON array text of its participants, None), or
+    (None, why the record is quarantined). A JSON array of strings, or one string; each entry is a
+    mailbox list (`a@x, "B" <b@y>`) read by the mail connector's rule (an address-like display name
+    that differs is ambiguous), or a plain account name (a chat handle) kept as it is."""
+    from catalog.connectors.addresses import mailboxes
+
+    s = raw.strip()
+    items: list = [raw]
+    if s[:1] in ("[", "{"):
+        try:
+            parsed = json.loads(s)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return None, f"wrong type: field {field!r} (recipients) is a JSON object, not a list of strings"
+        if isinstance(parsed, list):
+            for x in parsed:
+                if not isinstance(x, str):
+                    kind = "number" if isinstance(x, (int, float)) and not isinstance(x, bool) else \
+                        {bool: "boolean", dict: "object", list: "array", type(None): "null"}.get(type(x), "value")
+                    return None, f"wrong type: field {field!r} (recipients) holds a JSON {kind}, not a string"
+            items = parsed
+    out: list[str] = []
+    for it in items:
+        it = it.strip()
+        if not it:
+            continue
+        if "@" not in it and "<" not in it and "\uff20" not in it and "\ufe6b" not in it:
+            who = [it]                          # an account name, not an address (chat handles)
+        else:
+            boxes, why = mailboxes(it)
+            if why:
+                return None, f"ambiguous recipient: {why} ({field})"
+            who = [b.addr for b in boxes]
+        out += [w for w in who if w not in out]
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")), None
+
+
+def _recipients(batch: pa.Table) -> pa.Table:
+    """The batch with its recipient metadata columns as JSON array text (see `_recipient_list`),
+    and the rows whose recipients are ambiguous or of the wrong type quarantined with the reason.
+    Before this, a JSONL `"to": ["b@x"]` was kept as the string '["b@x"]', which the owners column
+    cannot read: its recipients owned nothing and were charged nothing."""
+    for field in RECIPIENT_FIELDS:
+        name = meta_col(field)
+        if name not in batch.schema.names:
+            continue
+        col = batch.column(name)
+        if pa.types.is_null(col.type) or col.null_count == len(col):
+            continue
+        col = col.cast(pa.string())
+        fixed: dict[str, str | None] = {}
+        why: dict[str, str] = {}
+        for v in pc.unique(col).to_pylist():
+            if v is None:
+                continue
+            fixed[v], bad = _recipient_list(v, field)
+            if bad:
+                why[v] = bad
+        idx = pc.index_in(col, value_set=pa.array(list(fixed), pa.string()))
+        batch = batch.set_column(batch.schema.get_field_index(name), name,
+                                 pc.take(pa.array(list(fixed.values()), pa.string()), idx))
+        if why:
+            bad_idx = pc.index_in(col, value_set=pa.array(list(why), pa.string()))
+            reason = pc.take(pa.array(list(why.values()), pa.string()), bad_idx)
+            err = batch.column("error")
+            err = err.cast(pa.string()) if pa.types.is_null(err.type) else err
+            batch = batch.set_column(batch.schema.get_field_index("error"), "error", pc.coalesce(err, reason))
+    return batch
+
+
 def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     """The batch with its `user` column under the one identity rule (components.core.identity: case,
     spacing, Unicode form, e-mail address form), so every record's `user_id` is its person's id and
@@ -575,6 +656,7 @@ class _Normalizer:
             self.con.execute("SET TimeZone = 'UTC'")
             self.ids = _RecordIds()
         batch, accounts = _person_ids(batch)
+        batch = _recipients(batch)
         out = self._stage(batch)
         # Dates DuckDB cannot read (RFC 2822, …) are rare: the stage query finds them, and only then
         # are they rewritten (catalog/dates.py) and the batch staged again.

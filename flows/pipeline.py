@@ -43,7 +43,9 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 for _name in ("prefect.task_runs", "prefect.flow_runs", "prefect.engine"):
     logging.getLogger(_name).addFilter(_UserErrorsWithoutTraceback())
 
-_task = dict(cache_policy=NO_CACHE, retries=0)
+# persist_result=False: results (exact counts, plans with their annex paths, certificates before the gate) never go
+# to Prefect's result storage or its API, whatever PREFECT_RESULTS_PERSIST_BY_DEFAULT says (issue 22)
+_task = dict(cache_policy=NO_CACHE, retries=0, persist_result=False)
 
 STEPS = ("ingested", "base model ready", "planned", "trained", "registered", "audited", "evaluated")
 
@@ -89,9 +91,14 @@ def base_model_task(home, public_corpus, base_model_dir):
 
 
 @task(name="plan", **_task)
-def plan_task(home, policy, snapshot_id, base_dir, exclude_people=None):
+def plan_task(home, policy, snapshot_id, base_dir, exclusions_file=None):
+    """`exclusions_file`: a private JSON file whose "excluded" lists the person ids to leave out. Task parameters
+    are public handles only (paths, names, hashes): the ids themselves never pass through Prefect (issue 22)."""
+    import json
+
+    excluded = json.loads(Path(exclusions_file).read_text())["excluded"] if exclusions_file else None
     return stages.plan(load_settings(home), policy, snapshot_id=snapshot_id, base_dir=base_dir,
-                       exclude_people=exclude_people)
+                       exclude_people=excluded)
 
 
 @task(name="train", **_task)
@@ -136,7 +143,7 @@ def log_audit(log, summary: dict | None) -> None:
     log.info("audit %s (the policy requires %s: %s): %s", *publish("prefect", audit_log_fields(summary))["audit"])
 
 
-@flow(name="veil-pipeline", log_prints=True)
+@flow(name="veil-pipeline", log_prints=True, persist_result=False)
 def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                   public_corpus: str | None = None, base_model_dir: str | None = None,
                   model_name: str = "veil", mapping: dict | None = None, audit: bool = True,
@@ -172,6 +179,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     if aud is not None:
         log_audit(log, aud["summary"])
         log_step(log, "audited")
+        stages.settle_latest(settings, reg["model_uri"], aud["summary"])
     ev = evaluate_task(home, reg["model_uri"], policy)
     if ev is not None:
         log_step(log, "evaluated")
@@ -180,7 +188,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
             "audit": aud["summary"] if aud else None, "evaluation": ev}
 
 
-@flow(name="veil-demo", log_prints=True)
+@flow(name="veil-demo", log_prints=True, persist_result=False)
 def demo_flow(home: str | None = None, audit: bool = True) -> dict:
     """The demo organization through the whole pipeline on embedded defaults."""
     settings = load_settings(home).ensure()

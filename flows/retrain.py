@@ -25,11 +25,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.input import RunInput
 
 from components.core.errors import VeilError
+from components.core.faults import kill_point
 from components.core.settings import Settings, load_settings, private_umask
 from components.publication import publish
 from flows import stages
-from flows.pipeline import (audit_task, base_model_task, certify_task, ingest_task, log_audit, log_plan,
-                            log_step, plan_task, register_task)
+from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)
+from flows.pipeline import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
+                            log_plan, log_step, plan_task, register_task)
 
 PRODUCTION = "production"
 LATEST = "latest-certified"
@@ -76,62 +78,6 @@ def base_content(base_dir: str) -> str:
     from components.core.fingerprints import directory_fingerprint
 
     return directory_fingerprint(base_dir)["sha256"]
-
-
-# The flat names policies use for certificate fields that live in a section of the certificate
-# (`veil.certificate/v1`): without them `policy_sha256` — in every shipped policy — is never found.
-FIELD_PATHS = {"policy_sha256": "policy.sha256", "policy_name": "policy.name",
-               "snapshot_commitment": "dataset.snapshot_commitment",
-               "train_records_commitment": "dataset.train_records_commitment",
-               "device": "run.device", "precision": "run.precision"}
-# Issue 22: certificates no longer carry the snapshot's id or sha256 (content hashes, a membership test);
-# they bind the snapshot by `dataset.snapshot_commitment`. A policy that still requires the old names
-# (every shipped policy names `snapshot_sha256`) asks that the certificate bind its snapshot, which the
-# commitment does: the old names are aliases of it. A certificate from before the change still
-# satisfies them with the field it has.
-SNAPSHOT_ALIASES = {"snapshot_sha256": "dataset.snapshot_sha256", "snapshot_id": "dataset.snapshot_id",
-                    "dataset.snapshot_sha256": "dataset.snapshot_sha256", "dataset.snapshot_id": "dataset.snapshot_id"}
-
-
-def _field(cert: dict, path: str):
-    if path in SNAPSHOT_ALIASES:
-        found = _at(cert, "dataset.snapshot_commitment")
-        return found if found is not None else _at(cert, SNAPSHOT_ALIASES[path])
-    found = _at(cert, path)
-    return found if found is not None or path not in FIELD_PATHS else _at(cert, FIELD_PATHS[path])
-
-
-def _at(cert: dict, path: str):
-    node = cert
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def promotion_gate(cert: dict, audit_summary: dict | None, required: list[str],
-                   require: str | None = None) -> tuple[bool, str]:
-    """(promote?, why). An audit that meets the policy's `audit.require` (`passed`, or `not_failed` for an
-    organization too small for a passing audit; stated on the certificate's audit section) and a
-    certificate with every required field promote. `require` defaults to the audit section's own."""
-    from components.audit.verdict import gate_decision
-
-    missing = [f for f in required if _field(cert, f) is None]
-    if audit_summary is None:
-        return False, "not audited"
-    verdict = audit_summary.get("verdict")
-    gate = audit_summary.get("gate") or {}
-    req = require or gate.get("require") or "passed"
-    decided = gate_decision(verdict, req, audit_summary.get("reasons") or [])
-    if not decided["meets"]:
-        rule = ("only a passed audit is promoted" if req == "passed"
-                else "audit.require is 'not_failed': only a failed audit is held back")
-        return False, f"{decided['reason']} ({rule})"
-    if missing:
-        return False, f"certificate lacks the policy's required field(s) {', '.join(missing)}"
-    said = "audit passed" if verdict == "passed" else f"audit {verdict}, and the policy requires only '{req}'"
-    return True, f"{said} and the certificate has every required field ({', '.join(required)})"
 
 
 class PromotionApproval(RunInput):
@@ -203,7 +149,7 @@ def await_approval(promoters: list[str], timeout_s: int, model_uri: str, *, poll
             "reason": f"no promoter approved within {timeout_s} s"}
 
 
-@task(name="promote", cache_policy=NO_CACHE, retries=0)
+@task(name="promote", cache_policy=NO_CACHE, retries=0, persist_result=False)
 def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | None, required: list[str],
                  alias: str, approval: dict | None = None, require: str | None = None) -> dict:
     """Move `alias` when the gates pass and (when asked for) a promoter approved; tag the version with
@@ -226,6 +172,7 @@ def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | No
         client.set_model_version_tag(name, version, "veil.approval.at", approval["at"])
         client.set_model_version_tag(name, version, "veil.approval.decision",
                                      "approved" if approval["approved"] else "rejected")
+    kill_point("during-promotion")
     if ok:
         client.set_registered_model_alias(name, alias, version)
         client.set_model_version_tag(name, version, "veil.promotion", f"{alias}: {why}")
@@ -239,7 +186,7 @@ def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | No
     return {"promoted": ok, "reason": why}
 
 
-@task(name="train-or-resume", cache_policy=NO_CACHE, retries=0)
+@task(name="train-or-resume", cache_policy=NO_CACHE, retries=0, persist_result=False)
 def train_or_resume_task(home: str, plan_path: str, base_dir: str) -> dict:
     """Train (resuming from the run's checkpoint) or, when this plan's run already finished, take its
     result: a retraining stopped after training never trains or charges twice."""
@@ -283,14 +230,17 @@ def _skip(reason: str, model_uri: str | None = None) -> dict:
             "approval": None, "people_trained": 0, "people_retired": 0}
 
 
-@flow(name="veil-retrain", log_prints=True)
+@flow(name="veil-retrain", log_prints=True, persist_result=False)  # returns exact people counts
 def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                  base_model_dir: str | None = None, public_corpus: str | None = None,
                  model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
                  alias: str = PRODUCTION, approval_poll_s: int = 5) -> dict:
-    """One retraining. Returns {action, reason, model_uri, promoted, approval, people_trained,
-    people_retired} (approval: who approved or rejected it and when, None when nobody was asked);
-    the people counts are exact and private: they are returned to the caller, never logged."""
+    """One retraining. Returns {action ("trained", "skipped", or "resumed": a killed run's registered
+    release finished — its audit, its promotion), reason, model_uri, promoted, approval, people_trained,
+    people_retired}, and `evaluation` (`stages.evaluate`'s document; None when the policy reserves no
+    evaluation people, or for a resumed or skipped run) (approval: who approved or rejected it and when,
+    None when nobody was asked); the people counts and the evaluation's exact figures are private: they
+    are returned to the caller, never logged."""
     from components.policy import load_policy
 
     private_umask()
@@ -312,6 +262,14 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     last = load_state(settings, key)
     base_sha = base_content(base)
     if last and last.get("snapshot_content_sha256") == content and last.get("base_sha256") == base_sha:
+        # Issue 28: a run killed after registering (during its audit or its promotion) finishes that
+        # release before anything is called unchanged: otherwise it stayed unaudited, unpromotable.
+        left = unfinished(settings, last["model_uri"])
+        if left is not None:
+            log.info("resuming: %s", publish("prefect", {"resuming": [last["model_uri"], left]})["resuming"][1])
+            plan_doc = _saved_plan(settings, last)
+            return _finish(settings, home, log, pol, policy, truth, alias, approval_poll_s, last["model_uri"],
+                           plan_doc, reg=None, excluded_people=0, audit_needed=(left == "audit"), resumed=True)
         # Prefect readers are not the operator: the snapshot's salted commitment, never its id (issue 22)
         reason = (f"the data eligible for training did not change since {last['model_uri']} "
                   f"(snapshot commitment {stages.snapshot_commitment_of(settings, ing['snapshot_id'])[:12]}…, same base "
@@ -322,8 +280,11 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     try:
         # plan only with people who have budget left (N̂, q and the audit split are the trainable's)
         excluded = planning_exclusions(settings, key, pol, ing["snapshot_id"], content, base_sha)
-        planned = plan_task(home, policy, ing["snapshot_id"], base, exclude_people=excluded)
+        # the ids stay in the private state file: the task gets its path (a Prefect task parameter is a public handle)
+        planned = plan_task(home, policy, ing["snapshot_id"], base,
+                            exclusions_file=str(_state_path(settings, f"{key}.planning")) if excluded else None)
         log_step(log, "planned")
+        kill_point("after-plan")
         plan_doc = planned["plan"]
         log_plan(log, plan_doc)
         trained = train_or_resume_task(home, planned["plan_path"], base)
@@ -334,34 +295,94 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
             return _skip(str(e), last.get("model_uri") if last else None)
         raise
     cert = certify_task(home, planned["plan_path"], trained)
+    # (a registration killed after MLflow registered its version finds that version: one per plan)
     reg = register_task(home, model_name, cert, planned["plan_path"], base,
                         trained.get("adapter_dir") or trained.get("model_dir"), alias=None)
     log.info("registered %s (plan %s, certificate %s)", *publish("prefect", {"registered": [
         reg["model_uri"], plan_doc["sha256"][:12], cert["sha256"][:12]]})["registered"])
     # Recorded before the audit: the release exists and was charged, so the same data must not be
-    # trained (and charged) again even if the audit below fails.
+    # trained (and charged) again even if the audit below fails; a run killed from here on finds the
+    # state and finishes the audit and the promotion (`unfinished`).
     state = {"snapshot_id": ing["snapshot_id"], "snapshot_content_sha256": content, "base_dir": base,
              "base_sha256": base_sha,
              "model_uri": reg["model_uri"], "plan_sha256": plan_doc["sha256"], "source": str(Path(source).resolve()),
              "policy_sha256": pol.sha256}
     save_state(settings, key, state)
-    aud = audit_task(home, reg["model_uri"], policy, truth)
-    log_step(log, "audited")
-    final_cert = aud["certificate"]
+    return _finish(settings, home, log, pol, policy, truth, alias, approval_poll_s, reg["model_uri"], plan_doc,
+                   reg=reg, excluded_people=int(planned.get("excluded_people") or 0),
+                   audit_needed=True, resumed=False)
+
+
+def unfinished(settings: Settings, model_uri: str) -> str | None:
+    """What a registered release of a retraining still lacks: "audit" (no audit section in a certificate
+    that verifies — never audited, or an audit killed halfway), "promotion" (audited; the decision, which
+    `promote_task` tags last, not taken), or None (finished)."""
+    from components.certificate.seal import trusted_keys
+    from components.registry.mlflow_registry import _client, _resolve_version
+    from components.registry.verification import verify_version
+
+    client = _client(settings)
+    try:
+        mv = _resolve_version(client, model_uri)
+    except VeilError:       # the version was deleted since: nothing of it to finish
+        return None
+    if mv.tags.get("veil.promotion"):
+        # the last thing a retraining writes (promote_task, after the audit was recorded): finished, and
+        # a skipped run need not download and verify the package to say so
+        return None
+    v = verify_version(client, mv, trusted_keys(settings))
+    if not v.valid or not isinstance((v.certificate or {}).get("audit"), dict):
+        return "audit"
+    return "promotion"
+
+
+def _saved_plan(settings: Settings, state: dict) -> dict:
+    from components.planning import load_plan
+
+    return load_plan(settings.plans_dir / f"{state['plan_sha256']}.json").to_dict()
+
+
+def _finish(settings: Settings, home: str, log, pol, policy: str, truth: str | None, alias: str,
+            approval_poll_s: int, model_uri: str, plan_doc: dict, *, reg: dict | None, excluded_people: int,
+            audit_needed: bool, resumed: bool) -> dict:
+    """Audit (unless the release is audited already), then decide the promotion: the tail of a
+    retraining, and what a run killed there resumes."""
+    from components.registry.mlflow_registry import _client, _resolve_version
+    from components.registry.verification import verify_version
+    from components.certificate.seal import trusted_keys
+
+    if audit_needed:
+        aud = audit_task(home, model_uri, policy, truth)
+        log_step(log, "audited")
+        kill_point("after-audit")
+        final_cert, summary = aud["certificate"], aud["summary"]
+    else:   # audited before the kill: the registered (verified) certificate holds its public section
+        client = _client(settings)
+        v = verify_version(client, _resolve_version(client, model_uri), trusted_keys(settings))
+        v.raise_if_invalid(f"model {model_uri}")
+        final_cert, summary = v.certificate, v.certificate["audit"]
     required = list(pol.spec.release.required_certificate_fields)
     require = pol.spec.audit.require
-    log_audit(log, aud["summary"])
+    log_audit(log, summary)
+    # Evaluated as `veil run` does, before the promoters are asked: the version's run gets the DP release
+    # of the metrics (charged to the evaluation people); the exact figures are returned to the operator,
+    # never logged. Not on a resumed run: a kill after the evaluation must not charge its people twice
+    # (a kill between the audit and the evaluation leaves the version without metrics, nothing worse).
+    ev = None if resumed else evaluate_task(home, model_uri, policy)
+    if ev is not None:
+        log_step(log, "evaluated")
     approval = None
-    if promotion_gate(final_cert, aud["summary"], required, require)[0]:
+    if promotion_gate(final_cert, summary, required, require)[0]:
         # only a release that passed its gates is put to the promoters (the flow pauses, not a task)
         approval = await_approval(list(pol.spec.release.promoters), pol.spec.release.approval_timeout_seconds,
-                                  reg["model_uri"], poll_s=approval_poll_s)
-    gate = promote_task(home, reg["model_uri"], final_cert, aud["summary"], required, alias, approval, require)
+                                  model_uri, poll_s=approval_poll_s)
+    gate = promote_task(home, model_uri, final_cert, summary, required, alias, approval, require)
     log.info("%s: %s", *publish("prefect", {"promotion": ["promoted" if gate["promoted"] else "not promoted",
                                                            gate["reason"]]})["promotion"])
-    trained_n, retired_n = _people(settings, plan_doc, reg)
-    retired_n += int(planned.get("excluded_people") or 0)  # out before planning + retired at the reservation
+    kill_point("after-promotion")
+    trained_n, retired_n = _people(settings, plan_doc, reg or {})
+    retired_n += excluded_people  # out before planning + retired at the reservation
     public_approval = None if approval is None else {k: approval[k] for k in ("approved", "by", "at", "refused")}
-    return {"action": "trained", "reason": gate["reason"], "model_uri": reg["model_uri"],
+    return {"action": "resumed" if resumed else "trained", "reason": gate["reason"], "model_uri": model_uri,
             "promoted": gate["promoted"], "approval": public_approval,
-            "people_trained": trained_n, "people_retired": retired_n}
+            "people_trained": trained_n, "people_retired": retired_n, "evaluation": ev}

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.core.faults import kill_point
 from components.core.hashing import sha256_file
 from components.core.settings import Settings
 from components.mechanisms import get as get_mechanism
@@ -237,7 +238,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
 
         led = Ledger.open(settings)
         try:
-            ledger_filter = (tuple(led.orders), led.conversion)
+            ledger_filter = led.filter_spec()
         finally:
             led.dispose()
     for _attempt in range(_PLAN_ATTEMPTS):
@@ -415,6 +416,7 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
                 led.record(res.release_id, "refused", reason="the filter retired everyone")
                 raise VeilError("ledger: every person of this plan has spent their lifetime budget: nothing to train "
                                 "(the policy's lifetime_budget is the governance team's call)")
+            kill_point("after-reserve")     # committed in the ledger; the run folder's copy not yet written
             # Record ids, not secret ids, are kept in the run folder: a secret id carries the secret's value.
             saved = {"release_id": int(res.release_id), "retired": sorted(res.retired),
                      "dropped_records": secret_records(settings, plan_doc, res.secrets_dropped)}
@@ -609,7 +611,9 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
             res["train_records_commitment"] = commitment(annex["salt"], res["train_records_sha256"])
         if reservation is not None:
             res["ledger_release_id"] = int(reservation["release_id"])
-        (out_dir / "train_result.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str))
+        # atomically: a kill mid-write must not leave a truncated result that `finished_training` reads
+        _write_private_json(out_dir / "train_result.json", json.loads(json.dumps(res, default=str)))
+        kill_point("after-training")   # the result is on disk; the ledger's `trained` event not yet
         _ledger_event(settings, reservation, "trained")
     # Per-step losses, realised batch sizes, exact counts and the count of units dropped for a
     # non-finite gradient are statistics of the sampled private batches: they stay in the run folder.
@@ -671,6 +675,24 @@ def register(settings: Settings, *, name: str, certificate: dict, plan_path: str
     return reg.to_dict()
 
 
+def settle_latest(settings: Settings, model_uri: str, audit_summary: dict | None) -> None:
+    """`latest-certified` is never on a version whose audit failed (the promotion gate checks it at load,
+    components.registry.gate): registration set it before the audit; a failed audit takes it off."""
+    if (audit_summary or {}).get("verdict") != "failed":
+        return
+    from components.registry.gate import LATEST
+    from components.registry.mlflow_registry import _client
+
+    name, version = model_uri[len("models:/"):].split("/", 1)
+    client = _client(settings)
+    try:
+        on = client.get_model_version_by_alias(name, LATEST).version
+    except Exception:  # noqa: BLE001 - MLflow raises when the alias is not set
+        return
+    if str(on) == str(version):
+        client.delete_registered_model_alias(name, LATEST)
+
+
 def _check_certified_weights(certificate: dict, weights_dir: str | Path | None) -> None:
     """The weights being registered are the ones the certificate names (nothing swapped since)."""
     from components.core.fingerprints import weights_fingerprint
@@ -702,7 +724,7 @@ def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = Non
     from components.policy import load_policy
     from components.registry import load_model, record_audit
 
-    loaded = load_model(model_uri, settings)
+    loaded = load_model(model_uri, settings, interrupted_audit_ok=True)   # a killed audit is done again
     snap = load_snapshot(settings, plan_snapshot_id(settings, loaded.plan))
     thresholds = load_policy(policy).spec.audit if policy else None
     truth_doc = json.loads(Path(truth).read_text()) if truth else None

@@ -139,7 +139,9 @@ def attacker_samples(plan: Mapping, snapshot_records: pa.Table, settings,
     plan's canary records, if any). The attacker file must match its recorded sha256."""
     res = reservations or audit_reservations(plan)
     if not res.attacker_records_file:
-        raise VeilError("plan: audit.attacker_records_file is missing; re-plan with audit.holdout_users > 0")
+        raise VeilError("plan: audit.attacker_records_file is missing, so this release cannot be audited; set "
+                        "audit.holdout_users > 0 for the next release (a new plan of the same data is a new release, "
+                        "charged again)")
     f = _resolve_file(res.attacker_records_file, settings)
     if not f.is_file():
         raise VeilError(f"plan: audit.attacker_records_file {f} not found")

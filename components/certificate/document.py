@@ -161,7 +161,8 @@ def _snapshot_fields(data: Mapping[str, Any]) -> dict:
     before the commitment is refused: certifying it would publish the content hash again."""
     if not data.get("snapshot_commitment"):
         raise VeilError("plan: no data.snapshot_commitment (a plan from before issue 22 names its snapshot by "
-                        "content hash, which would leak membership); re-plan it")
+                        "content hash, which would leak membership): it cannot be certified by this Veil; certify it with the "
+                        "Veil that planned it (re-planning the same data is a new release, charged again)")
     return {"snapshot_commitment": data["snapshot_commitment"]}
 
 

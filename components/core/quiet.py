@@ -38,12 +38,18 @@ ENVIRONMENT = {
     "DO_NOT_TRACK": "1",
 }
 
+# Not noise, but read once at Prefect's import like the above: an ephemeral Prefect server (no
+# PREFECT_API_URL) gets 3 minutes to start instead of Prefect's 20 s, which a loaded host (load ~13 on 2
+# cores, a cron'd retrain among other jobs) exceeds (issue 28). Prefect counts this in polling rounds
+# of ~0.1 s, so under load the real wait is longer still. An operator's own value wins (setdefault).
+PREFECT_STARTUP = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+
 THIRD_PARTY = ("mlflow", "transformers", "peft", "torch", "pydantic", "huggingface_hub", "tokenizers",
                "sqlalchemy", "alembic", "pandas", "setuptools", "pkg_resources", "opacus", "dask", "distributed")
 
 
 def quiet_environment() -> None:
-    for k, v in ENVIRONMENT.items():
+    for k, v in {**ENVIRONMENT, **PREFECT_STARTUP}.items():
         os.environ.setdefault(k, v)
 
 

@@ -90,17 +90,7 @@ class Settings:
     def make_private(self, *paths: Path) -> None:
         """Remove group/other permission bits from `paths` and everything below them (symlinks are
         left alone). For files a library copies with their source's mode (MLflow artifacts)."""
-        for root in paths:
-            root = Path(root)
-            if not root.exists() or root.is_symlink():
-                continue
-            _strip(root)
-            if root.is_dir():
-                for dirpath, dirnames, filenames in os.walk(root):
-                    for n in dirnames + filenames:
-                        p = Path(dirpath) / n
-                        if not p.is_symlink():
-                            _strip(p)
+        strip_group_other(*paths)
 
     def apply_environment(self) -> None:
         """Point Prefect (ephemeral unless a server URL is set) and telemetry at our settings."""
@@ -123,6 +113,38 @@ def private_umask() -> None:
     under VEIL_HOME is private (catalog with secret values, snapshots, plans, runs, MLflow's
     database); the CLI and the Prefect flows call this at start, `Settings.ensure()` too."""
     os.umask(PRIVATE_UMASK)
+
+
+def strip_group_other(*paths: Path) -> None:
+    """Remove group/other permission bits from `paths` and everything below them (symlinks left alone)."""
+    for root in paths:
+        root = Path(root)
+        if not root.exists() or root.is_symlink():
+            continue
+        _strip(root)
+        if root.is_dir():
+            for dirpath, dirnames, filenames in os.walk(root):
+                for n in dirnames + filenames:
+                    p = Path(dirpath) / n
+                    if not p.is_symlink():
+                        _strip(p)
+
+
+def repair_loaded_package(artifact_path: str | Path) -> Path | None:
+    """A plain `mlflow.pyfunc.load_model("models:/…")` on a local registry writes `registered_model_meta` into the
+    registered package itself, in VEIL_HOME, with the consumer's umask (0644 under the usual 022; issue 28) — before
+    any Veil code runs. Veil's pyfuncs call this first in `load_context`: the package folder holding MLmodel (found
+    above one of its artifacts) is made owner-only again when it is itself owner-only, i.e. a package in a private
+    registry; a consumer's own download (a folder others may read) is left as its owner made it. Returns the
+    package folder repaired, or None. Others could not open the file in between: the folders above it are 0700."""
+    p = Path(artifact_path).resolve()
+    for d in (p, *p.parents):
+        if (d / "MLmodel").is_file():
+            if d.stat().st_mode & 0o077:
+                return None
+            strip_group_other(d)
+            return d
+    return None
 
 
 def _strip(p: Path) -> None:

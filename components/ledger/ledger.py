@@ -154,6 +154,26 @@ class Ledger:
         if self.conversion not in _rdp.CONVERSIONS:
             raise VeilError(f"ledger {self._where()}: conversion {self.conversion!r} is not one this Veil knows "
                             f"({', '.join(_rdp.CONVERSIONS)}); use the Veil that made it")
+        self._weights = _weights_of(m, self.conversion, self.orders, self._where())
+
+    def _filter_weights(self, m: Mapping[str, str], budget: Budget) -> np.ndarray | None:
+        """The order weights the filter uses with `budget`: the recorded ones (checked at open and when
+        read here), else — a weighted ledger whose budget is being fixed now — the rule's for it."""
+        if self.conversion != _rdp.WEIGHTED:
+            return None
+        w = _weights_of(m, self.conversion, self.orders, self._where())
+        return w if w is not None else _rdp.order_weights(budget.epsilon, budget.delta, self.orders)
+
+    def _fix_budget(self, conn: Connection, asked: Budget) -> None:
+        """Record the lifetime budget and, under the weighted conversion, the order weights it fixes (a
+        function of the budget alone: WEIGHT_RULE), in the caller's transaction."""
+        rows = [{"key": "budget_epsilon", "value": repr(asked.epsilon)},
+                {"key": "budget_delta", "value": repr(asked.delta)}]
+        if self.conversion == _rdp.WEIGHTED:
+            w = _rdp.order_weights(asked.epsilon, asked.delta, self.orders)
+            rows += [{"key": "order_weights", "value": json.dumps([float(x) for x in w])},
+                     {"key": "order_weights_rule", "value": _rdp.WEIGHT_RULE}]
+        st.insert_ignore(conn, st.meta, rows)
 
     @classmethod
     def open(cls, settings) -> "Ledger":
@@ -214,8 +234,22 @@ class Ledger:
         with st.read_only(self.engine) as conn:
             return _budget_of(st.read_meta(conn))
 
+    @property
+    def order_weights(self) -> np.ndarray | None:
+        """The weighted conversion's recorded δ shares (None: another conversion, or no budget yet)."""
+        if self.conversion == _rdp.WEIGHTED and self._weights is None:
+            with st.read_only(self.engine) as conn:
+                self._weights = _weights_of(st.read_meta(conn), self.conversion, self.orders, self._where())
+        return self._weights
+
+    def filter_spec(self) -> tuple:
+        """(orders, conversion, weights): what a schedule is fitted under (public constants of the ledger;
+        weights None until a weighted ledger's budget is fixed: the rule's for the policy's budget then)."""
+        w = self.order_weights
+        return tuple(self.orders), self.conversion, None if w is None else tuple(float(x) for x in w)
+
     def rdp_budget(self, budget: Budget) -> np.ndarray:
-        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders, self.conversion)
+        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders, self.conversion, self.order_weights)
 
     # --- the one write that matters ---------------------------------------------------------------------
 
@@ -264,8 +298,7 @@ class Ledger:
             m = st.read_meta(conn)
             have = _budget_of(m)
             if have is None and asked is not None:
-                st.insert_ignore(conn, st.meta, [{"key": "budget_epsilon", "value": repr(asked.epsilon)},
-                                                 {"key": "budget_delta", "value": repr(asked.delta)}])
+                self._fix_budget(conn, asked)
                 have = asked
             elif have is not None and asked is not None and have != asked:
                 raise VeilError(f"ledger: its lifetime budget is ε={have.epsilon:g}, δ={have.delta:g} (fixed when "
@@ -281,7 +314,8 @@ class Ledger:
             if have is None:
                 ok = np.ones(len(pkeys), dtype=bool)
             else:
-                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
+                                      self._filter_weights(m, have))
                 ok = _rdp.admits_many(spent, charged, cap)
             at = st.now()
             rid = conn.execute(st.releases.insert().values(
@@ -335,7 +369,8 @@ class Ledger:
             spent[j], replace = effective_spend(by.get(k, {}), self.orders, replace=new_replace)
             if replace and not new_replace:
                 charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
-        cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+        cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
+                              self.order_weights if self.budget() is not None else None)
         left = _rdp.releases_left(spent, charged, cap) if len(ids) else np.zeros(0)
         retire = int((~_rdp.admits_many(spent, charged, cap)).sum()) if len(ids) else 0
 
@@ -375,10 +410,10 @@ class Ledger:
                                                               st.releases.c.plan_sha256 == key)).first()
             if old is not None:
                 return int(old.id), False, np.ones(len(ids), dtype=bool)
-            have = _budget_of(st.read_meta(conn))
+            m = st.read_meta(conn)
+            have = _budget_of(m)
             if have is None and asked is not None:
-                st.insert_ignore(conn, st.meta, [{"key": "budget_epsilon", "value": repr(asked.epsilon)},
-                                                 {"key": "budget_delta", "value": repr(asked.delta)}])
+                self._fix_budget(conn, asked)
                 have = asked
             elif have is not None and asked is not None and have != asked:
                 raise VeilError(f"ledger: its lifetime budget is ε={have.epsilon:g}, δ={have.delta:g} (fixed when "
@@ -392,7 +427,8 @@ class Ledger:
                     spent[j], replace = effective_spend(by.get(k, {}), self.orders)
                     if replace:
                         charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
-                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion)
+                cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
+                                      self._filter_weights(m, have))
                 ok = _rdp.admits_many(spent, charged, cap)
                 if not ok.all():
                     return None, False, ok
@@ -529,6 +565,9 @@ class Ledger:
         n = len(self.orders)
         return np.array([effective_spend(by.get(k, {}), self.orders)[0] for k in people]).reshape(len(people), n)
 
+    def _read_weights(self, m: Mapping[str, str]) -> np.ndarray | None:
+        return _weights_of(m, self.conversion, self.orders, self._where())
+
     def _all(self):
         with st.read_only(self.engine) as conn:
             m = st.read_meta(conn)
@@ -558,7 +597,8 @@ class Ledger:
         retired = np.zeros(len(people), dtype=int)
         for r in ex:
             retired[idx[r.person_key]] += 1
-        eps = (_rdp.epsilon_of_spend(spend, delta, self.orders, self.conversion) if (delta and len(people))
+        eps = (_rdp.epsilon_of_spend(spend, delta, self.orders, self.conversion, self._read_weights(m))
+               if (delta and len(people))
                else [None] * len(people))
         return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
                  "times_retired": int(t)} for k, e, c, t in zip(people, eps, count, retired)]
@@ -634,10 +674,12 @@ class Ledger:
                                   "reveal about the people they trained on (their secrets are bounded per secret, "
                                   "below)")},
                 "spend": spend, "orders": list(self.orders), "conversion": self.conversion,
+                "order_weights": None if (w := self._read_weights(m)) is None else [float(x) for x in w],
                 "secrets": self.secret_summary(),
                 "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + pad_α (its conversion: "
                                     "union-markov log(|A|/δ)/(α−1); union-hockey-stick (log(|A|/δ) − log α)/(α−1) + "
-                                    "log(1 − 1/α)): "
+                                    "log(1 − 1/α); weighted-hockey-stick (log(1/(w_α δ)) − log α)/(α−1) + "
+                                    "log(1 − 1/α), the order weights w fixed by the budget): "
                                     "the smallest budget ε whose Rényi filter this spend meets (the guarantee is the "
                                     "budget itself)",
                 "secrets_definition": "per secret class: lifetime KL of a secret = sum of its KL over the releases "
@@ -672,7 +714,8 @@ class Ledger:
             if has_rep.any():
                 spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
             known = firsts <= r.id
-            e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion) if known.any()
+            e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion, self._read_weights(m))
+                 if known.any()
                  else np.zeros(0))
             out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
                         "retired": retired_by.get(r.id, 0),
@@ -879,6 +922,33 @@ def _reserve_secrets(conn: Connection, rid: int, sec: list[SecretCost], skeys: l
     for i in range(0, len(drops), st._CHUNK):
         conn.execute(st.secret_drops.insert(), drops[i:i + st._CHUNK])
     return ok
+
+
+def _weights_of(m: Mapping[str, str], conversion: str, orders, where: str) -> np.ndarray | None:
+    """A weighted ledger's recorded order weights, checked (rdp.check_weights: Σ ≤ 1 and this Veil's rule
+    for the recorded budget); None before its budget is fixed, or under another conversion. A record that
+    does not match is refused in one line, never re-interpreted."""
+    has = "order_weights" in m
+    if conversion != _rdp.WEIGHTED:
+        if has:
+            raise VeilError(f"ledger {where}: order weights recorded under conversion {conversion!r}, which has "
+                            f"none: damaged; {st.RESTORE}")
+        return None
+    b = _budget_of(m)
+    if b is None and not has:
+        return None
+    if b is None or not has:
+        raise VeilError(f"ledger {where}: a weighted ledger keeps its budget and its order weights together; "
+                        f"one is missing: damaged; {st.RESTORE}")
+    if m.get("order_weights_rule") != _rdp.WEIGHT_RULE:
+        raise VeilError(f"ledger {where}: order weights made by rule {m.get('order_weights_rule')!r}; this Veil "
+                        f"knows {_rdp.WEIGHT_RULE!r}: use the Veil that made it")
+    try:
+        w = json.loads(m["order_weights"])
+        return _rdp.check_weights(w, orders, b.epsilon, b.delta)
+    except (ValueError, TypeError, VeilError) as e:
+        raise VeilError(f"ledger {where}: its recorded order weights are refused ({e}); use the Veil that made it, "
+                        f"or {st.RESTORE}") from None
 
 
 def _budget_of(m: Mapping[str, str]) -> Budget | None:

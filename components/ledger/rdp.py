@@ -21,14 +21,19 @@ fixed grid of orders A and a budget (ε, δ), a person takes part in a release o
 spend_α + cost_α ≤ B_α, where B_α = ε − pad_α and the pad is the ledger's conversion (stored in its
 metadata, like the grid):
     "union-markov"        (ledgers made before issue 26)  pad_α = log(|A|/δ)/(α − 1)
-    "union-hockey-stick"  (new ledgers)                    pad_α = (log(|A|/δ) − log α)/(α − 1) + log(1 − 1/α)
+    "union-hockey-stick"  (issue 26's first ledgers)       pad_α = (log(|A|/δ) − log α)/(α − 1) + log(1 − 1/α)
+    "weighted-hockey-stick" (new ledgers)                  pad_α = (log(1/(w_α δ)) − log α)/(α − 1) + log(1 − 1/α)
 The second is the Balle et al. 2020 / Canonne–Kamath–Steinke 2020 conversion at δ/|A| per order; it is
 valid for the filter because it bounds the hockey-stick divergence by the same supermartingales
 (docs/privacy/ledger.md, "The tighter conversion"). Its pad is smaller at every order, so a ledger that
-was admitted under the first is within budget under the second.
+was admitted under the first is within budget under the second. The third is the same conversion at
+δ·w_α per order, Σ w_α ≤ 1: the same proof with δ/|A| replaced by δ·w_α ("Order weights" in the doc).
+The weights are a function of the lifetime budget (ε, δ) alone (`order_weights`), public and fixed
+before any data; the ledger records them with its budget and refuses a record that does not match.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -187,18 +192,86 @@ def replace_of_add_remove(spend: np.ndarray, orders: Sequence[float] = ORDERS) -
 
 
 # The RDP → (ε, δ) conversions a ledger can be kept under (ledger_meta "conversion"). A ledger without
-# the key was made before issue 26 and keeps the first: its thresholds never move under it.
+# the key was made before issue 26 and keeps the first; one made with the second keeps it: its
+# thresholds never move under it.
 MARKOV = "union-markov"
 HOCKEY_STICK = "union-hockey-stick"
-CONVERSIONS = (MARKOV, HOCKEY_STICK)
-CONVERSION = HOCKEY_STICK          # what a new ledger is created with
+WEIGHTED = "weighted-hockey-stick"
+CONVERSIONS = (MARKOV, HOCKEY_STICK, WEIGHTED)
+CONVERSION = WEIGHTED              # what a new ledger is created with
+
+# The weighted conversion's rule (recorded with the weights; a ledger whose record names another rule,
+# or whose weights are not this rule's for its budget, is refused). The weights put δ's shares on the
+# orders where a spend that exhausts the budget is cheapest: for a Gaussian-like spend (RDP ρ·α, which
+# n sampled-Gaussian releases approach as n grows) with ε(δ) equal to the budget's ε, the best order α*
+# solves min_α ρα + pad¹_α = ε, pad¹ the single-order conversion at δ. A sampled Gaussian's RDP grows
+# faster than linearly in α, so its best order lies below the Gaussian's: the centre is α*·e^{SHIFT}.
+# Shares fall as a Gaussian in log α (width SPREAD) around it, and FLOOR of δ is spread uniformly so that
+# no order of the grid becomes unusable (a release far from the expected shape pays at most
+# log(|A|/FLOOR)/(α−1) instead of log|A|/(α−1)). Nothing here reads data: only ε, δ and the grid.
+WEIGHT_RULE = "gaussian-centred/v1"
+_W_SHIFT, _W_SPREAD, _W_FLOOR = -0.15, 0.15, 0.02
+_W_TOL = 1e-9          # a recorded weight may differ from today's computation by float noise only
 
 
-def conversion_pad(delta: float, orders: Sequence[float] = ORDERS, conversion: str = CONVERSION) -> np.ndarray:
-    """pad_α = ε − B_α at each order: what the filter keeps back at order α for a δ spread over the grid.
+def _single_order_pad(delta: float, a: np.ndarray) -> np.ndarray:
+    return (-math.log(delta) - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
 
-    union-markov:        log(|A|/δ)/(α−1)                         (Markov on each order's supermartingale)
-    union-hockey-stick:  (log(|A|/δ) − log α)/(α−1) + log(1 − 1/α) (the hockey-stick bound, doc)"""
+
+def gaussian_best_order(epsilon: float, delta: float) -> float:
+    """α* of the Gaussian-like spend ρ·α whose best single-order ε at δ is `epsilon` (module comment)."""
+    a = np.exp(np.linspace(math.log(1.001), math.log(1e4), 20001))
+    pad1 = _single_order_pad(delta, a)
+    lo, hi = 1e-12, 1e4          # ε(ρ) = min_α ρα + pad¹_α increases with ρ: bisection on log ρ
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if float(np.min(mid * a + pad1)) < epsilon else (lo, mid)
+    return float(a[int(np.argmin(hi * a + pad1))])
+
+
+def order_weights(epsilon: float, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """The weighted conversion's δ shares on the grid (Σ < 1, every share > 0): WEIGHT_RULE for the
+    budget (ε, δ). Public: a function of the lifetime budget and the grid only."""
+    e, d = float(epsilon), float(delta)
+    if not (e > 0 and math.isfinite(e)):
+        raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
+    if not 0 < d < 1:
+        raise VeilError(f"ledger budget: delta {delta} must be in (0, 1)")
+    return np.array(_order_weights(e, d, tuple(float(x) for x in _check_orders(orders))))
+
+
+@functools.lru_cache(maxsize=64)
+def _order_weights(e: float, d: float, orders: tuple[float, ...]) -> tuple[float, ...]:
+    a = np.asarray(orders)
+    centre = math.log(gaussian_best_order(e, d)) + _W_SHIFT
+    k = np.exp(-((np.log(a) - centre) ** 2) / (2.0 * _W_SPREAD ** 2))
+    w = (1.0 - _W_FLOOR) * k / math.fsum(k) + _W_FLOOR / len(a)
+    # Σ w ≤ 1 exactly, whatever the rounding: the proof needs Σ δ·w_α ≤ δ (1e-12 of δ is given away)
+    return tuple(float(x) for x in w * (1.0 - 1e-12) / math.fsum(w))
+
+
+def check_weights(weights, orders: Sequence[float], epsilon: float, delta: float) -> np.ndarray:
+    """A ledger's recorded weights, checked: one finite share ≥ 0 per order, Σ ≤ 1, and this Veil's rule
+    for the ledger's budget (to float noise). Anything else is refused, never re-interpreted."""
+    w = np.asarray(weights, dtype=float)
+    a = _check_orders(orders)
+    if w.shape != a.shape or np.any(~np.isfinite(w)) or np.any(w < 0) or math.fsum(w) > 1.0:
+        raise VeilError("ledger order weights: not one share ≥ 0 per order with Σ ≤ 1")
+    want = order_weights(epsilon, delta, a)
+    if np.max(np.abs(w - want)) > _W_TOL:
+        raise VeilError(f"ledger order weights: they are not {WEIGHT_RULE}'s for the ledger's budget "
+                        f"ε={epsilon:g}, δ={delta:g}")
+    return w
+
+
+def conversion_pad(delta: float, orders: Sequence[float] = ORDERS, conversion: str = CONVERSION,
+                   weights=None) -> np.ndarray:
+    """pad_α = ε − B_α at each order: what the filter keeps back at order α for δ shared over the grid.
+
+    union-markov:          log(|A|/δ)/(α−1)                         (Markov on each order's supermartingale)
+    union-hockey-stick:    (log(|A|/δ) − log α)/(α−1) + log(1 − 1/α) (the hockey-stick bound, doc)
+    weighted-hockey-stick: (log(1/(w_α δ)) − log α)/(α−1) + log(1 − 1/α), Σ w_α ≤ 1 (`weights`, required;
+                           a share of 0 makes its order unusable: pad +∞)"""
     d = float(delta)
     if not 0 < d < 1:
         raise VeilError(f"ledger budget: delta {delta} must be in (0, 1)")
@@ -207,16 +280,69 @@ def conversion_pad(delta: float, orders: Sequence[float] = ORDERS, conversion: s
         return math.log(len(a) / d) / (a - 1.0)
     if conversion == HOCKEY_STICK:
         return (math.log(len(a) / d) - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
+    if conversion == WEIGHTED:
+        if weights is None:
+            raise VeilError("ledger: the weighted conversion needs the ledger's order weights")
+        w = np.asarray(weights, dtype=float)
+        if w.shape != a.shape or np.any(~np.isfinite(w)) or np.any(w < 0) or math.fsum(w) > 1.0:
+            raise VeilError("ledger order weights: not one share ≥ 0 per order with Σ ≤ 1")
+        with np.errstate(divide="ignore"):
+            return (-np.log(w * d) - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
     raise VeilError(f"ledger: unknown RDP conversion {conversion!r}; this Veil knows {', '.join(CONVERSIONS)}")
 
 
 def rdp_budget(epsilon: float, delta: float, orders: Sequence[float] = ORDERS,
-               conversion: str = CONVERSION) -> np.ndarray:
-    """B_α = ε − pad_α: the per-order budget of the filter (negative: order unusable)."""
+               conversion: str = CONVERSION, weights=None) -> np.ndarray:
+    """B_α = ε − pad_α: the per-order budget of the filter (negative: order unusable). Under the weighted
+    conversion without `weights`, the rule's weights for this budget: what a new ledger fixes with it."""
     e = float(epsilon)
     if not (e > 0 and math.isfinite(e)):
         raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
-    return e - conversion_pad(delta, orders, conversion)
+    if conversion == WEIGHTED and weights is None:
+        weights = order_weights(e, delta, orders)
+    return e - conversion_pad(delta, orders, conversion, weights)
+
+
+def epsilon_of_spend(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS,
+                     conversion: str = CONVERSION, weights=None) -> np.ndarray | float:
+    """min_α S_α + pad_α: the smallest budget ε whose filter condition this spend meets (under the
+    weighted conversion: at the ledger's weights, which its budget fixed).
+
+    The guarantee is the filter's budget; this number says how much of it a person has used. Of one
+    release's cost curve it is the filter's price of that release. Works on one curve (→ float) or a
+    (people × orders) matrix (→ one value per row)."""
+    s = np.asarray(spend, dtype=float)
+    out = np.min(s + conversion_pad(delta, orders, conversion, weights), axis=-1)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def filter_price(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS,
+                 conversion: str = CONVERSION) -> float:
+    """The smallest lifetime budget ε (at δ) whose filter admits this spend from zero — the filter's price
+    of a composition, for benches and tests. Under a fixed-pad conversion it is `epsilon_of_spend`; under
+    the weighted one the weights move with the budget, so it is found by a scan upward from the
+    single-order bound (weights ≤ 1 never beat it): 1 % steps, then 0.02 % steps in the bracket — the
+    smallest admitted budget on the scan (possibly above the true smallest by < 0.02 %: never below)."""
+    s = np.asarray(spend, dtype=float)
+    a = _check_orders(orders)
+    if conversion != WEIGHTED:
+        return float(epsilon_of_spend(s, delta, orders, conversion))
+    lo = float(np.min(s + _single_order_pad(float(delta), a)))
+    if not math.isfinite(lo):
+        return math.inf
+
+    def ok(e: float) -> bool:
+        return e > 0 and bool(np.any(s <= rdp_budget(e, delta, a, WEIGHTED)))
+
+    e = max(lo, 1e-6)
+    while not ok(e):
+        e *= 1.01
+        if e > 100.0 * max(lo, 1e-6):
+            return math.inf
+    f = e / 1.01
+    while f < e and not ok(f):
+        f *= 1.0002
+    return min(f, e)
 
 
 def admits(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> bool:
@@ -229,18 +355,6 @@ def admits_many(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.n
     """`admits` for a (people × orders) spend matrix and cost matrix (or one cost row)."""
     total = np.asarray(spend, dtype=float) + np.asarray(cost, dtype=float)
     return np.any(total <= np.asarray(budget, dtype=float)[None, :], axis=1)
-
-
-def epsilon_of_spend(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS,
-                     conversion: str = CONVERSION) -> np.ndarray | float:
-    """min_α S_α + pad_α: the smallest budget ε whose filter condition this spend meets.
-
-    The guarantee is the filter's budget; this number says how much of it a person has used. Of one
-    release's cost curve it is the filter's price of that release. Works on one curve (→ float) or a
-    (people × orders) matrix (→ one value per row)."""
-    s = np.asarray(spend, dtype=float)
-    out = np.min(s + conversion_pad(delta, orders, conversion), axis=-1)
-    return float(out) if np.ndim(out) == 0 else out
 
 
 def releases_left(spend: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndarray:

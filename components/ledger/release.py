@@ -205,12 +205,13 @@ def fresh_person_cost(plan_like: Mapping, orders=_rdp.ORDERS) -> np.ndarray:
 
 
 def releases_for_fresh_person(plan_like: Mapping, budget: Budget, orders=_rdp.ORDERS,
-                              conversion: str = _rdp.CONVERSION) -> float:
+                              conversion: str = _rdp.CONVERSION, weights=None) -> float:
     """How many releases of this plan, one after the other, a person who has spent nothing is admitted to
     under the filter with this budget (∞ for a release that charges nobody). Public: a function of the
-    plan's public fields, the budget and the ledger's grid and conversion."""
+    plan's public fields, the budget and the ledger's grid and conversion (its order weights: the
+    recorded ones, or None for the rule's for this budget)."""
     cost = fresh_person_cost(plan_like, orders)
-    b = _rdp.rdp_budget(budget.epsilon, budget.delta, orders, conversion)
+    b = _rdp.rdp_budget(budget.epsilon, budget.delta, orders, conversion, weights)
     return float(_rdp.releases_left(np.zeros((1, len(orders))), cost, b)[0])
 
 

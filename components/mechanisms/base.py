@@ -43,8 +43,9 @@ class PlanContext:
     cache_dir: str | Path | None = None
     owners: pa.Table | None = None   # record_id, owners (list): every record's owners where the policy says so
     say: Callable[[str], None] = lambda _m: None
-    # the ledger's (orders, conversion) a schedule is fitted under (public constants of the ledger);
-    # None: a new ledger's (components.ledger.rdp ORDERS, CONVERSION)
+    # the ledger's (orders, conversion, order weights) a schedule is fitted under (public constants of the
+    # ledger; weights None: the weighted rule's for the policy's budget, which a new ledger fixes with it);
+    # None: a new ledger's (components.ledger.rdp ORDERS, CONVERSION, None)
     ledger_filter: tuple | None = None
 
     @property

@@ -156,14 +156,15 @@ class SubsampledGaussian(Mechanism):
         spec = ctx.spec
         n = int(spec.schedule.releases)
         budget = Budget.parse(spec.lifetime_budget.model_dump())
-        orders, conversion = ctx.ledger_filter or (_rdp.ORDERS, _rdp.CONVERSION)
+        orders, conversion, *rest = ctx.ledger_filter or (_rdp.ORDERS, _rdp.CONVERSION, None)
+        weights = rest[0] if rest else None
         k = self.accounting_k(ctx.k)
 
         def left(sigma: float) -> float:
             return releases_for_fresh_person(
                 {"mechanism": self.name, "sampling_rate": q, "noise_multiplier": float(sigma), "steps": ctx.steps,
                  "records_per_user": bounded.records_per_user, "data": {"population": population}},
-                budget, tuple(orders), conversion)
+                budget, tuple(orders), conversion, weights)
 
         first = float(cal.noise_multiplier)
         doc = {"releases": n, "cadence": spec.schedule.cadence, "target_epsilon": target["epsilon"],

@@ -58,7 +58,8 @@ def attacker_rows(annex: Mapping) -> pa.Table:
     """The plan's attacker records file (record_id, user_id, member), its sha256 checked."""
     table = _checked(annex, "attacker_records")
     if table is None:
-        raise VeilError("plan annex: no attacker records file; re-plan with audit.holdout_users > 0")
+        raise VeilError("plan annex: no attacker records file, so this release cannot be audited; set audit.holdout_users > 0 "
+                        "for the next release (a new plan of the same data is a new release, charged again)")
     return table
 
 
@@ -107,7 +108,8 @@ def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table
                         + ("(the plan predates the evaluation split)" if fraction is None else
                            f"(evaluation.fraction = {fraction:g}: nobody was drawn)" if fraction else
                            "(its policy sets evaluation.fraction: 0)")
-                        + "; re-plan with evaluation.fraction > 0")
+                        + ": this release cannot be evaluated; set evaluation.fraction > 0 for the next release (a new plan "
+                          "of the same data is a new release, charged again)")
     joined = table.join(snapshot_records.select(["record_id", "text"]), keys="record_id", join_type="inner")
     if joined.num_rows != table.num_rows:
         raise VeilError(f"plan: {table.num_rows - joined.num_rows} evaluation record(s) are missing from snapshot "

@@ -17,7 +17,9 @@ per ensemble, written in the SAME transaction as the ensemble's counter, so a gr
 and a restart (or another server process on the same database) sees the same per-key spend.
 
 API keys: stored as sha256 of a 256-bit random key (a high-entropy secret needs no slow hash); the key
-itself is shown once.
+itself is shown once. A key's id is the first 16 hex digits of that hash (`veil keys list`). Revoking a key
+inserts a row into a revocation table (durable, never undone); every request looks its key up in the same
+database, so a running server refuses a revoked key from its next request on.
 """
 from __future__ import annotations
 
@@ -51,6 +53,13 @@ api_keys = Table("pmixed_api_keys", metadata,
                  Column("key_sha256", String(64), primary_key=True),
                  Column("created_at", String(40), nullable=False))
 
+# A revoked key: its own table (not a column) so that ledgers created before revocation existed gain it by
+# create_all, with no migration.
+key_revocations = Table("pmixed_api_key_revocations", metadata,
+                        Column("key_sha256", String(64), primary_key=True),
+                        Column("revoked_at", String(40), nullable=False))
+
+KEY_ID_CHARS = 16
 
 # One row per grant to a key: the key's spend = the sum of its rows (same design as the ensemble's counter).
 key_spends = Table("pmixed_key_charges", metadata,
@@ -208,5 +217,41 @@ class TokenBudget:
         digest = key_digest(key)
 
         def work(conn) -> bool:
-            return conn.execute(select(api_keys.c.key_sha256).where(api_keys.c.key_sha256 == digest)).first() is not None
+            known = conn.execute(select(api_keys.c.key_sha256).where(api_keys.c.key_sha256 == digest)).first()
+            revoked = conn.execute(select(key_revocations.c.key_sha256)
+                                   .where(key_revocations.c.key_sha256 == digest)).first()
+            return known is not None and revoked is None
         return transact(self.engine, work)
+
+    def list_keys(self) -> list[dict]:
+        """Every key ever created, oldest first: its id (hash prefix), sha256, creation and revocation times.
+        Never the key: only its hash is stored."""
+        def work(conn) -> list[dict]:
+            revoked = dict(conn.execute(select(key_revocations.c.key_sha256, key_revocations.c.revoked_at)).all())
+            rows = conn.execute(select(api_keys.c.key_sha256, api_keys.c.created_at)
+                                .order_by(api_keys.c.created_at, api_keys.c.key_sha256)).all()
+            return [{"id": r.key_sha256[:KEY_ID_CHARS], "sha256": r.key_sha256, "created_at": r.created_at,
+                     "revoked_at": revoked.get(r.key_sha256)} for r in rows]
+        return transact(self.engine, work)
+
+    def revoke_key(self, key_id: str) -> dict:
+        """Revoke the key whose sha256 starts with `key_id` (at least 8 hex digits, one key only). Durable; a
+        key already revoked keeps its first revocation time. Returns the key's listing after revocation."""
+        kid = (key_id or "").strip().lower()
+        if len(kid) < 8 or any(c not in "0123456789abcdef" for c in kid):
+            raise VeilError(f"KEY_ID: expected at least 8 hex digits of a key's id (see `veil keys list`), "
+                            f"got {key_id!r}")
+
+        def work(conn) -> str:
+            hits = [r.key_sha256 for r in conn.execute(select(api_keys.c.key_sha256)
+                                                       .where(api_keys.c.key_sha256.like(kid + "%"))).all()]
+            if not hits:
+                raise VeilError(f"KEY_ID {kid}: no such key in this ledger (see `veil keys list`)")
+            if len(hits) > 1:
+                raise VeilError(f"KEY_ID {kid}: matches {len(hits)} keys; give more of its id")
+            if conn.execute(select(key_revocations.c.key_sha256)
+                            .where(key_revocations.c.key_sha256 == hits[0])).first() is None:
+                conn.execute(key_revocations.insert().values(key_sha256=hits[0], revoked_at=_now()))
+            return hits[0]
+        digest = transact(self.engine, work)
+        return next(k for k in self.list_keys() if k["sha256"] == digest)

@@ -107,6 +107,22 @@ def train_shard(base_dir: str | Path, texts: Sequence[str], cfg: ShardTraining, 
     return {**facts, "sha256": dir_sha256(out)}
 
 
+def prompt_char_bound(tokenizer, max_positions: int) -> int:
+    """The longest prompt, in characters, that could still fit in `max_positions − 1` tokens: (max_positions − 1) × L,
+    L the longest vocabulary entry (added tokens included), in characters of its token string.
+
+    Why it is safe (never refuses a prompt that fits): every token covers at most L characters of the prompt. For a
+    byte-level BPE (GPT-2 and its kin) a token string has one character per byte it covers and a byte decodes to at
+    most one character; for SentencePiece-style vocabularies the token string is the text it covers ('▁' for a
+    space); byte-fallback pieces ('<0xE2>') are longer than the one byte they cover. So a prompt longer than the
+    bound needs more tokens than the model has positions. (A tokenizer whose normaliser deletes characters could
+    fit a longer prompt; such a prompt is refused, which costs the caller nothing private.)"""
+    vocab = tokenizer.get_vocab()
+    added = getattr(tokenizer, "get_added_vocab", lambda: {})()
+    longest = max([len(t) for t in vocab] + [len(t) for t in added] + [1])
+    return max(1, int(max_positions) - 1) * longest
+
+
 class Ensemble:
     """Base + N adapters, resident; `generate` serves PMixED tokens."""
 
@@ -129,6 +145,19 @@ class Ensemble:
         self.max_positions = int(getattr(base.config, "n_positions", None)
                                  or getattr(base.config, "max_position_embeddings", 1024))
         self._lock = threading.Lock()  # one generation at a time on this process's model
+        self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_positions)
+
+    def check_prompt(self, prompt: str) -> None:
+        """Refuse, before any tokenising, a prompt that cannot fit the model's positions (issue 28: a 20 MB prompt
+        was tokenised in full, > 120 s and +0.5 GB) or that is not valid Unicode (a lone surrogate: the tokenizer's
+        own error was an HTTP 500)."""
+        if len(prompt) > self.max_prompt_chars:
+            raise VeilError(f"prompt: {len(prompt)} characters; at most {self.max_prompt_chars} can fit the model's "
+                            f"{self.max_positions - 1} prompt tokens")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise VeilError(f"prompt: not valid Unicode (a lone surrogate at character {e.start})") from None
 
     def encode(self, prompt: str) -> list[int]:
         bos = [] if self.tokenizer.bos_token_id is None else [int(self.tokenizer.bos_token_id)]
@@ -147,6 +176,7 @@ class Ensemble:
         Returns {"ids", "text", "private_tokens", "public_tokens"}; nothing about λ, S or probabilities."""
         import torch
 
+        self.check_prompt(prompt)
         ids = self.encode(prompt)
         room = self.max_positions - len(ids)
         if room <= 0:

@@ -16,7 +16,10 @@ class PMixEDEnsemble(mlflow.pyfunc.PythonModel):
         from components.prediction.budget import TokenBudget
         from components.prediction.release import open_ensemble, verify_certificate
 
+        from components.core.settings import repair_loaded_package
+
         arts = context.artifacts
+        repair_loaded_package(arts["certificate"])  # MLflow's registered_model_meta, written with the caller's umask
         self.certificate = verify_certificate(json.loads(Path(arts["certificate"]).read_text()))
         manifest = json.loads(Path(arts["manifest"]).read_text())
         self.settings = load_settings().ensure()

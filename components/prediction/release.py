@@ -142,6 +142,9 @@ def register_ensemble(settings, *, name: str, certificate: Mapping, manifest: Ma
             run_id = run.info.run_id
     mv = mlflow.register_model(info.model_uri, name, tags=tags)
     client.set_registered_model_alias(name, "latest-certified", mv.version)
+    # MLflow copies the public base with its source's mode (shutil.copy2: typically 0644 outside VEIL_HOME);
+    # the registry is private like the rest of the home (issue 28), as flows.stages.register does for models
+    settings.make_private(settings.mlflow_artifacts_dir)
     return {"model_uri": f"models:/{name}/{mv.version}", "run_id": run_id, "version": str(mv.version)}
 
 

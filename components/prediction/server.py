@@ -6,7 +6,10 @@
               "private_tokens", "public_only_reason": null | "budget_spent" | "key_quota_spent",
               "budget_remaining_tokens", "key_quota_remaining_tokens": int | null (no quota)}
 
-401 without a valid key; 422 with one line naming the field on a malformed body; when the ensemble's private
+401 without a valid (unrevoked) key; 413 for a body over `max_body_bytes` (from its Content-Length, or while it
+streams in, before anything is parsed); 422 with one line naming the field on a malformed body, a prompt longer
+than the model's positions could hold (checked in characters before tokenising: `Ensemble.check_prompt`) or one
+that is not valid Unicode (a lone surrogate); when the ensemble's private
 budget — or, with a policy `key_quota_tokens`, the calling key's quota — is spent, the policy decides:
 "public_only" answers from the public model (free, flagged per token), "refuse" answers 429.
 
@@ -19,6 +22,7 @@ Every private token is committed to the durable budget before it is drawn (compo
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,7 +35,8 @@ from components.publication import publish
 
 
 def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_tokens_cap: int,
-               certificate: dict | None = None, key_quota: int | None = None):
+               certificate: dict | None = None, key_quota: int | None = None, max_body_bytes: int | None = None):
+    max_body = int(max_body_bytes) if max_body_bytes else default_max_body_bytes(ensemble)
     app = FastAPI(title="Veil PMixED endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
     def err(status: int, msg: str) -> JSONResponse:
@@ -51,7 +56,30 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
             return "max_tokens: expected an integer ≥ 1"
         if n > max_tokens_cap:
             return f"max_tokens: at most {max_tokens_cap} per request"
+        try:
+            ensemble.check_prompt(p)  # length in characters and valid Unicode, before any tokenising
+        except VeilError as e:
+            return str(e)
         return p, n
+
+    too_large = f"body: larger than this endpoint's limit of {max_body} bytes (veil serve --max-body-bytes)"
+
+    async def read_body(request: Request) -> bytes | JSONResponse:
+        """The body, or a 413 as soon as it is known to exceed the cap: from Content-Length before reading a byte,
+        else while it streams in (chunked), so an oversize body is never held in memory whole."""
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                return err(400, "Content-Length: not a non-negative integer")
+            if int(declared) > max_body:
+                return err(413, too_large)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                return err(413, too_large)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -61,9 +89,12 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
             return JSONResponse(status_code=401, content={"error": "missing or invalid API key (Authorization: "
                                                                    "Bearer KEY; create one with `veil keys create`)"},
                                 headers={"WWW-Authenticate": "Bearer"})
+        raw = await read_body(request)
+        if isinstance(raw, JSONResponse):
+            return raw
         try:
-            body = await request.json()
-        except Exception:  # noqa: BLE001 - any unparsable body is the caller's error
+            body = json.loads(raw)
+        except Exception:  # noqa: BLE001 - any unparsable body (bad UTF-8, too deeply nested) is the caller's error
             return err(422, "body: not valid JSON")
         parsed = parse(body)
         if isinstance(parsed, str):
@@ -114,3 +145,9 @@ def create_app(*, ensemble, budget, ensemble_id: str, when_exhausted: str, max_t
         return {"ok": True}
 
     return app
+
+
+def default_max_body_bytes(ensemble) -> int:
+    """The largest body a prompt that fits could need: JSON may escape each code point as up to 12 bytes
+    (a surrogate pair, \\uXXXX\\uXXXX), plus 4 KiB for the rest of the object."""
+    return 12 * int(ensemble.max_prompt_chars) + 4096

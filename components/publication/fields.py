@@ -224,9 +224,7 @@ _PMIXED_DP = dict(mechanism="PMixED (per-token mixture; components/prediction/me
                   sensitivity="one person's shard model", counts="every person of the ensemble's snapshot",
                   charge="the ensemble's per-token Rényi budget, charged per private token (prediction ledger)")
 declare(
-    Field("pmixed.release", "certificate.**", P, "the PMixED certificate: policy values, the token budget's ε and "
-          "salted commitments (components/prediction/release.py)"),
-    Field("pmixed.release", "manifest.**", P, "the ensemble's public parameters and salted commitments"),
+    # the certificate's and manifest's other fields are declared one by one at the end (h-serve2)
     Field("pmixed.release", "certificate.ensemble.adapter_commitments", P, "sha256(private salt ‖ adapter hash) per "
           "shard: salted commitments (the salt stays in VEIL_HOME/private/pmixed)", hiding=True),
     Field("pmixed.release", "certificate.ensemble_id", P, "a hash of the policy's, the snapshot's and the base's hashes "
@@ -592,3 +590,80 @@ declare(
 declare(*(Field("cli.synthesize", f.pattern, f.kind, f.what, post_processing_of=f.post_processing_of)
           for f in declared("synthetic.certificate") if f.pattern.startswith("inherits.")))
 # --- end of h-synth ---
+# --- the filter's order weights (h-price, issue 26) ---------------------------------------------------------------
+# A weighted ledger's δ shares over its orders: components.ledger.rdp.order_weights of the lifetime budget (ε, δ)
+# and the grid, both public; recorded when the budget is fixed. None under the older conversions.
+declare(
+    Field("cli.ledger", "order_weights", P, "a function of the lifetime budget (policy) and the ledger's order grid "
+          "(a constant of its creation): components.ledger.rdp.order_weights"),
+)
+# --- end of h-price ---
+
+# --- the endpoint's API keys and the PMixED certificate field by field (h-serve2, issues 28 and 22) ---------
+channel("cli.keys", "the operator: `veil keys list|revoke --json`")
+_KEYHASH = ("a 256-bit random API key's sha256 (and its 16-hex-digit prefix, the key's id): random, a function of "
+            "no one's data; preimage-resistant, so it does not give the key")
+declare(
+    *(Field("cli.keys", f"{doc}.{leaf}", P, what)
+      for doc in ("keys", "revoked")
+      for leaf, what in [("id", _KEYHASH), ("sha256", _KEYHASH), ("created_at", "when `veil keys create` ran"),
+                         ("revoked_at", "when `veil keys revoke` ran, or null")]),
+    Field("cli.keys", "keys", P, "an empty list: no key was ever created"),
+)
+
+# The PMixED certificate and manifest field by field (issue 22): a field added to either is refused until it
+# is declared here (components/prediction/release.py make_certificate / manifest_of, flows/pmixed.py build).
+_PMX_CALIB = "calibrated from the policy's ε, δ, q and token_budget (components/prediction/mechanism.py): public"
+_PMX_EXCL = ("counts of accounts the policy's patterns exclude: non-persons, so adding or removing a person leaves "
+             "them unchanged (components/planning/people.py)")
+declare(*(Field("pmixed.release", f"certificate.{p}", P, w) for p, w in [
+    ("schema", _CONST), ("mechanism", _CONST), ("paper", _CONST), ("threat_model", _CONST),
+    ("privacy_unit", _CONST), ("neighbouring", _CONST), ("guarantee_covers", _CONST), ("caveats", _CONST),
+    ("epsilon", "the token budget's ε at the calibrated radius (" + _PMX_CALIB + ")"), ("delta", _POLICY),
+    ("token_budget", _POLICY), ("when_exhausted", _POLICY),
+    ("per_token.epsilon_pure", "one private token's pure ε at the calibrated radius"),
+    ("per_token.orders", _CONST + " (the Rényi orders)"),
+    ("per_token.rdp", "one private token's Rényi curve at the calibrated radius"),
+    ("accountant.name", _CONST),
+    ("ensemble.shards", _POLICY), ("ensemble.subsample_rate", _POLICY), ("ensemble.radius", _PMX_CALIB),
+    ("ensemble.temperature", _POLICY), ("ensemble.selection", _CONST), ("ensemble.decoding", _CONST),
+    ("ensemble.adapters_released", _CONST),
+    ("public_model.sha256", "the public base model's hash"),
+    ("public_model.assumed_independent_of_private_data", _CONST),
+    ("dataset.people.ownership", _POLICY), ("dataset.people.multi_owner_order", _POLICY),
+    ("dataset.people.not_published", _CONST),
+    ("dataset.people.excluded_accounts", _PMX_EXCL), ("dataset.people.excluded_records", _PMX_EXCL),
+    ("dataset.people.excluded_accounts_by_pattern", _PMX_EXCL + "; an empty mapping when none matched"),
+    ("dataset.people.excluded_accounts_by_pattern.*", _PMX_EXCL + ", per pattern of the policy"),
+    ("policy.name", _POLICY), ("policy.sha256", "the policy file's sha256"),
+    ("ledger", "null: built without the per-person ledger"),
+    ("ledger.ledger_release_id", "the ledger's release counter (how many releases Veil made, not whom they counted)"),
+    ("ledger.budget", "null: no lifetime budget in the policy"),
+    ("ledger.budget.epsilon", _POLICY), ("ledger.budget.delta", _POLICY),
+    ("created_at", "when the certificate was made")]))
+declare(*(Field("pmixed.release", f"manifest.{p}", P, w) for p, w in [
+    ("schema", _CONST), ("mechanism", _CONST),
+    ("params.shards", _POLICY), ("params.q", _POLICY), ("params.radius", _PMX_CALIB), ("params.tokens", _POLICY),
+    ("params.delta", _POLICY), ("params.temperature", _POLICY),
+    ("base_sha256", "the public base model's hash"), ("max_tokens_per_request", _POLICY)]))
+# What Prefect stores of Veil's flows (issue 22): flow-run parameters are public handles only — paths (whose
+# contents stay in the private area), names, flags. Task parameters are the same handles (a list of person ids
+# travels as the path of the private file holding it); results are never persisted (persist_result=False).
+_PATH = "a path on the operator's host (its contents stay private; the path names no person)"
+declare(*(Field("prefect", f"parameters.{p}", P, w) for p, w in [
+    ("policy", "the policy file's path (public YAML)"), ("source", _PATH), ("fmt", "the source's format name"),
+    ("home", "VEIL_HOME's path"), ("public_corpus", _PATH + " (a public corpus)"),
+    ("base_model_dir", _PATH + " (a public base model)"), ("model_name", "the registered model's name"),
+    ("mapping", "the source's field mapping (field names given on the command line); empty"),
+    ("mapping.*", "the source's field mapping: field names given on the command line"),
+    ("audit", "whether to audit (a flag)"), ("truth", _PATH + " (the demo's planted-secret list)"),
+    ("alias", "the alias to promote to (a name)"), ("approval_poll_s", "seconds between approval polls")]))
+# --- end of h-serve2 ---
+# --- h-kill: kills, resume, registry (issue 28) -------------------------------------------------------------
+declare(
+    Field("registry.tag", "veil.plan_sha256", P, "the hash of the public plan the run registers (the plan is "
+          "published in full with the model): how a registration killed after MLflow registered its version is "
+          "found again instead of registered twice", digest=True),
+    Field("prefect", "resuming", P, "a registered model URI and the step a killed retraining left undone "
+          "(a fixed word: audit or promotion)"),
+)

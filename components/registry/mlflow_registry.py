@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from components.certificate import describe, verify_certificate
 from components.core.errors import VeilError
+from components.core.faults import kill_point
 from components.core.hashing import sha256_json
 from components.core.settings import Settings
 from components.publication import publish
@@ -20,6 +21,9 @@ from components.registry.verification import CERT_ARTIFACT, PLAN_ARTIFACT, SEAL_
 RUNTIME_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors", "accelerate", "numpy",
                         "scipy", "pandas", "pyyaml", "dp-accounting", "cryptography")
 INPUT_EXAMPLE_PROMPT = "The weekly report"
+# The run's tag naming the plan it registers (public: the plan and its sha256 are): a registration
+# killed after MLflow registered its version is found by it instead of registered twice.
+PLAN_TAG = "veil.plan_sha256"
 
 
 MLFLOW_RESTORE = ("restore it from a backup (it holds the registered models, their runs and aliases); do not "
@@ -34,7 +38,59 @@ def check_store(settings: Settings) -> None:
 
     for uri in {settings.mlflow_tracking_uri, settings.mlflow_registry_uri}:
         if uri and uri.startswith("sqlite:///"):
-            check_existing(uri[len("sqlite:///"):], "MLflow store", MLFLOW_RESTORE)
+            path = Path(uri[len("sqlite:///"):])
+            check_existing(path, "MLflow store", MLFLOW_RESTORE)
+            if path.exists():
+                _check_complete_schema(path)
+            else:
+                create_store_aside(path)
+
+
+def _check_complete_schema(path: Path) -> None:
+    """An MLflow store holding some of MLflow's tables but not all is one whose creation was killed
+    (issue 28): MLflow would run its migrations over it from the start and die on every later command
+    with `table … already exists`. Refused in one line instead."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _all_tables_exist
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    try:
+        tables = [t for t in sqlalchemy.inspect(engine).get_table_names() if not t.startswith("sqlite_")]
+        if tables and not _all_tables_exist(engine):
+            raise VeilError(f"MLflow store {path} is half-created ({len(tables)} tables: its first creation was "
+                            f"killed, or an older Veil left it so); if no model was ever registered in it, move it "
+                            f"aside and run again (it is re-created whole), else {MLFLOW_RESTORE}")
+    except sqlalchemy.exc.DatabaseError as e:
+        raise VeilError(f"MLflow store {path}: cannot be read ({str(e).splitlines()[0][:120]}); {MLFLOW_RESTORE}") from None
+    finally:
+        engine.dispose()
+
+
+def create_store_aside(path: Path) -> None:
+    """Create a new SQLite MLflow store whole: its schema migrated in a temporary file of the same
+    folder, which is then linked into place (never over a store another process made meanwhile). A
+    kill leaves either no store or a complete one, never the half-migrated file MLflow's in-place
+    creation left (issue 28), plus at worst a stray `.mlflow.db.*.creating` file."""
+    import os
+
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.creating")
+    for stale in (tmp, tmp.with_name(tmp.name + "-journal")):
+        stale.unlink(missing_ok=True)
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+    try:
+        _initialize_tables(engine)
+    finally:
+        engine.dispose()
+    try:
+        os.link(tmp, path)          # atomic, and fails rather than replace a store made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _client(settings: Settings):
@@ -191,6 +247,16 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     seal = make_seal(cert, bindings, key)
     client = _client(settings)
     exp_id = _experiment(settings, experiment)
+    done = _registered_for_plan(client, settings, exp_id, name, str(plan["sha256"]))
+    if done is not None:
+        # A run killed after MLflow registered the version (before the ledger's event, or before it
+        # recorded its own state) registers nothing twice: the plan's one version is taken as it is.
+        _record_registered(settings, lifetime, done.tags.get("privacy.certificate_sha256"))
+        if alias:
+            client.set_registered_model_alias(name, alias, done.version)
+        return Registration(name=name, version=str(done.version), run_id=done.run_id,
+                            model_uri=f"models:/{name}/{done.version}",
+                            certificate_sha256=str(done.tags.get("privacy.certificate_sha256")), lifetime=lifetime)
     with tempfile.TemporaryDirectory() as tmp:
         cert_path, plan_path = Path(tmp) / CERT_ARTIFACT, Path(tmp) / PLAN_ARTIFACT
         seal_path, pub_path = Path(tmp) / SEAL_ARTIFACT, Path(tmp) / "signing_key.pub.pem"
@@ -214,7 +280,9 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
             for cls, c in (cert.get("secrets") or {}).items():
                 metrics[f"privacy_secret_max_gamma_{cls}"] = float(c["max_gamma"])
             mlflow.log_metrics(publish("registry.metric", metrics, subject=cert["plan_sha256"]))
-            run_tags = {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]}
+            run_tags = {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"],
+                        # how a registration killed before its version existed is found again (above)
+                        PLAN_TAG: str(plan["sha256"])}
             if lifetime is not None:
                 # The release id and the budget only. How many people were admitted or retired is an
                 # exact private count (it is N), and the ledger's spend distribution depends on who was
@@ -233,14 +301,58 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
                 signature=model_signature(), input_example=pd.DataFrame({"prompt": [INPUT_EXAMPLE_PROMPT]}))
             run_id = run.info.run_id
     _verify_logged(client, info.model_uri, run_id, settings)
+    kill_point("during-registration")
     tags = publish("registry.tag", {**privacy_tags(cert), "privacy.signing_key": seal["public_key"]["fingerprint"]},
                    subject=cert["plan_sha256"])
     mv = mlflow.register_model(info.model_uri, name, tags=tags)
     if alias:
         client.set_registered_model_alias(name, alias, mv.version)
+    # MLflow copies artifacts with their source's mode (a base model outside VEIL_HOME is typically 0644)
+    settings.make_private(settings.mlflow_artifacts_dir)
+    kill_point("after-registration")
+    # the ledger's event after what it records (issue 28: it used to come first, for versions a kill
+    # then left unregistered)
+    _record_registered(settings, lifetime, cert["sha256"])
     return Registration(name=name, version=str(mv.version), run_id=run_id,
                         model_uri=f"models:/{name}/{mv.version}", certificate_sha256=cert["sha256"],
                         lifetime=lifetime)
+
+
+def _record_registered(settings: Settings, lifetime: dict | None, certificate_sha256: str | None) -> None:
+    """The ledger's `registered` event, once MLflow holds the version (once: a resumed registration
+    that finds it there already does not add a second)."""
+    if not lifetime or lifetime.get("ledger_release_id") is None:
+        return
+    from components.ledger import Ledger
+
+    led = Ledger.open(settings)
+    try:
+        rid = int(lifetime["ledger_release_id"])
+        if not any(e["status"] == "registered" for e in led.events(rid)):
+            led.record(rid, "registered", certificate_sha256=certificate_sha256)
+    finally:
+        led.dispose()
+
+
+def _registered_for_plan(client, settings: Settings, exp_id: str, name: str, plan_sha256: str):
+    """The version of `name` already registered for this plan (its run tagged PLAN_TAG and the
+    release verifying), or None. A run killed before its version was registered is left as it is:
+    it has no version, and nothing loads a run."""
+    from components.certificate.seal import trusted_keys
+    from components.registry.verification import verify_version
+
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{PLAN_TAG}` = '{plan_sha256}'")
+    for run in runs:
+        for mv in client.search_model_versions(f"run_id='{run.info.run_id}'"):
+            if mv.name != name:
+                continue
+            v = verify_version(client, mv, trusted_keys(settings))
+            if not v.valid:
+                raise VeilError(f"plan {plan_sha256[:12]} is registered already as models:/{name}/{mv.version}, which "
+                                f"does not verify ({v.reason}); registering it again would make two versions of one "
+                                "release: restore that version's run, or delete the version (its charge stays)")
+            return mv
+    return None
 
 
 def _verify_logged(client, model_uri: str, run_id: str, settings: Settings) -> None:
@@ -270,7 +382,7 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
     training (`components.ledger.reserve_release`, called between plan and train); found by id, by the
     plan's `ledger.release_id`, or by the plan's sha256. Without one, the release is reserved now from the
     plan's training rows (a model on disk is a release) and refused if the filter retires anyone, since
-    they are in the model already. Registration appends a `registered` event; the charge never moves,
+    they are in the model already. `register_model` appends the `registered` event once MLflow holds the version; the charge never moves,
     whatever happens to the version afterwards. Returns aggregates only (counts, ε of the budget)."""
     from components.ledger import Ledger, reserve_release
 
@@ -314,7 +426,6 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
             led.record(int(rid), "refused", reason="the filter retired everyone")
             raise VeilError("ledger: the per-person filter retired every person of this release (no budget left): "
                             "not registered")
-        led.record(int(rid), "registered", certificate_sha256=cert.get("sha256"))
         b = led.budget()
         return {"ledger_release_id": int(rid), "admitted": int(row.admitted), "retired": int(row.retired),
                 "reserved_late": late, "budget_epsilon": None if b is None else b.epsilon,
@@ -340,6 +451,11 @@ def _resolve_version(client, model_uri: str):
         raise VeilError(f"model URI {model_uri!r}: no such registered model version") from None
 
 
+def _uri_alias(model_uri: str) -> str | None:
+    rest = model_uri[len("models:/"):] if model_uri.startswith("models:/") else ""
+    return rest.split("@", 1)[1] if "@" in rest else None
+
+
 def _download_package(mv, dst: str) -> str:
     import mlflow
 
@@ -356,9 +472,13 @@ def verify_model(model_uri: str, settings: Settings):
     from components.certificate.seal import trusted_keys
     from components.registry.verification import verify_version
 
+    from components.registry.verification import check_alias_gates
+
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
-    return verify_version(client, mv, trusted_keys(settings))
+    v = verify_version(client, mv, trusted_keys(settings))
+    check_alias_gates(client, mv, v)    # every gated alias on the version, the one asked for included
+    return v
 
 
 @dataclass
@@ -373,13 +493,17 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
 
 
-def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -> LoadedModel:
+def load_model(model_uri: str, settings: Settings, *, with_base: bool = False,
+               interrupted_audit_ok: bool = False) -> LoadedModel:
     """The consumer path: resolve, verify every check (registry + package), then load the package.
 
     The package's own `load_context` verifies again what it is about to serve (so does plain
     `mlflow.pyfunc.load_model`); a failed check is a `ReleaseInvalid` (a VeilError) in one line.
     `with_base`: also load the package's (sealed) public base as `extra["base_model"]`, a
     (model, tokenizer) pair — what evaluation compares the fine-tuned model against.
+    A gated alias in the URI (components.registry.gate) must be one the policy's gate allows on the
+    version. `interrupted_audit_ok` (the audit only): a release an audit left halfway loads, to be
+    audited again (its package verifies alone; `_interrupted_audit`).
     """
     import sys
 
@@ -387,7 +511,7 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -
 
     from components.certificate.seal import trusted_keys
     from components.core.quiet import quiet_third_party
-    from components.registry.verification import verify_version
+    from components.registry.verification import REGISTRY_CHECKED_BY_CALLER, check_alias_gates, verify_version
 
     # before the download: MLflow's "Downloading artifacts" bars and library notices stay off the
     # consumer's screen (Prefect's console is configured only in a process that already uses it)
@@ -397,8 +521,16 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -
     with tempfile.TemporaryDirectory() as tmp:
         package = _download_package(mv, tmp)
         v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
-        v.raise_if_invalid(f"model {model_uri}")
-        inner = mlflow.pyfunc.load_model(package).unwrap_python_model()
+        # the alias asked for, when it is gated (a load by version — the audit's — is not refused for an
+        # alias someone moved onto that version)
+        check_alias_gates(client, mv, v, aliases=[_uri_alias(model_uri)] if _uri_alias(model_uri) else [])
+        if not (interrupted_audit_ok and not v.valid and _interrupted_audit(client, mv, package, settings, v)):
+            v.raise_if_invalid(f"model {model_uri}")
+        token = REGISTRY_CHECKED_BY_CALLER.set(True)
+        try:
+            inner = mlflow.pyfunc.load_model(package).unwrap_python_model()
+        finally:
+            REGISTRY_CHECKED_BY_CALLER.reset(token)
         extra: dict = {"verification": v.to_dict()}
         if with_base:
             from components.modeling import load_base
@@ -411,7 +543,10 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False) -
 
             extra["base_facts"] = read_base_facts(base_dir)   # public: size, steps, loss on its public text
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
-                       tokenizer=inner.tokenizer, certificate=inner.certificate, plan=inner.plan, extra=extra)
+                       tokenizer=inner.tokenizer, plan=inner.plan, extra=extra,
+                       # the registered (audited) certificate load_model verified; the package's own load
+                       # checked the package only (REGISTRY_CHECKED_BY_CALLER)
+                       certificate=v.certificate if v.valid and v.certificate else inner.certificate)
 
 
 def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *,
@@ -444,6 +579,7 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
             p = Path(tmp) / name
             p.write_text(json.dumps(doc, indent=2, sort_keys=True))
             client.log_artifact(mv.run_id, str(p))
+            kill_point("during-audit")      # the new certificate logged, its seal and tags not yet
     if plot_path:
         client.log_artifact(mv.run_id, str(plot_path), artifact_path="audit")
     publish("audit.public", dict(audit), subject=new["plan_sha256"])
@@ -492,16 +628,43 @@ def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[
     with tempfile.TemporaryDirectory() as tmp:
         package = _download_package(mv, tmp)
         v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
-        v.raise_if_invalid(f"audit of {model_uri}")
+        if not v.valid and _interrupted_audit(client, mv, package, settings, v):
+            v = None    # an audit recorded halfway (killed): this one rewrites the run's side from the package
+        if v is not None:
+            v.raise_if_invalid(f"audit of {model_uri}")
         arts = package_artifacts(package)
         return json.loads(Path(arts["certificate"]).read_text()), json.loads(Path(arts["seal"]).read_text())
+
+
+def _interrupted_audit(client, mv, package: str, settings: Settings, v) -> bool:
+    """Whether a release that does not verify is one an audit left halfway (issue 28: a retraining
+    killed inside `record_audit` left a run whose certificate, seal, tags and metrics disagree, and
+    every later audit refused it, so it stayed unaudited). True only when the sealed package verifies
+    on its own, the run's plan is the sealed one, and the run's certificate is the package's or an
+    audit amendment of it: what `record_audit` then writes comes from the package alone."""
+    from components.certificate.seal import trusted_keys
+    from components.certificate.verify import check_amendment, verify_package
+    from components.registry.verification import _run_json, package_artifacts
+
+    if not v.checks.get("weights", True) or not v.checks.get("plan", True):
+        return False
+    alone, embedded, _ = verify_package(package_artifacts(package), trusted_keys(settings))
+    if not alone.valid or embedded is None:
+        return False
+    try:
+        run_cert = _run_json(client, mv.run_id, CERT_ARTIFACT)
+        if run_cert.get("sha256") != embedded["sha256"]:
+            check_amendment(verify_certificate(run_cert).to_dict(), embedded)
+    except VeilError:
+        return False
+    return True
 
 
 def list_models(settings: Settings) -> list[dict]:
     """Every registered version with its certificate, newest first; `verified` only when every
     check passes (components.registry.verification), else `INVALID: <check>: <why>`."""
     from components.certificate.seal import trusted_keys
-    from components.registry.verification import verify_version
+    from components.registry.verification import check_alias_gates, verify_version
 
     client = _client(settings)
     trusted = trusted_keys(settings)
@@ -512,6 +675,7 @@ def list_models(settings: Settings) -> list[dict]:
             aliases.setdefault(str(version), []).append(alias)
         for mv in client.search_model_versions(f"name='{rm.name}'"):
             v = verify_version(client, mv, trusted)
+            check_alias_gates(client, mv, v, aliases=aliases.get(str(mv.version), []))
             cert = v.certificate if v.valid else None
             out.append({"name": mv.name, "version": str(mv.version), "aliases": aliases.get(str(mv.version), []),
                         "run_id": mv.run_id, "created_at_ms": mv.creation_timestamp,

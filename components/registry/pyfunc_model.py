@@ -38,10 +38,12 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
         # A consumer's plain `mlflow.pyfunc.load_model` enters Veil here: no library notices or progress
         # bars on their screen either (Prefect is configured only when the process already uses it).
         quiet_third_party(prefect="prefect" in sys.modules)
+        from components.core.settings import repair_loaded_package
         from components.modeling import load_finetuned
         from components.registry.verification import verify_loaded_package
 
         arts = context.artifacts
+        repair_loaded_package(arts["plan"])  # MLflow's registered_model_meta, written with the caller's umask
         verification, embedded, registered = verify_loaded_package(arts)
         verification.raise_if_invalid("model")
         # Registered = the audited amendment when the registry was consulted; it differs from the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextvars import ContextVar
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +23,12 @@ from components.certificate.verify import (
 )
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+
+# Set by `load_model` around its own load of the package, which it verified a moment before (registry
+# side included, and the alias its URI names): the package's `load_context` then checks the package
+# only. Lets the audit load by version a version someone moved a gated alias onto, and a release an
+# audit left halfway (components.registry.mlflow_registry._interrupted_audit), to audit it.
+REGISTRY_CHECKED_BY_CALLER: ContextVar[bool] = ContextVar("veil_registry_checked", default=False)
 
 CERT_ARTIFACT = "certificate.json"
 SEAL_ARTIFACT = "seal.json"
@@ -177,6 +184,9 @@ def verify_loaded_package(artifacts: Mapping[str, str]) -> tuple[Verification, d
 
     trusted = trusted_keys(load_settings())
     v, embedded, embedded_seal = verify_package(artifacts, trusted)
+    if REGISTRY_CHECKED_BY_CALLER.get():
+        v.notes.append("registry side checked by Veil's load_model before loading")
+        return v, embedded, None
     root = Path(artifacts["certificate"]).parent.parent
     run_id = _package_run_id(root)
     client = _registry_client()
@@ -190,6 +200,10 @@ def verify_loaded_package(artifacts: Mapping[str, str]) -> tuple[Verification, d
         return v, embedded, None
     versions = client.search_model_versions(f"run_id='{run_id}'")
     registered = check_registry_side(client, run_id, list(versions), embedded, embedded_seal, trusted, v)
+    # a plain `mlflow.pyfunc.load_model("models:/NAME@production")` does not tell the package which
+    # alias it came by: every gated alias on its versions must be one the policy's gate allows
+    for mv in versions:
+        check_alias_gates(client, client.get_model_version(mv.name, mv.version), v)
     return v, embedded, registered
 
 
@@ -211,3 +225,25 @@ def _registry_client():
     if not is_tracking_uri_set():
         return None
     return mlflow.MlflowClient()
+
+
+def check_alias_gates(client, mv, v: Verification, aliases: list[str] | None = None) -> None:
+    """Add the `promotion_gate` check (issue 28): each gated alias (components.registry.gate) named in
+    `aliases` — by default every alias the registry points at this version — must be one the policy's
+    promotion gate allows on it, whoever moved it. Read from the verified registered certificate (its
+    audit section), the sealed plan (the policy's release rules) and the version's approval tags. Runs
+    only on a release whose other checks passed (an invalid one is refused already)."""
+    from components.registry.gate import GATED_ALIASES, alias_gate
+
+    if aliases is None:
+        aliases = [a for a in (getattr(mv, "aliases", None) or []) if a in GATED_ALIASES]
+    aliases = [a for a in aliases if a in GATED_ALIASES]
+    if not aliases or not v.valid:
+        return
+    plan = v.run("promotion_gate", _run_json, client, mv.run_id, PLAN_ARTIFACT)
+    if plan is None:
+        return
+    for alias in aliases:
+        why = alias_gate(alias, v.certificate, plan, dict(mv.tags or {}))
+        v.record("promotion_gate", why is None, f"{why}: move it back to a version that passed its gates "
+                 f"(MlflowClient().set_registered_model_alias) or run `veil retrain` to audit and promote")

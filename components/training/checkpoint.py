@@ -11,6 +11,8 @@ randomness, so they release nothing new.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import pickle
@@ -42,24 +44,71 @@ def _atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600, fsync: bool 
     os.replace(tmp, path)
 
 
+# A checkpoint is one file: this header, the sha256 of what follows (64 hex digits), a newline, then
+# torch.save's bytes (issue 28: bytes garbled on disk loaded as weights, and the run was then blamed on
+# "the model's trainable weights are not finite" and resumed forever). The hash travels in the file it
+# covers, so it is replaced with it atomically. A checkpoint from before (torch's zip, "PK") loads unhashed.
+MAGIC = b"VEILCKPT1 sha256="
+
+
+class _HashingWriter:
+    """A write-only file for torch.save that hashes what it writes."""
+
+    def __init__(self, f):
+        self.f, self.h = f, hashlib.sha256()
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint(out_dir: Path, state: dict) -> None:
     tmp = out_dir / (CHECKPOINT + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        torch.save(state, f)
+        f.write(MAGIC + b"0" * 64 + b"\n")
+        w = _HashingWriter(f)
+        torch.save(state, w)
+        f.seek(len(MAGIC))
+        f.write(w.h.hexdigest().encode())
         f.flush()
         os.fsync(f.fileno())
     os.chmod(tmp, 0o600)
     os.replace(tmp, out_dir / CHECKPOINT)
 
 
+def _checked_payload(p: Path) -> io.BytesIO | Path:
+    """The torch.save bytes of checkpoint `p`, their sha256 checked (a legacy checkpoint: its path)."""
+    with open(p, "rb") as f:
+        head = f.read(len(MAGIC) + 65)
+        if not head.startswith(MAGIC):
+            if head.startswith(b"PK"):
+                return p        # written before checkpoints carried a hash: loaded as before
+            raise VeilError(f"{p}: not a Veil checkpoint (garbled header); remove it to restart the run from step 0 "
+                            "(the steps already taken stay charged: progress.json keeps them)")
+        want = head[len(MAGIC):len(MAGIC) + 64].decode("ascii", "replace")
+        payload = f.read()
+    got = hashlib.sha256(payload).hexdigest()
+    if got != want:
+        raise VeilError(f"{p}: truncated or corrupt on disk (its bytes hash to sha256 {got[:12]}…, the checkpoint "
+                        f"says {want[:12]}…): not loaded; "
+                        "remove it to restart the run from step 0 (the steps already taken stay charged: "
+                        "progress.json keeps them)")
+    return io.BytesIO(payload)
+
+
 def load_checkpoint(out_dir: Path) -> dict | None:
-    """The run's checkpoint, or None when there is none. Only tensors and plain values load."""
+    """The run's checkpoint, or None when there is none. Only tensors and plain values load, and only
+    when the bytes are the ones written (their sha256)."""
     p = Path(out_dir) / CHECKPOINT
     if not p.exists():
         return None
+    src = _checked_payload(p)
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        state = torch.load(src, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights only" in str(e).lower() or "weights_only" in str(e).lower():
             raise VeilError(f"{p}: refused: it holds pickled objects other than tensors and plain values "

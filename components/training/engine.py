@@ -16,6 +16,7 @@ import torch
 
 from components.core.errors import VeilError
 from components.core.progress import progress as _progress
+from components.core.faults import kill_point
 from components.training import checkpoint as ckpt
 from components.mechanisms import get as get_mechanism
 from components.training.batches import BatchBuilder
@@ -179,6 +180,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 done = step + 1
                 if done % int(spec.checkpoint_every) == 0 or done == int(spec.steps):
                     save(done)
+                    if done < int(spec.steps):
+                        kill_point("mid-training")     # a testing facility (components.core.faults)
                 # steps only: a step's loss or batch size is a statistic of a private batch
                 tick(1)
                 if on_step is not None:

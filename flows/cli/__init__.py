@@ -30,6 +30,32 @@ class _VeilGroup(TyperGroup):
             _operator_detail(e)
             _release_native_objects(e)
             raise typer.Exit(2) from None
+        except RuntimeError as e:
+            said = prefect_unreachable(e)
+            if said is None:
+                raise
+            click.echo(f"error: {said}", err=True)
+            _release_native_objects(e)
+            raise typer.Exit(2) from None
+
+
+def prefect_unreachable(e: BaseException) -> str | None:
+    """One line for Prefect's own start-up failures (a 70-line traceback otherwise, issue 28): the
+    ephemeral server did not answer in time, or PREFECT_API_URL names a server that does not answer.
+    None for any other error (a real bug keeps its traceback)."""
+    import os
+
+    text = str(e)
+    if text.startswith("Timed out while attempting to connect to ephemeral Prefect API server"):
+        waited = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "?")
+        return (f"Prefect's temporary server did not start within PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="
+                f"{waited} s (a loaded machine): raise that setting, or run a Prefect server (`prefect server start`) "
+                "and point PREFECT_API_URL at it; nothing was started")
+    if text.startswith("Failed to reach API at "):
+        url = text[len("Failed to reach API at "):].strip()
+        return (f"the Prefect server at PREFECT_API_URL={url} does not answer: start it, or unset PREFECT_API_URL to "
+                "run on a temporary server")
+    return None
 
 
 def _operator_detail(e: VeilError) -> None:
@@ -80,4 +106,10 @@ def main() -> None:
         print(f"error: {e}", file=sys.stderr)
         _operator_detail(e)
         _release_native_objects(e)
+        sys.exit(2)
+    except RuntimeError as e:
+        said = prefect_unreachable(e)
+        if said is None:
+            raise
+        print(f"error: {said}", file=sys.stderr)
         sys.exit(2)

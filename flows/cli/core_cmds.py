@@ -148,6 +148,8 @@ def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=Non
     reg = stages.register(s, name=model_name, certificate=cert, plan_path=planned["plan_path"], base_dir=base,
                           adapter_dir=trained.get("adapter_dir") or trained.get("model_dir"))
     aud = stages.audit(s, reg["model_uri"], policy=policy, truth=truth) if audit else None
+    if aud is not None:
+        stages.settle_latest(s, reg["model_uri"], aud["summary"])
     return {"ingest": ing, "plan_path": planned["plan_path"], "plan": planned["plan"], "train": trained,
             "certificate": aud["certificate"] if aud else cert, "registration": reg,
             "audit": aud["summary"] if aud else None, "evaluation": stages.evaluate(s, reg["model_uri"], missing_ok=True,
@@ -378,10 +380,16 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
         _print_json(result)
     elif result["action"] == "skipped":
         out.print(f"skipped: {result['reason']}")
-    else:
-        out.print(f"trained {result['model_uri']} · {result['people_trained']} people trained, "
+    else:   # "trained", or "resumed": a killed run's release finished (its audit, its promotion)
+        out.print(f"{result['action']} {result['model_uri']} · {result['people_trained']} people trained, "
                   f"{result['people_retired']} retired (no budget left) · "
                   + ("promoted" if result["promoted"] else "not promoted") + f": {result['reason']}")
+        if result.get("evaluation"):       # exact figures: the operator's terminal only, as `veil run` shows them
+            from flows.cli.evaluate_cmds import limit_line, summary_line
+
+            out.print(f"evaluation: {summary_line(result['evaluation'])}")
+            if limit_line(result["evaluation"]):
+                out.print(f"utility limit: {limit_line(result['evaluation'])}")
 
 
 def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name, mapping) -> None:

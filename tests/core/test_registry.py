@@ -109,9 +109,17 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
 
     plan, cert = _plan_and_cert()
     one = R.sampled_gaussian_rdp(0.05, 1.0, 30)
-    two_fit = R.epsilon_of_spend(2 * one, 1e-5)
-    plan, cert = _plan_and_cert(lifetime_budget={"epsilon": (two_fit + R.epsilon_of_spend(3 * one, 1e-5)) / 2,
-                                                 "delta": 1e-5})
+    # a budget two releases fit and three do not, under a new ledger's conversion (its order weights are
+    # fixed by the budget itself: settle the midpoint, then check it)
+    eps = 5.0
+    for _ in range(20):
+        w = R.order_weights(eps, 1e-5)
+        two_fit, three = (R.epsilon_of_spend(k * one, 1e-5, conversion=R.WEIGHTED, weights=w) for k in (2, 3))
+        eps = (two_fit + three) / 2
+    w = R.order_weights(eps, 1e-5)
+    two_fit, three = (R.epsilon_of_spend(k * one, 1e-5, conversion=R.WEIGHTED, weights=w) for k in (2, 3))
+    assert two_fit <= eps < three
+    plan, cert = _plan_and_cert(lifetime_budget={"epsilon": eps, "delta": 1e-5})
     people = {f"u{i}": 2 for i in range(5)}
     with pytest.raises(VeilError, match="no reservation"):
         register_model(settings, name="a", certificate=cert, plan=plan, base_model_dir=tiny_base, adapter_dir=_W["adapter"])

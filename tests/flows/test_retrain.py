@@ -50,6 +50,21 @@ def _releases(home):
     return sum(1 for r in rows if r.kind != "population" and r.mechanism != "evaluation")
 
 
+def _evaluations(home):
+    """Evaluation releases in the ledger (one per evaluated model version)."""
+    from sqlalchemy import select
+
+    from components.ledger import Ledger
+    from components.ledger import store as st
+
+    led = Ledger.open(load_settings(home))
+    try:
+        with st.read_only(led.engine) as conn:
+            return sum(1 for r in conn.execute(select(st.releases.c.mechanism)) if r.mechanism == "evaluation")
+    finally:
+        led.dispose()
+
+
 def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, org, capsys):
     from components.registry import load_model
 
@@ -65,6 +80,20 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
     if not first["promoted"]:  # an inconclusive/failed audit never moves production
         assert "only a passed audit is promoted" in first["reason"] and "no version is production" in first["reason"]
     assert _releases(veil_home) == 1
+    # evaluated as `veil run` evaluates: the version's run holds the DP release (charged to the evaluation
+    # people as a release of its own), the exact figures come back to the operator only
+    ev = first["evaluation"]
+    assert ev is not None and ev["eval_people"] > 0 and 1 < ev["perplexity"] < 600
+    pub = ev["published"]
+    assert pub["ledger_release_id"] and pub["epsilon"] > 0
+    import mlflow
+
+    run = mlflow.tracking.MlflowClient(s.mlflow_tracking_uri).get_run(loaded.run_id)
+    assert run.data.metrics["eval_perplexity"] == pub["metrics"]["eval_perplexity"]
+    assert run.data.metrics["eval_perplexity"] != pytest.approx(ev["perplexity"], rel=1e-6)
+    assert "evaluation.caveat" in run.data.tags
+    assert not [k for k in run.data.metrics if "people" in k or "records" in k]
+    assert _evaluations(veil_home) == 1
 
     again = _retrain(policy, org, capsys)
     assert again == {"action": "skipped", "model_uri": "models:/rt/1", "promoted": False, "people_trained": 0,
@@ -85,6 +114,8 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
     assert third["action"] == "trained" and third["model_uri"] == "models:/rt/2", third
     assert third["people_trained"] > first["people_trained"]
     assert _releases(veil_home) == 2
+    assert third["evaluation"]["published"]["ledger_release_id"] != pub["ledger_release_id"]
+    assert _evaluations(veil_home) == 2          # the skips evaluated nothing
 
     # the flow ran on the server: its runs are recorded there, completed
     runs = api.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["veil-retrain"]}}})

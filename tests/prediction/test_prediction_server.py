@@ -97,6 +97,11 @@ def test_endpoint_paths_concurrency_and_fallback(built):
             assert r.status_code == 422 and r.json()["error"].startswith(field), (bad, r.text)
         r = httpx.post(u1 + "/v1/completions", content=b"{not json", headers=h)
         assert r.status_code == 422 and "JSON" in r.json()["error"]
+        # `veil serve` caps bodies by default (issue 28: a 20 MB prompt was read, parsed and tokenised in full)
+        t0 = time.monotonic()
+        r = _post_big(u1 + "/v1/completions", 20_000_000, h)
+        assert r.status_code == 413 and r.json()["error"].startswith("body: larger than"), r.text
+        assert time.monotonic() - t0 < 10
         # concurrent requests on two processes sharing one budget: never more than T private tokens
         results = []
 
@@ -325,3 +330,155 @@ def test_cli_build_bad_policy_is_one_line_exit_2(tmp_path, veil_home):
                        env=_env(veil_home), capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().count("\n") == 0 and "spec.subsample_rate" in r.stderr
+
+
+def _post_big(url, n: int, headers):
+    """POST a JSON body of about n bytes (a prompt of n ASCII characters) with its Content-Length. The server may
+    answer 413 and close before the upload ends: the answer is read all the same."""
+    body = b'{"prompt": "' + b"a" * n + b'", "max_tokens": 2}'
+    with socket.create_connection((url.split("//")[1].split(":")[0], int(url.rsplit(":", 1)[1].split("/")[0]))) as c:
+        path = "/" + url.split("/", 3)[3]
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+        c.sendall(head)
+        try:
+            c.sendall(body)
+        except OSError:   # reset by a server that already answered
+            pass
+        data = b""
+        while chunk := c.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    payload = data.split(b"\r\n\r\n", 1)[1]
+    return httpx.Response(status, content=payload)
+
+
+def test_oversize_bodies_and_prompts_are_refused_before_parsing_or_tokenising(built):
+    """Issue 28. A body over the cap: 413 from its Content-Length (nothing read) or as it streams in (chunked); a
+    prompt that cannot fit the model's positions: 422 before the tokenizer sees it; a lone surrogate: 422, one line,
+    not a 500. Each refusal is one JSON line naming what is wrong."""
+    from components.prediction.budget import TokenBudget
+    from components.prediction.release import open_ensemble, resolve
+    from components.prediction.server import create_app, default_max_body_bytes
+
+    home, s, out = built
+    ens = open_ensemble(s, resolve(s, out["model_uri"]))
+    encoded = []
+    real_encode = ens.encode
+    ens.encode = lambda prompt: encoded.append(len(prompt)) or real_encode(prompt)
+    tb = TokenBudget.open(s)
+    tb.create("limits-test", 1000, "public_only")
+    key = tb.create_key()
+    h = {"Authorization": f"Bearer {key}"}
+    # the bound: 63 prompt positions × the longest vocabulary entry (13 characters: '<|endoftext|>')
+    assert ens.max_positions == 64 and ens.max_prompt_chars == 63 * 13
+    cap = default_max_body_bytes(ens)
+    assert cap == 12 * 63 * 13 + 4096
+
+    def one_line(r, status, start):
+        assert r.status_code == status, r.text
+        assert set(r.json()) == {"error"} and "\n" not in r.json()["error"], r.text
+        assert r.json()["error"].startswith(start), r.text
+
+    server, th, url = _uvicorn(create_app(ensemble=ens, budget=tb, ensemble_id="limits-test",
+                                          when_exhausted="public_only", max_tokens_cap=8))
+    try:
+        t0 = time.monotonic()
+        one_line(_post_big(url, 20_000_000, h), 413, "body: larger than this endpoint's limit of " + str(cap))
+        assert time.monotonic() - t0 < 10
+
+        def chunks():   # no Content-Length: refused while streaming, after cap bytes
+            for _ in range(100):
+                yield b" " * 65536
+        one_line(httpx.post(url, content=chunks(), headers=h, timeout=30), 413, "body: larger than")
+        # under the body cap, over the prompt bound: refused without tokenising
+        one_line(httpx.post(url, json={"prompt": "a" * (ens.max_prompt_chars + 1), "max_tokens": 2}, headers=h,
+                            timeout=30), 422, f"prompt: {ens.max_prompt_chars + 1} characters; at most")
+        # a lone surrogate (valid JSON, not valid Unicode): one line, 422
+        one_line(httpx.post(url, content=b'{"prompt": "ab\\ud800cd", "max_tokens": 2}',
+                            headers={**h, "Content-Type": "application/json"}, timeout=30),
+                 422, "prompt: not valid Unicode (a lone surrogate at character 2)")
+        one_line(httpx.post(url, content=b'{"prompt": "\xff\xfe", "max_tokens": 2}', headers=h, timeout=30),
+                 422, "body: not valid JSON")
+        assert encoded == []        # the tokenizer never saw any of them
+        ok = httpx.post(url, json={"prompt": "alpha bravo", "max_tokens": 2}, headers=h, timeout=60)
+        assert ok.status_code == 200 and encoded == [len("alpha bravo")], ok.text
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    # a configured cap (veil serve --max-body-bytes) replaces the default
+    server, th, url = _uvicorn(create_app(ensemble=ens, budget=tb, ensemble_id="limits-test",
+                                          when_exhausted="public_only", max_tokens_cap=8, max_body_bytes=2048))
+    try:
+        one_line(httpx.post(url, json={"prompt": "a" * 2100, "max_tokens": 2}, headers=h, timeout=30), 413,
+                 "body: larger than this endpoint's limit of 2048 bytes")
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+        tb.dispose()
+    # the pyfunc path (no HTTP) refuses the same prompts in the same words
+    from components.core.errors import VeilError
+    with pytest.raises(VeilError, match="lone surrogate"):
+        ens.generate("a\ud800", 2, charge=lambda: False)
+    with pytest.raises(VeilError, match="characters; at most"):
+        ens.generate("a" * 20_000_000, 2, charge=lambda: False)
+    assert encoded == [len("alpha bravo")]
+
+
+def test_keys_list_and_revoke_take_effect_on_a_running_server(built):
+    """Issue 28: `veil keys list` shows ids, hashes and dates (never a key); `veil keys revoke ID` is durable and a
+    server already running answers 401 to that key from its next request, while other keys keep working."""
+    from components.prediction.budget import TokenBudget
+    from components.prediction.release import open_ensemble, resolve
+    from components.prediction.server import create_app
+
+    home, s, out = built
+    ens = open_ensemble(s, resolve(s, out["model_uri"]))
+    tb = TokenBudget.open(s)
+    tb.create("revoke-test", 100, "public_only")
+    a, b = _key(home), _key(home)
+    server, th, url = _uvicorn(create_app(ensemble=ens, budget=tb, ensemble_id="revoke-test",
+                                          when_exhausted="public_only", max_tokens_cap=8))
+
+    def ask(key):
+        return httpx.post(url, json={"prompt": "alpha", "max_tokens": 1}, headers={"Authorization": f"Bearer {key}"},
+                          timeout=60).status_code
+
+    def veil(*args):
+        return subprocess.run(VEIL + ["keys", *args], cwd=ROOT, env=_env(home), capture_output=True, text=True)
+
+    try:
+        assert ask(a) == 200 and ask(b) == 200
+        r = veil("list", "--json")
+        assert r.returncode == 0, r.stderr
+        listed = json.loads(r.stdout)["keys"]
+        assert a not in r.stdout and b not in r.stdout          # hashes only
+        from components.prediction.budget import key_digest
+        mine = {k["sha256"]: k for k in listed}
+        ka = mine[key_digest(a)]
+        assert set(ka) == {"id", "sha256", "created_at", "revoked_at"} and ka["revoked_at"] is None
+        assert ka["id"] == key_digest(a)[:16]
+        r = veil("revoke", ka["id"], "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["revoked"]["revoked_at"]
+        assert ask(a) == 401 and ask(b) == 200                 # the same running server, its next request
+        r = veil("list")
+        assert r.returncode == 0 and f"{ka['id']}  created" in r.stdout and "REVOKED" in r.stdout
+        assert a not in r.stdout + r.stderr
+        for bad, words in [("zz", "expected at least 8 hex digits"), ("00000000", "no such key")]:
+            r = veil("revoke", bad)
+            assert r.returncode == 2 and r.stdout == "" and r.stderr.strip().count("\n") == 0, r.stderr
+            assert words in r.stderr
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    # durable: a new server (a restart) on the same ledger still refuses it
+    server, th, url = _uvicorn(create_app(ensemble=ens, budget=tb, ensemble_id="revoke-test",
+                                          when_exhausted="public_only", max_tokens_cap=8))
+    try:
+        assert ask(a) == 401 and ask(b) == 200
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+        tb.dispose()

@@ -165,6 +165,30 @@ def test_a_user_field_whose_display_name_is_another_address_is_quarantined(setti
         [("eve@evil.example", "eve's own")]
 
 
+def test_jsonl_recipients_own_the_record_and_spoofed_or_mistyped_ones_are_quarantined(settings, tmp_path):
+    # `--meta to --meta cc` from JSONL used to be kept as the string '["b@x"]', which the owners
+    # column cannot read: under all-participants those recipients owned nothing and were charged nothing
+    from catalog.people import apply_people
+
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"user": "ann@x.example", "text": "to bob and cy", "to": ["bob@x.example", "Cy <CY@x.example>"],
+         "cc": ["dee@x.example"]},
+        {"user": "bob@x.example", "text": "one string", "to": "Ann A <ann@x.example>, eve@x.example"},
+        {"user": "bob@x.example", "text": "chat", "to": ["alice", "carol"]},
+        {"user": "bob@x.example", "text": "not a string", "to": [5]},
+        {"user": "bob@x.example", "text": "spoofed", "to": ["victim@corp.example <eve@evil.example>"]}]))
+    rep = ingest_source(src, "jsonl", settings=settings, metadata_fields=["to", "cc"])
+    assert (rep.read, rep.accepted) == (5, 3)
+    assert rep.quarantine_reasons == {"ambiguous recipient": 1, "wrong type": 1}
+    recs = load_snapshot(settings).records
+    out, _ = apply_people(recs, {"ownership": "all-participants"})
+    owners = {r["text"]: r["owners"] for r in out.to_pylist()}
+    assert owners == {"to bob and cy": ["ann@x.example", "bob@x.example", "cy@x.example", "dee@x.example"],
+                      "one string": ["bob@x.example", "ann@x.example", "eve@x.example"],
+                      "chat": ["bob@x.example", "alice", "carol"]}
+
+
 # -- issue 28: a key written twice, a user id that is not text ---------------------------------------
 
 def test_a_duplicated_key_is_quarantined_not_last_wins(settings, tmp_path):

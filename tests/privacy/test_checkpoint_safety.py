@@ -72,6 +72,35 @@ def test_truncated_checkpoint_is_one_line_error(tmp_path):
     assert "\n" not in str(e.value) and "truncated or corrupt" in str(e.value)
 
 
+def test_garbled_checkpoint_is_refused_by_its_sha256(tmp_path):
+    """Issue 28: bytes garbled inside a checkpoint's tensors loaded as weights (then blamed on "the model's
+    trainable weights are not finite", and resumed forever). The checkpoint carries the sha256 of its own
+    bytes: any garble is one line naming the file and the hash, never a resume."""
+    run = tmp_path / "run"
+    with pytest.raises(_Crash):
+        _train(run, steps=2, crash_after=1)
+    p = run / ckpt.CHECKPOINT
+    data = bytearray(p.read_bytes())
+    assert data.startswith(ckpt.MAGIC)
+    # every byte of the tensors' storage, garbled: what a bad disk sector or a torn copy leaves
+    state = ckpt.load_checkpoint(run)
+    raw = b"".join(t.numpy().tobytes() for t in state["trainable"].values())
+    at = bytes(data).find(raw[:64])
+    assert at > 0
+    data[at:at + 64] = bytes(b ^ 0xFF for b in data[at:at + 64])
+    p.write_bytes(bytes(data))
+    with pytest.raises(VeilError) as e:
+        _train(run, steps=2)
+    msg = str(e.value)
+    assert "\n" not in msg and "sha256" in msg and ckpt.CHECKPOINT in msg and "still charged" not in msg
+    assert "stay charged" in msg
+    # a garbled header is refused too
+    data[:4] = b"XXXX"
+    p.write_bytes(bytes(data))
+    with pytest.raises(VeilError, match="garbled header"):
+        _train(run, steps=2)
+
+
 def test_real_checkpoint_resumes_under_weights_only(tmp_path):
     """The engine's own checkpoint (weights, Adam state, RNG state, losses) is plain data: a run
     stopped after one step resumes to the same weights as a run of two steps straight through."""
@@ -80,8 +109,8 @@ def test_real_checkpoint_resumes_under_weights_only(tmp_path):
         _train(tmp_path / "b", steps=2, crash_after=1)
     resumed = _train(tmp_path / "b", steps=2)
     assert resumed.resumed_from_step == 1 and straight.steps_run == resumed.steps_run == 2
-    a = torch.load(tmp_path / "a" / ckpt.CHECKPOINT, weights_only=True)["trainable"]
-    b = torch.load(tmp_path / "b" / ckpt.CHECKPOINT, weights_only=True)["trainable"]
+    a = ckpt.load_checkpoint(tmp_path / "a")["trainable"]
+    b = ckpt.load_checkpoint(tmp_path / "b")["trainable"]
     for n in a:
         torch.testing.assert_close(a[n], b[n])
     assert (os.stat(tmp_path / "b" / ckpt.CHECKPOINT).st_mode & 0o777) == 0o600

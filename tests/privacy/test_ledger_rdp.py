@@ -27,7 +27,9 @@ def test_subsampled_gaussian_matches_dp_accountings_own_accountant():
     assert np.allclose(ours, ref, rtol=1e-12) and np.allclose(ours, acc._rdp, rtol=1e-12)
     # and the ε dp-accounting reads off it (no union pad) is below ours (with the pad): never optimistic
     eps_ref, _ = rpa.compute_epsilon(A, ours, 1e-5)
-    assert R.epsilon_of_spend(ours, 1e-5) >= eps_ref
+    for conv in (R.MARKOV, R.HOCKEY_STICK):
+        assert R.epsilon_of_spend(ours, 1e-5, conversion=conv) >= eps_ref
+    assert R.epsilon_of_spend(ours, 1e-5, conversion=R.WEIGHTED, weights=R.order_weights(4.0, 1e-5)) >= eps_ref
 
 
 def test_rows_cost_is_the_person_level_gaussian_at_full_batch_and_grows_with_rows():
@@ -81,15 +83,16 @@ def test_filter_budget_and_epsilon_of_spend_by_hand():
             assert R.admits(scale * rho, 0 * rho, b) == (R.epsilon_of_spend(scale * rho, 1e-6, conversion=conv) <= 3.0)
     # the new conversion keeps back less at every order: whoever the old one admitted, the new one admits
     assert np.all(R.rdp_budget(3.0, 1e-6, conversion=R.HOCKEY_STICK) > R.rdp_budget(3.0, 1e-6, conversion=R.MARKOV))
-    assert R.CONVERSION == R.HOCKEY_STICK
+    assert R.CONVERSION == R.WEIGHTED
 
 
-@pytest.mark.parametrize("conversion", [R.MARKOV, R.HOCKEY_STICK])
+@pytest.mark.parametrize("conversion", [R.MARKOV, R.HOCKEY_STICK, R.WEIGHTED])
 def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo(conversion):
     """Fully adaptive Gaussian releases (each σ_t chosen from the previous outputs) to one person under
     the filter; the person's realised privacy loss L = Σ L_t must exceed ε with probability ≤ δ
     (union-markov bounds that tail), and the hockey-stick divergence E_P[(1 − e^{ε−L})₊] — what
-    (ε, δ)-DP is — must be ≤ δ (what union-hockey-stick bounds; its tail may exceed δ).
+    (ε, δ)-DP is — must be ≤ δ (what union-hockey-stick and weighted-hockey-stick bound; the tail may
+    exceed δ). The weighted rule's shares sit where this budget's spend is cheapest, so it admits the most.
 
     Under P (person present) a full-batch Gaussian release with shift 1 and noise σ_t gives
     L_t ~ N(1/(2σ_t²), 1/σ_t²). The analyst picks a cheap release after a 'lucky' output and an
@@ -173,4 +176,5 @@ def test_rows_cost_takes_the_mixture_when_it_is_tighter():
     shift = R.sampled_gaussian_rdp(1 - (1 - q) ** 16, sigma / 16, steps)
     cost = R.rows_rdp([q] * 16, sigma, steps)
     assert np.all(cost <= shift)
-    assert R.epsilon_of_spend(cost, 1e-7) < R.epsilon_of_spend(shift, 1e-7) / 4
+    assert R.epsilon_of_spend(cost, 1e-7, conversion=R.HOCKEY_STICK) < \
+        R.epsilon_of_spend(shift, 1e-7, conversion=R.HOCKEY_STICK) / 4

@@ -20,7 +20,8 @@ def test_twenty_releases_with_joins_and_leaves(tmp_path):
     rng = np.random.default_rng(7)
     settings = load_settings(tmp_path / "home").ensure()
     led = Ledger.open(settings)
-    budget = {"epsilon": 4.0, "delta": 1e-5}
+    # binds for some within the 20 releases under a new ledger's conversion (weighted-hockey-stick)
+    budget = {"epsilon": 3.5, "delta": 1e-5}
     present = {f"person-{i}": int(rng.integers(1, 5)) for i in range(30)}
     next_id, ever_retired, trained_late = 30, set(), set()
     joined_at: dict[str, int] = {p: 0 for p in present}

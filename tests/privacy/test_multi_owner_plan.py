@@ -200,7 +200,8 @@ def test_ledger_reads_a_person_under_replace_once_on_a_multi_owner_release(setti
         want = mine + _rdp.replace_of_add_remove(before)
         np.testing.assert_allclose(after, want)
         row = [r for r in led.person_rows() if r["person_key"] == led.person_key(writer)][0]
-        assert row["epsilon"] == pytest.approx(float(_rdp.epsilon_of_spend(want, 1e-4)))
+        assert row["epsilon"] == pytest.approx(float(_rdp.epsilon_of_spend(want, 1e-4, led.orders, led.conversion,
+                                                                           led.order_weights)))
     finally:
         led.dispose()
 

@@ -82,10 +82,16 @@ def test_harness_finds_a_scored_person_not_charged_for_the_selection(tmp_path, m
 
 
 def test_harness_finds_a_count_in_the_pmixed_certificate(tmp_path, monkeypatch):
-    """The check can fail: the PMixED certificate is declared public field by field under one catch-all
-    (`certificate.**`), so the gate lets a new field through; the harness is what catches one that moves
-    with a person — here the number of people partitioned, added to the certificate's ensemble section."""
+    """The check can fail: a field declared public by mistake (the gate refuses an undeclared one: the PMixED
+    certificate is declared field by field) is what the harness catches when it moves with a person — here the
+    number of people partitioned, added to the certificate's ensemble section and wrongly declared public."""
     from components.prediction import release as prel
+    from components.publication import Field, Kind
+    from components.publication import gate
+
+    monkeypatch.setitem(gate._FIELDS, "pmixed.release", [
+        *gate._FIELDS["pmixed.release"],
+        Field("pmixed.release", "certificate.ensemble.people", Kind.PUBLIC, "a mistaken declaration")])
 
     orig = prel.make_certificate
 

@@ -100,3 +100,72 @@ def test_artifacts_copied_with_their_source_mode_are_made_private(veil_home, tmp
     assert _exposed(veil_home)  # the copy carried its 0644
     s.make_private(s.mlflow_artifacts_dir)
     assert _exposed(veil_home) == []
+
+
+# --- what libraries write on Veil's behalf (issue 28: 7 files 0644 in the registry) ------------------------------
+
+def _world_readable_copy(src: Path, dst: Path) -> Path:
+    """A public base model as it usually arrives: files 0644, folders 0755 (a download, a shared disk)."""
+    shutil.copytree(src, dst)
+    for p in [dst, *dst.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+def test_pmixed_build_register_and_plain_load_leave_nothing_readable(tmp_path, monkeypatch, loose_umask):
+    """A PMixED build registers the public base (copied 0644 by MLflow before the fix); a consumer's plain
+    `mlflow.pyfunc.load_model` under umask 022 writes `registered_model_meta` into the registry (0644 before)."""
+    import sys
+
+    import mlflow
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "prediction"))
+    import tiny_lm_training as tiny
+    from test_prediction_build import make_built
+
+    built = tmp_path / "built-base"
+    tok = tiny.make_tokenizer()
+    tiny.make_model(seed=0, vocab=len(tok)).save_pretrained(built)
+    tok.save_pretrained(built)
+    base = _world_readable_copy(built, tmp_path / "base")
+    home = tmp_path / "home"
+    monkeypatch.setenv("VEIL_HOME", str(home))
+    s = load_settings(home).ensure()
+    out = make_built(s, base, tiny.make_texts(n_users=6, per_user=(2, 3), seed=0), tmp_path)
+    assert _exposed(home) == [], "after the PMixED build and registration"
+
+    os.umask(0o022)   # the consumer's shell, not Veil's
+    mlflow.set_tracking_uri(s.mlflow_tracking_uri)
+    mlflow.set_registry_uri(s.mlflow_registry_uri)
+    mlflow.pyfunc.load_model(out["model_uri"])
+    metas = list(s.mlflow_artifacts_dir.rglob("registered_model_meta"))
+    assert metas, "MLflow no longer writes registered_model_meta into the registry: revisit this test"
+    assert _exposed(home) == [], "after a plain mlflow.pyfunc.load_model"
+
+
+def test_plain_load_of_a_veil_model_leaves_the_registry_private(tmp_path, monkeypatch, loose_umask):
+    import sys
+
+    import mlflow
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _sealed_release import build_adapter, build_base, plan_and_certificate
+    from components.registry import register_model
+
+    for var in ("VEIL_CONFIG", "VEIL_MLFLOW_TRACKING_URI", "VEIL_SIGNING_KEY", "VEIL_TRUSTED_KEYS"):
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    monkeypatch.setenv("VEIL_HOME", str(home))
+    s = load_settings(home).ensure()
+    base = _world_readable_copy(build_base(tmp_path / "built-base"), tmp_path / "base")
+    adapter = build_adapter(base, tmp_path / "adapter")
+    plan, cert = plan_and_certificate(adapter, base)
+    reg = register_model(s, name="perm", certificate=cert, plan=plan, base_model_dir=base, adapter_dir=adapter)
+    assert _exposed(home) == [], "after registration"
+    os.umask(0o022)
+    mlflow.set_tracking_uri(s.mlflow_tracking_uri)
+    mlflow.set_registry_uri(s.mlflow_registry_uri)
+    mlflow.pyfunc.load_model(reg.model_uri)
+    assert list(s.mlflow_artifacts_dir.rglob("registered_model_meta"))
+    assert _exposed(home) == [], "after a plain mlflow.pyfunc.load_model"

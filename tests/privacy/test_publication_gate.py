@@ -71,3 +71,38 @@ def test_the_recorder_sees_every_leaf_with_its_declaration():
         publish("registry.metric", {"privacy_epsilon": 7.9}, subject="x")
     assert [(p.channel, p.path, p.value) for p in rec] == [("registry.metric", "privacy_epsilon", 7.9)]
     assert json.dumps(rec[0].field.post_processing_of) == '"plan:data.population.estimate"'
+
+
+def _pmixed_certificate(**over):
+    from components.prediction import mechanism as mech
+    from components.prediction.release import make_certificate, manifest_of
+
+    params = mech.MechanismParams(shards=3, q=0.5, radius=mech.calibrate_radius(epsilon=4.0, delta=1e-5, tokens=6,
+                                                                                 q=0.5), tokens=6, delta=1e-5)
+    kw = dict(params=params, target={"epsilon": 4.0, "delta": 1e-5}, policy_name="p", policy_sha256="01" * 32,
+              snapshot_commitment="ab" * 32, base_sha256="cd" * 32, commitments=["ef" * 32] * 3,
+              when_exhausted="public_only", ledger={"ledger_release_id": 3, "budget": {"epsilon": 16.0, "delta": 1e-4}},
+              ensemble_id="12" * 16,
+              people={"ownership": "author", "excluded_accounts": 1, "excluded_accounts_by_pattern": {"bot-*": 1},
+                      "excluded_records": 4, "not_published": "…"})
+    kw.update(over)
+    return make_certificate(**kw), {**manifest_of(params, "cd" * 32), "max_tokens_per_request": 8,
+                                    "key_quota_tokens": None}
+
+
+def test_the_pmixed_certificate_is_declared_field_by_field():
+    """Issue 22: no catch-all for the PMixED certificate or manifest: every field the build writes is declared on
+    its own, and one a feature adds (here the number of people partitioned) is refused until someone declares it."""
+    assert not [f.pattern for f in declared("pmixed.release") if "**" in f.pattern]
+    for ledger in ({"ledger_release_id": 3, "budget": {"epsilon": 16.0, "delta": 1e-4}},
+                   {"ledger_release_id": 3, "budget": None}, None):
+        cert, manifest = _pmixed_certificate(ledger=ledger)
+        publish("pmixed.release", {"certificate": cert, "manifest": manifest})
+    cert, manifest = _pmixed_certificate(people=None)
+    publish("pmixed.release", {"certificate": cert, "manifest": manifest})
+    cert["ensemble"]["people"] = 12
+    with pytest.raises(VeilError, match=r"pmixed\.release field 'certificate\.ensemble\.people' is not declared"):
+        publish("pmixed.release", {"certificate": cert, "manifest": manifest})
+    with pytest.raises(VeilError, match=r"field 'manifest\.shard_sizes' is not declared"):
+        publish("pmixed.release", {"certificate": _pmixed_certificate()[0], "manifest": {**manifest,
+                                                                                       "shard_sizes": [4, 4, 4]}})
