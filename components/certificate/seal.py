@@ -35,6 +35,12 @@ TRUST_ENV = "VEIL_TRUSTED_KEYS"
 DEFAULT_KEY_FILE = "signing-ed25519.pem"
 TRUSTED_DIR = "trusted-keys"
 BINDINGS = ("weights", "base_model", "tokenizer", "plan", "policy", "ledger_entry", "code")
+# A synthetic corpus' seal (components.synthetic): its own schema, so a corpus seal is never taken
+# for a model's (and the reverse), and its own bindings — the corpus files and the model release it
+# post-processes.
+SYNTHETIC_SEAL_SCHEMA = "veil.seal.synthetic/v1"
+SYNTHETIC_BINDINGS = ("corpus_jsonl", "corpus_parquet", "model_certificate", "model_seal", "prompts")
+_KINDS = {"model": (SEAL_SCHEMA, BINDINGS), "synthetic": (SYNTHETIC_SEAL_SCHEMA, SYNTHETIC_BINDINGS)}
 
 
 def fingerprint(raw_public: bytes) -> str:
@@ -154,30 +160,36 @@ def trusted_keys(settings=None, *, env: Mapping[str, str] | None = None) -> dict
 
 
 def make_seal(certificate: Mapping[str, Any], bindings: Mapping[str, Any], private_key, *,
-              signed_at: str | None = None) -> dict:
-    """Sign `certificate`'s sha256 together with the artifact `bindings` (all of BINDINGS, None allowed)."""
-    unknown = set(bindings) - set(BINDINGS)
-    missing = set(BINDINGS) - set(bindings)
+              signed_at: str | None = None, kind: str = "model") -> dict:
+    """Sign `certificate`'s sha256 together with the artifact `bindings` (all of the kind's binding
+    names, None allowed). `kind`: "model" (BINDINGS, channel `seal`) or "synthetic"
+    (SYNTHETIC_BINDINGS, channel `synthetic.seal`)."""
+    schema, names = _KINDS[kind]
+    unknown = set(bindings) - set(names)
+    missing = set(names) - set(bindings)
     if unknown or missing:
-        raise VeilError(f"seal: bindings must be exactly {', '.join(BINDINGS)} "
+        raise VeilError(f"seal: bindings must be exactly {', '.join(names)} "
                         f"(unknown: {sorted(unknown)}, missing: {sorted(missing)})")
     raw = raw_public_bytes(private_key.public_key())
     body = {
-        "schema": SEAL_SCHEMA,
+        "schema": schema,
         "certificate_sha256": certificate["sha256"],
-        "bindings": {k: bindings[k] for k in BINDINGS},
+        "bindings": {k: bindings[k] for k in names},
         "public_key": {"algorithm": "ed25519", "raw": base64.b64encode(raw).decode(), "fingerprint": fingerprint(raw)},
         "signed_at": signed_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    return publish("seal", {**body, "signature": base64.b64encode(private_key.sign(canonical_json(body))).decode()})
+    return publish("seal" if kind == "model" else "synthetic.seal",
+                   {**body, "signature": base64.b64encode(private_key.sign(canonical_json(body))).decode()})
 
 
-def check_seal(seal: Any, trusted: Mapping[str, Any]) -> str:
-    """Verify a seal's signature with a trusted key; return that key's fingerprint or raise VeilError."""
+def check_seal(seal: Any, trusted: Mapping[str, Any], *, kind: str = "model") -> str:
+    """Verify a seal's signature with a trusted key; return that key's fingerprint or raise VeilError.
+    `kind`: the seal must be of that kind's schema (a corpus seal never passes for a model's)."""
     from cryptography.exceptions import InvalidSignature
 
-    if not isinstance(seal, Mapping) or seal.get("schema") != SEAL_SCHEMA:
-        raise VeilError(f"seal: not a {SEAL_SCHEMA} document")
+    schema = _KINDS[kind][0]
+    if not isinstance(seal, Mapping) or seal.get("schema") != schema:
+        raise VeilError(f"seal: not a {schema} document")
     for k in ("certificate_sha256", "bindings", "public_key", "signature"):
         if k not in seal:
             raise VeilError(f"seal: missing field {k}")

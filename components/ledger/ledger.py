@@ -29,6 +29,10 @@ from components.ledger import rdp as _rdp
 from components.ledger import store as st
 
 
+# Releases that post-process an earlier release and charge nobody (record_post_processing).
+POST_PROCESSING_KINDS = ("synthetic",)
+
+
 def default_url(settings) -> str:
     url = getattr(settings, "ledger_url", None)
     return url or f"sqlite:///{Path(settings.private_dir).resolve() / 'ledger.db'}"
@@ -446,6 +450,42 @@ class Ledger:
 
         rid, new, ok = st.transact(self.engine, work)
         return PopulationCharge(release_id=rid, new=new, refused=tuple(i for i, a in zip(ids, ok) if not a))
+
+    def record_post_processing(self, *, kind: str, release_key: str, of_release: int | None, params: Mapping,
+                               detail: Mapping | None = None) -> int:
+        """Record a release that is post-processing of an earlier one (a synthetic corpus sampled from a
+        registered model: kind 'synthetic'). It charges nobody — no charge rows, admitted = retired = 0 —
+        and is shown by `veil ledger` (`post_processing_releases`) with the release it post-processes, so
+        the ledger lists every artifact that left, not only the ones that cost budget. Append-only like
+        everything here: one release row and its `registered` event, in one transaction."""
+        if kind not in POST_PROCESSING_KINDS:
+            raise VeilError(f"ledger: {kind!r} is not a post-processing release kind "
+                            f"({', '.join(POST_PROCESSING_KINDS)})")
+        key = f"{kind}:{release_key}"[:64]
+
+        def work(conn: Connection) -> int:
+            if of_release is not None and conn.execute(select(st.releases.c.id).where(
+                    st.releases.c.id == int(of_release))).first() is None:
+                raise VeilError(f"ledger: no release {of_release} to post-process")
+            at = st.now()
+            rid = conn.execute(st.releases.insert().values(
+                kind=kind, mechanism=kind, plan_sha256=key,
+                params=json.dumps({**dict(params), "of_release": of_release}, sort_keys=True, default=str),
+                admitted=0, retired=0, created_at=at)).inserted_primary_key[0]
+            conn.execute(st.events.insert().values(release_id=rid, status="registered", at=at,
+                                                   detail=json.dumps(dict(detail or {}), sort_keys=True,
+                                                                     default=str)))
+            return int(rid)
+        return st.transact(self.engine, work)
+
+    def post_processing_releases(self) -> list[dict]:
+        """Every post-processing release (kind in POST_PROCESSING_KINDS) with its public parameters, oldest
+        first. Names no person: what was released, from which release, when."""
+        with st.read_only(self.engine) as conn:
+            rows = conn.execute(select(st.releases).where(st.releases.c.kind.in_(POST_PROCESSING_KINDS))
+                                .order_by(st.releases.c.id)).all()
+        return [{"release_id": int(r.id), "kind": r.kind, "created_at": r.created_at, **json.loads(r.params)}
+                for r in rows]
 
     def population_release(self, release_key: str) -> int | None:
         """The ledger release of this population estimate, if it was charged."""

@@ -153,6 +153,7 @@ def ledger_report(settings, *, estimate: bool = True, plan: Path | None = None) 
     led = Ledger.open(settings)
     try:
         doc = led.summary()
+        doc["post_processing_releases"] = led.post_processing_releases()
         path = Path(plan) if plan is not None else latest_plan(settings, led)
         doc["forecast"] = None
         if path is not None:
@@ -191,6 +192,8 @@ def governance_view(doc: dict) -> dict:
            "conversion": doc["conversion"], "order_weights": doc.get("order_weights"),
            "spend_definition": doc["spend_definition"], "secrets_definition": doc["secrets_definition"],
            "note": GOVERNANCE_NOTE}
+    if doc.get("post_processing_releases"):   # synthetic corpora: what left, from which release (no charge)
+        out["post_processing_releases"] = doc["post_processing_releases"]
     if doc.get("persons_not_covered"):   # a count of releases (no person moves it) and its fixed wording
         out["persons_not_covered"] = doc["persons_not_covered"]
     fc = doc.get("forecast")

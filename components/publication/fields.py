@@ -9,7 +9,7 @@ person's influence. docs/privacy/threat-model.md's table of published fields is 
 """
 from __future__ import annotations
 
-from components.publication.gate import Field, Kind, channel, declare, mirror
+from components.publication.gate import Field, Kind, channel, declare, declared, mirror
 
 P, DP, U = Kind.PUBLIC, Kind.DP, Kind.UNCOVERED
 
@@ -507,6 +507,89 @@ declare(
           "granted to this key so far (a function of its earlier answers), or null without a quota",
           post_processing_of="pmixed.response:text"),
 )
+
+# --- synthetic text (h-synth, issue 25) ------------------------------------------------------------------------
+# A corpus sampled from a registered DP model with public prompts and public settings is post-processing of
+# that model's release: its records (and every hash, count and scan of them) post-process the trained
+# weights; its certificate restates the model certificate's guarantee. Nothing here reads private data.
+channel("synthetic.records", "anyone: the corpus' records (records.jsonl / records.parquet, MLflow artifacts)")
+channel("synthetic.certificate", "anyone: the corpus certificate (veil.certificate.synthetic/v1)")
+channel("synthetic.seal", "anyone: the corpus seal (veil.seal.synthetic/v1)")
+channel("cli.synthesize", "the operator and registry readers: `veil synthesize --json`")
+_WEIGHTS = "certificate:run.weights.sha256"
+
+_SYN_TEXT = "synthetic.records:records.text"
+_SYN_SETTINGS = "a public sampling setting or the public prompts file (the operator's, published whole)"
+_SYN_HASH = "sha256 of the corpus file (a function of the sampled records)"
+_SYN_SCAN = ("records matched per detector class by the catalog's detectors (flows/synthetic.py): a function of "
+             "the sampled records")
+declare(
+    Field("synthetic.records", "records.index", P, "the record's position (0 … N−1; N is the operator's --records)"),
+    Field("synthetic.records", "records.control_code", P, "the public prompt's code the record was sampled under"),
+    Field("synthetic.records", "records.text", DP, "text sampled from the DP model (the public prompt + its "
+          "continuation)", post_processing_of=_WEIGHTS),
+    *(Field("synthetic.certificate", p, P, w) for p, w in [
+        ("schema", _CONST), ("created_at", "issue time"), ("code_version", "Veil's version"),
+        ("model.name", "the registered name"), ("model.version", "the registry's version number"),
+        ("model.run_id", "MLflow's run id"), ("model.uri", "the URI asked"),
+        ("model.ledger_release_id", "the model's ledger release (its public run tag)"),
+        ("model.seal_key_fingerprint", "the model signer's key"), ("model.certificate_schema", _CONST),
+        ("inherits.privacy_unit", "the model certificate's"), ("inherits.neighbouring", "the model certificate's"),
+        ("inherits.mechanism", "the model certificate's"), ("generation.**", _SYN_SETTINGS),
+        ("corpus.records", "the operator's --records"), ("corpus.format", _CONST), ("corpus.columns", _CONST)]),
+    Field("synthetic.certificate", "model.certificate_sha256", P, "the model certificate's sha256 (published whole on "
+          "the certificate channel and beside the corpus)", digest=True),
+    Field("synthetic.certificate", "inherits.epsilon", DP, "the model certificate's ε", post_processing_of="certificate:epsilon"),
+    Field("synthetic.certificate", "inherits.delta", DP, "the model certificate's δ", post_processing_of="certificate:delta"),
+    Field("synthetic.certificate", "inherits.secrets.**", DP, "the model certificate's per-class γ and κ",
+          post_processing_of="certificate:secrets.c.max_gamma"),
+    Field("synthetic.certificate", "corpus.sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("synthetic.certificate", "corpus.parquet_sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("synthetic.certificate", "statement", DP, "a fixed sentence filled with the model's name, version, "
+          "certificate hash, unit and ε/δ (or γ)", post_processing_of="certificate:epsilon"),
+    Field("synthetic.certificate", "sha256", P, _DIGEST, digest=True),
+    *(Field("synthetic.seal", p, P, w) for p, w in [
+        ("schema", _CONST), ("public_key.**", "the signer's key"), ("signed_at", "signing time"),
+        ("bindings.prompts", "hash of the public prompts (or null)")]),
+    Field("synthetic.seal", "certificate_sha256", P, "the corpus certificate's sha256", digest=True),
+    Field("synthetic.seal", "signature", P, "Ed25519 over the seal's other fields", digest=True),
+    Field("synthetic.seal", "bindings.model_certificate", P, "the model certificate's sha256", digest=True),
+    Field("synthetic.seal", "bindings.model_seal", P, "sha256 of the model's seal (published whole)", digest=True),
+    Field("synthetic.seal", "bindings.corpus_jsonl", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("synthetic.seal", "bindings.corpus_parquet", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    *(Field("cli.synthesize", p, P, w) for p, w in [
+        ("model_uri", "the URI asked"), ("records", "the operator's --records"),
+        ("corpus_dir", "where the corpus was written (under VEIL_HOME)"), ("uri", "the corpus run's runs:/ URI"),
+        ("run_id", "MLflow's run id"), ("ledger_release_id", "the ledger's release number"),
+        ("conditioning", _CONST), ("sampling.**", _SYN_SETTINGS)]),
+    Field("cli.synthesize", "certificate_sha256", P, "the corpus certificate's sha256", digest=True),
+    Field("cli.synthesize", "corpus_sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("cli.synthesize", "parquet_sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("cli.synthesize", "scan.*", DP, _SYN_SCAN, post_processing_of=_SYN_TEXT),
+    Field("cli.synthesize", "statement", DP, "the certificate's statement", post_processing_of="certificate:epsilon"),
+    *(Field("registry.tag", p, P, w) for p, w in [
+        ("synthetic.records", "the operator's --records"), ("synthetic.model_uri", "the model version's URI"),
+        ("synthetic.model_run_id", "MLflow's run id"), ("synthetic.conditioning", _CONST),
+        ("synthetic.seed", _SYN_SETTINGS), ("synthetic.ledger_release_id", "the ledger's release number"),
+        ("synthetic.corpus.*", "the run id of a corpus sampled from this version (lineage)")]),
+    Field("registry.tag", "synthetic.certificate_sha256", P, "the corpus certificate's sha256", digest=True),
+    Field("registry.tag", "synthetic.model_certificate_sha256", P, "the model certificate's sha256", digest=True),
+    Field("registry.tag", "synthetic.corpus_sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("registry.tag", "synthetic.parquet_sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+    Field("registry.tag", "synthetic.scan.*", DP, _SYN_SCAN, post_processing_of=_SYN_TEXT),
+    Field("registry.artifact", "synthetic", P, "the corpus folder's file names (" + _CONST + ")"),
+    *(Field("cli.ledger", f"post_processing_releases.{p}", P, w) for p, w in [
+        ("release_id", "the ledger's release number"), ("kind", _CONST), ("created_at", "when it was recorded"),
+        ("of_release", "the model's ledger release number"), ("model", "the registered name"),
+        ("model_version", "the registry's version number"), ("records", "the operator's --records")]),
+    Field("cli.ledger", "post_processing_releases.certificate_sha256", P, "the corpus certificate's sha256",
+          digest=True),
+    Field("cli.ledger", "post_processing_releases.corpus_sha256", DP, _SYN_HASH, post_processing_of=_SYN_TEXT),
+)
+# `veil synthesize --json` repeats the certificate's inherited guarantee, declared as there
+declare(*(Field("cli.synthesize", f.pattern, f.kind, f.what, post_processing_of=f.post_processing_of)
+          for f in declared("synthetic.certificate") if f.pattern.startswith("inherits.")))
+# --- end of h-synth ---
 # --- the filter's order weights (h-price, issue 26) ---------------------------------------------------------------
 # A weighted ledger's δ shares over its orders: components.ledger.rdp.order_weights of the lifetime budget (ε, δ)
 # and the grid, both public; recorded when the budget is fixed. None under the older conversions.

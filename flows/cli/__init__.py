@@ -91,9 +91,10 @@ app = typer.Typer(
 # Registration order is the order of `veil --help`.
 from flows.cli import core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, verify_cmds  # noqa: E402
 from flows.cli import ledger_cmds, pmixed_cmds, serve_cmds, evaluate_cmds, study_cmds  # noqa: E402
+from flows.cli import synthetic_cmds  # noqa: E402
 
-for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, evaluate_cmds, verify_cmds,
-                ledger_cmds, pmixed_cmds, serve_cmds, study_cmds):
+for _module in (core_cmds, catalog_cmds, policy_cmds, privacy_cmds, audit_cmds, evaluate_cmds, synthetic_cmds,
+                verify_cmds, ledger_cmds, pmixed_cmds, serve_cmds, study_cmds):
     _module.register(app)
 
 

@@ -43,6 +43,11 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
     t.add_column("value")
     t.add_row("budget", "none set (charging only)" if b is None else f"ε={b['epsilon']:g} at δ={b['delta']:g} per person")
     t.add_row("releases", str(gov["releases"]))
+    for r in gov.get("post_processing_releases") or []:
+        t.add_row(f"release {r['release_id']}: {r['kind']}",
+                  f"{r.get('records')} records from {r.get('model')} v{r.get('model_version')} (post-processing of "
+                  f"release {r.get('of_release') if r.get('of_release') is not None else '—'}: no charge), "
+                  f"corpus {str(r.get('corpus_sha256'))[:12]}…")
     nc = gov.get("persons_not_covered") or {}
     if nc.get("releases"):
         t.add_row("persons not covered", nc["statement"])

@@ -1,0 +1,161 @@
+"""`veil synthesize`: a synthetic corpus from a registered model — generate, scan, certify, record, register.
+
+Generation is `components.synthetic` (model + public prompts + public settings; it reads no data). The
+secret scan needs the catalog's detectors, which `components` may not import, so it lives here: every
+record passes the same RE2 detectors ingest tags with (`catalog.tagging.Tagger`: the built-in detectors,
+or a policy's tagging rules with `--policy`); matches are counted per class — published: a function of
+the corpus, itself post-processing of the DP release — and the matched records (index, class, detector,
+span) are written only to `VEIL_HOME/private/synthetic/<id>/scan.jsonl` (0600).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from components.core.errors import VeilError
+from components.core.settings import Settings
+
+# Every detector the catalog ships, each its own class, except `high_entropy` (opt-in at ingest too:
+# its false positives on ordinary text would drown the count).
+SCAN_RULES = [
+    {"secret_class": "credential", "kind": "detector", "patterns": ["credentials"], "case_sensitive": True},
+    {"secret_class": "email", "kind": "detector", "patterns": ["email"], "case_sensitive": False},
+    {"secret_class": "phone", "kind": "detector", "patterns": ["phone"], "case_sensitive": True},
+    {"secret_class": "payment_card", "kind": "detector", "patterns": ["payment_card"], "case_sensitive": True},
+    {"secret_class": "iban", "kind": "detector", "patterns": ["iban"], "case_sensitive": True},
+    {"secret_class": "national_id", "kind": "detector", "patterns": ["national_id"], "case_sensitive": True},
+]
+
+
+def scan_records(records: list[dict], rules: Any = None, *, tagger=None) -> tuple[dict[str, int], list[dict]]:
+    """(records matched per class — every class of the rules, zeros included —, the private match list).
+
+    `rules`: tagging rules (a policy path or a list), default SCAN_RULES. A record counts once per class
+    however many spans of that class it holds."""
+    import pyarrow as pa
+
+    from catalog.tagging import Tagger
+
+    tagger = tagger or Tagger(SCAN_RULES if rules is None else rules)
+    classes = sorted({r["secret_class"] for r in tagger.rules})
+    spans = tagger.tag(pa.array([r["text"] for r in records], pa.string())) if records else []
+    hit: dict[str, set[int]] = {c: set() for c in classes}
+    matches = []
+    for s in spans:
+        hit.setdefault(s.secret_class, set()).add(s.row)
+        matches.append({"index": int(records[s.row]["index"]), "secret_class": s.secret_class,
+                        "detector": s.detector, "start": int(s.start), "end": int(s.end),
+                        "match": records[s.row]["text"][s.start:s.end]})
+    return {c: len(rows) for c, rows in hit.items()}, matches
+
+
+def _write_private_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path: str | Path | None = None,
+               seed: int = 0, max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+               policy: str | Path | None = None, register: bool = True, progress: bool = True) -> dict:
+    """Generate, scan, certify and seal, record in the ledger, register. Returns the operator's document
+    (`public`: what `--json` prints, through the gate; `private`: the scan file's path)."""
+    from components.certificate import code_version
+    from components.certificate.seal import load_signing_key
+    from components.core.progress import progress as bar, step
+    from components.ledger import Ledger
+    from components.publication import publish
+    from components.registry.synthetic import model_release, register_synthetic
+    from components.synthetic import Sampling, generate_records, load_prompts
+    from components.synthetic.corpus import build_certificate, seal_corpus, write_records
+
+    # Every input is checked before the model is loaded (one line, exit 2): prompts, settings, rules.
+    prompts = load_prompts(prompts_path) if prompts_path else None
+    sampling = Sampling(records=records, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p)
+    sampling.check()
+    if policy is not None and not Path(policy).is_file():
+        raise VeilError(f"--policy {policy}: no such policy file")
+    from catalog.tagging import Tagger
+
+    tagger = Tagger(SCAN_RULES if policy is None else str(policy))
+
+    with step(f"loading and verifying {model_uri}", on=progress):
+        loaded, model_seal = model_release(settings, model_uri)
+    with bar("synthesize", records, on=progress) as advance:
+        done = [0]
+
+        def tick(n: int) -> None:
+            advance(n - done[0])
+            done[0] = n
+        recs = generate_records(loaded.model, loaded.tokenizer, sampling, prompts, progress=tick)
+    counts, matches = scan_records(recs, tagger=tagger)
+    # the records leave (corpus files, MLflow artifacts): each leaf is declared (post-processing of the weights)
+    publish("synthetic.records", {"records": recs})
+
+    root = Path(settings.home) / "synthetic"
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    try:
+        corpus = write_records(recs, tmp)
+        generation = {"conditioning": "public-control-codes" if prompts else "unconditional",
+                      "start": "the model's document boundary (BOS, else EOS), then the prompt's text",
+                      "reads_private_data": False, "sampling": sampling.public(),
+                      "prompts": None if prompts is None else {
+                          "sha256": prompts.sha256, **prompts.public(),
+                          "records_per_code": dict(zip([p.code for p in prompts.prompts],
+                                                       prompts.allot(records)))}}
+        tags = _model_run_tags(settings, loaded.run_id)
+        of_release = tags.get("privacy.ledger_release_id")
+        model = {"name": loaded.name, "version": str(loaded.version), "run_id": loaded.run_id,
+                 "uri": model_uri, "ledger_release_id": None if of_release is None else int(of_release),
+                 "seal_key_fingerprint": (model_seal.get("public_key") or {}).get("fingerprint")}
+        cert = build_certificate(model=model, model_cert=loaded.certificate, generation=generation,
+                                 corpus=corpus, code_version=code_version())
+        seal_corpus(tmp, cert, loaded.certificate, model_seal, load_signing_key(settings))
+        final = root / cert["sha256"][:16]
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    scan_path = Path(settings.private_dir) / "synthetic" / cert["sha256"][:16] / "scan.jsonl"
+    _write_private_jsonl(scan_path, matches)
+
+    led = Ledger.open(settings)
+    try:
+        release_id = led.record_post_processing(
+            kind="synthetic", release_key=cert["sha256"], of_release=model["ledger_release_id"],
+            params={"model": loaded.name, "model_version": str(loaded.version), "records": records,
+                    "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"]},
+            detail={"certificate_sha256": cert["sha256"]})
+    finally:
+        led.dispose()
+    reg = None
+    if register:
+        with step("registering the corpus", on=progress):
+            reg = register_synthetic(settings, final, scan=counts, ledger_release_id=release_id)
+    public = publish("cli.synthesize", {
+        "model_uri": model_uri, "records": records, "corpus_dir": str(final),
+        "uri": None if reg is None else reg["uri"], "run_id": None if reg is None else reg["run_id"],
+        "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"],
+        "parquet_sha256": corpus["parquet_sha256"], "ledger_release_id": release_id,
+        "inherits": cert["inherits"], "conditioning": generation["conditioning"],
+        "sampling": sampling.public(), "scan": counts, "statement": cert["statement"]})
+    return {"public": public, "private": {"scan_matches": str(scan_path), "matched_records":
+                                          len({m["index"] for m in matches})}}
+
+
+def _model_run_tags(settings: Settings, run_id: str) -> dict:
+    from components.registry.mlflow_registry import _client
+
+    return dict(_client(settings).get_run(run_id).data.tags)
