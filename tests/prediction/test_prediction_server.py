@@ -40,7 +40,10 @@ def built(tmp_path_factory, tiny_base, tiny_people):
 
 
 def _env(home):
-    return {**os.environ, "VEIL_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+    # only this home's settings: a VEIL_* variable another test of the same worker left in os.environ
+    # (a ledger URL, a registry URI) would send the CLI's keys to another store than the server's
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VEIL_")}
+    return {**base, "VEIL_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
