@@ -24,6 +24,7 @@ from components.training.data import records_by_user, tokenize_table, user_strea
 from components.training.distributed import DistContext
 from components.training.model_prep import prepare_model
 from components.training.sampling import PoissonSampler
+from components.training import sharding
 from components.training.spec import TrainResult, TrainSpec
 
 
@@ -74,6 +75,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     mech.check_runtime(dctx.world_size)
     model = prepare_model(model, spec)
     model.train()
+    sharded = sharding.active(spec, dctx)
+    if sharded:     # FSDP2: weights, gradients and Adam state sharded across the ranks (sharding.py)
+        sharding.shard_model(model, dctx)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise VeilError("model: no trainable parameters")
@@ -125,10 +129,14 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         if state["private_seed_sha"] != hashlib.sha256(str(private_seed).encode()).hexdigest():
             raise VeilError(f"{out_dir}: private seed does not match the checkpoint's")
         try:
-            with torch.no_grad():
-                for n, p in named:
-                    p.copy_(state["trainable"][n].to(p.device, p.dtype))
-            opt.load_state_dict(state["optimizer"])
+            if sharded:   # the checkpoint holds whole tensors: each rank takes its shard
+                sharding.load_params(named, state["trainable"])
+                sharding.load_optimizer_state(model, opt, state["optimizer"])
+            else:
+                with torch.no_grad():
+                    for n, p in named:
+                        p.copy_(state["trainable"][n].to(p.device, p.dtype))
+                opt.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
             if device.type == "cuda" and state.get("cuda_rng") is not None:
                 torch.cuda.set_rng_state_all(state["cuda_rng"])
@@ -141,13 +149,16 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     prior_attempted = ckpt.read_ledger(out_dir) if (resume and dctx.is_main) else 0
 
     def save(step: int) -> None:
+        # sharded: the whole weights and Adam state are gathered first (collectives: every rank)
+        trainable = sharding.full_state(named) if sharded else None
+        optimizer = sharding.full_optimizer_state(model, opt) if sharded else None
         if not dctx.is_main:
             return
         ckpt.save_checkpoint(out_dir, {
             "step": step, "spec": spec.identity(), "data": fingerprint,
             "private_seed_sha": hashlib.sha256(str(private_seed).encode()).hexdigest(),
-            "trainable": {n: p.detach().cpu().clone() for n, p in named},
-            "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+            "trainable": trainable if sharded else {n: p.detach().cpu().clone() for n, p in named},
+            "optimizer": optimizer if sharded else opt.state_dict(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
             "sampler": sampler.state_dict(step), "losses": losses, "batch_sizes": batch_sizes,
             "halted_at": halted_at,
@@ -155,8 +166,11 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
 
     G = int(spec.records_per_user) if spec.records_per_user else None
     batches = BatchBuilder(mode, tok, by_user, G=G, streams=streams, seq_len=spec.seq_len)
-    step_fn = mech.make_step(spec, model, opt, n_units=len(rates), private_seed=private_seed, dctx=dctx,
-                             expected=expected)
+    if sharded:
+        step_fn = sharding.make_step(mech, spec, model, opt, private_seed=private_seed, dctx=dctx, expected=expected)
+    else:
+        step_fn = mech.make_step(spec, model, opt, n_units=len(rates), private_seed=private_seed, dctx=dctx,
+                                 expected=expected)
     started = 0
     try:
         with _progress("train (DP steps)", int(spec.steps), on=progress and dctx.is_main and spec.steps > start) as tick:
@@ -193,7 +207,10 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         save(0)
     dctx.barrier()
     adapter_dir = model_dir = None
-    if dctx.is_main:
+    if sharded:     # gathered by every rank, written by rank 0
+        model_dir = str(out_dir / "model")
+        sharding.save_model(model, model_dir, tokenizer, dctx.is_main)
+    elif dctx.is_main:
         from peft import PeftModel
 
         if isinstance(model, PeftModel):
@@ -223,7 +240,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         adapter_dir=adapter_dir, model_dir=model_dir, seconds=time.time() - t0, seed=int(spec.seed),
         private_seed_source=seed_source, resumed_from_step=resumed_from,
         steps_attempted=max(prior_attempted, len(batch_sizes), started, (halted_at + 1) if halted_at is not None else 0), world_size=dctx.world_size,
-        trainable_params=int(sum(p.numel() for p in params)),
+        trainable_params=int(sum(p.numel() for p in params)), sharding="fsdp" if sharded else "none",
         extra={"per_record": step_fn.per_unit.method if step_fn.per_unit else "plain-backward",
                "selection": spec.selection, "optimizer": spec.optimizer,
                "normalisation": "sum of clipped unit gradients + N(0, σ²C²), divided by the expected batch size",

@@ -477,7 +477,8 @@ class HookPerRecord:
         self.last_nonfinite = (~ok).sum()
         factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
         params = dict(self.model.named_parameters())
-        sums = {n: torch.zeros_like(params[n]) for n in self.names}
+        # by shape: under FSDP a parameter is a sharded DTensor whose .shape is the whole weight's
+        sums = {n: torch.zeros(params[n].shape, dtype=params[n].dtype, device=ids.device) for n in self.names}
         for name, u in per_unit.items():
             u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
             sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)

@@ -16,6 +16,7 @@ from components.mechanisms import names as mechanism_names
 
 MECHANISMS = mechanism_names()   # every registered mechanism (components.mechanisms)
 OPTIMIZERS = ("adam", "sgd")
+SHARDINGS = ("none", "fsdp")   # components.training.sharding
 PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
 
 
@@ -49,6 +50,9 @@ class TrainSpec:
     selection: the plan's strategy. Only "random-chunk" changes what training does: under ULS each
       visit of a user draws G random seq_len-token chunks of the user's concatenated text instead
       of G of their records. Other strategies were applied by planning (the data holds their pick).
+    sharding: "none" (every rank holds the whole model: data parallel) or "fsdp" (full fine-tuning
+      under torchrun with weights, gradients and Adam state sharded across the ranks by FSDP2;
+      components.training.sharding). Same update, same accounting, same ε.
     """
 
     mechanism: str
@@ -69,6 +73,7 @@ class TrainSpec:
     per_record: str = "auto"
     selection: str | None = None
     filter: dict | None = None
+    sharding: str = "none"
 
     def __post_init__(self):
         def bad(name, why):
@@ -93,6 +98,13 @@ class TrainSpec:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.per_record not in PER_RECORD:
             bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
+        if self.sharding not in SHARDINGS:
+            bad("sharding", f"{self.sharding!r} is not one of {', '.join(SHARDINGS)}")
+        if self.sharding == "fsdp":
+            if self.lora is not None:
+                bad("sharding", "fsdp shards full fine-tuning (lora: null); a LoRA adapter is small enough to replicate")
+            if self.per_record == "vmap":
+                bad("sharding", "fsdp needs the per-layer samplers (per_record auto, mixed, hooks or ghost), not vmap")
         if self.lora is not None:
             if not isinstance(self.lora, dict) or "r" not in self.lora:
                 bad("lora", "must be null or a mapping with at least 'r'")
@@ -121,7 +133,7 @@ class TrainSpec:
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
-        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora"):
+        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "sharding"):
             if key in tr and (tr[key] is not None or key == "lora"):
                 kw[key] = tr[key]
         if "checkpoint_every" not in overrides:
@@ -137,6 +149,8 @@ class TrainSpec:
         d = self.to_dict()
         d.pop("checkpoint_every")
         d.pop("private_seed")
+        if d["sharding"] == "none":
+            d.pop("sharding")   # checkpoints written before the setting existed still resume
         return d
 
 
@@ -179,6 +193,8 @@ class TrainResult:
     # Units whose gradient was not finite and contributed zero instead (their data alone decides
     # it). Private: one person's count; it stays in the run folder (PRIVATE_FIELDS).
     nonfinite_units: int = 0
+    # "fsdp" when the weights, gradients and optimizer state were sharded across the ranks, else "none"
+    sharding: str = "none"
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

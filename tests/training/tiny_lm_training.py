@@ -69,9 +69,12 @@ def worker(argv: list[str]) -> None:
                 on_step=(lambda s: time.sleep(pause)) if pause else None)
     import os
 
+    from components.training.sharding import full_state
+
+    # sharded (fsdp): every rank gathers the whole weights (a collective), rank 0 writes them
+    params = full_state([(n, p) for n, p in model.named_parameters() if p.requires_grad])
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
-                    "result": res.to_dict()}, out_dir / "final.pt")
+        torch.save({"params": params, "result": res.to_dict()}, out_dir / "final.pt")
 
 
 if __name__ == "__main__":
