@@ -116,7 +116,7 @@ def _run_section(train_result: Mapping[str, Any]) -> dict:
             "train_records_commitment": train_result.get("train_records_commitment"),
             "steps_attempted": max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0)),
             "device": train_result.get("device"), "precision": train_result.get("precision"),
-            "world_size": train_result.get("world_size")}
+            "world_size": train_result.get("world_size"), "sharding": train_result.get("sharding") or "none"}
 
 
 def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> tuple[int, list[str]]:

@@ -223,6 +223,16 @@ class Training(_Strict):
     micro_batch_size: int = Field(default=8, ge=1)
     lora: LoRA | None = Field(default_factory=LoRA, description="null: full fine-tuning.")
     seed: int = Field(default=0, ge=0)
+    sharding: Literal["none", "fsdp"] = Field(
+        default="none", description="fsdp: full fine-tuning under torchrun with weights, gradients and Adam state "
+                                    "sharded across the ranks (FSDP2); same update and ε as none.")
+
+    @model_validator(mode="after")
+    def _fsdp_is_full_fine_tuning(self):
+        # refused here, before a plan exists: a training run refusing it would come after the charge
+        if self.sharding == "fsdp" and self.lora is not None:
+            raise ValueError("sharding: fsdp shards full fine-tuning; set lora: null (a LoRA adapter is replicated)")
+        return self
 
 
 class Filter(_Strict):

@@ -667,3 +667,6 @@ declare(
     Field("prefect", "resuming", P, "a registered model URI and the step a killed retraining left undone "
           "(a fixed word: audit or promotion)"),
 )
+# --- h-fsdp: sharded full fine-tuning (issue 24) -----------------------------------------------------------
+declare(Field("certificate", "run.sharding", P, "how the operator laid the model over its ranks (none or fsdp: "
+              "the policy's setting, when the run had more than one rank)"))

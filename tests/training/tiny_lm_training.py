@@ -53,7 +53,8 @@ def trainable_state(model) -> dict:
 
 
 def worker(argv: list[str]) -> None:
-    """argv: out_dir spec_json [sleep_per_step]. Trains and writes final trainable params."""
+    """argv: out_dir spec_json [sleep_per_step [data.parquet]]. Trains (on make_texts(), or the
+    parquet's table with its schema metadata) and writes final trainable params."""
     import time
     import warnings
 
@@ -65,7 +66,13 @@ def worker(argv: list[str]) -> None:
     pause = float(argv[2]) if len(argv) > 2 else 0.0
     spec = TrainSpec(**spec_json)
     model = make_model()
-    res = train(spec, make_texts(), model, make_tokenizer(), out_dir, progress=False,
+    if len(argv) > 3:
+        import pyarrow.parquet as pq
+
+        data = pq.read_table(argv[3])
+    else:
+        data = make_texts()
+    res = train(spec, data, model, make_tokenizer(), out_dir, progress=False,
                 on_step=(lambda s: time.sleep(pause)) if pause else None)
     import os
 
@@ -74,7 +81,8 @@ def worker(argv: list[str]) -> None:
     # sharded (fsdp): every rank gathers the whole weights (a collective), rank 0 writes them
     params = full_state([(n, p) for n, p in model.named_parameters() if p.requires_grad])
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save({"params": params, "result": res.to_dict()}, out_dir / "final.pt")
+        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+        torch.save({"params": params, "result": res.to_dict(), "local_numel": local}, out_dir / "final.pt")
 
 
 if __name__ == "__main__":
