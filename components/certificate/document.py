@@ -116,7 +116,10 @@ def _run_section(train_result: Mapping[str, Any]) -> dict:
             "train_records_commitment": train_result.get("train_records_commitment"),
             "steps_attempted": max(int(train_result["steps_run"]), int(train_result.get("steps_attempted") or 0)),
             "device": train_result.get("device"), "precision": train_result.get("precision"),
-            "world_size": train_result.get("world_size"), "sharding": train_result.get("sharding") or "none"}
+            "world_size": train_result.get("world_size"),
+            # only for a sharded run (absent: every rank held the whole model), so that earlier
+            # certificates and their recomputation stay byte-identical
+            **({"sharding": train_result["sharding"]} if train_result.get("sharding") not in (None, "none") else {})}
 
 
 def _checked_steps(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> tuple[int, list[str]]:

@@ -668,5 +668,5 @@ declare(
           "(a fixed word: audit or promotion)"),
 )
 # --- h-fsdp: sharded full fine-tuning (issue 24) -----------------------------------------------------------
-declare(Field("certificate", "run.sharding", P, "how the operator laid the model over its ranks (none or fsdp: "
-              "the policy's setting, when the run had more than one rank)"))
+declare(Field("certificate", "run.sharding", P, "how the operator laid the model over its ranks (fsdp: the "
+              "policy's setting, present only when the run was sharded over more than one rank)"))

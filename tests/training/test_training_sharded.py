@@ -108,7 +108,7 @@ def test_fsdp_two_ranks_match_single_process_and_certificate(tiny_lm, tiny_token
         certs.append(build_certificate(plan, res).to_dict())
     assert certs[0]["epsilon"] == certs[1]["epsilon"] and certs[0]["delta"] == certs[1]["delta"]
     assert (certs[0]["run"]["world_size"], certs[0]["run"]["sharding"]) == (2, "fsdp")
-    assert (certs[1]["run"]["world_size"], certs[1]["run"]["sharding"]) == (1, "none")
+    assert certs[1]["run"]["world_size"] == 1 and "sharding" not in certs[1]["run"]   # absent: not sharded
 
 
 def test_fsdp_settings_are_refused_where_they_cannot_run(tmp_path):
