@@ -223,6 +223,11 @@ class Training(_Strict):
     micro_batch_size: int = Field(default=8, ge=1)
     lora: LoRA | None = Field(default_factory=LoRA, description="null: full fine-tuning.")
     seed: int = Field(default=0, ge=0)
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32",
+        description="The base model's dtype in training: fp32, bf16, or fp16 (static loss scale). Per-unit norms, "
+                    "clipping, the clipped sum, the noise and the LoRA/master weights stay float32; ε does not "
+                    "depend on it.")
 
 
 class Filter(_Strict):

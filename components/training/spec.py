@@ -17,6 +17,7 @@ from components.mechanisms import names as mechanism_names
 MECHANISMS = mechanism_names()   # every registered mechanism (components.mechanisms)
 OPTIMIZERS = ("adam", "sgd")
 PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
+PRECISIONS = ("fp32", "bf16", "fp16")  # components.training.precision
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class TrainSpec:
     selection: the plan's strategy. Only "random-chunk" changes what training does: under ULS each
       visit of a user draws G random seq_len-token chunks of the user's concatenated text instead
       of G of their records. Other strategies were applied by planning (the data holds their pick).
+    precision: "fp32" (default), "bf16" or "fp16" (static loss scale): the base model's dtype. Per-unit
+      norms, clipping, the clipped sum, the noise and the trainable (LoRA or master) weights are
+      float32 in all three (components/training/precision.py). Part of `identity()`: a checkpoint
+      of another precision is not resumed.
     """
 
     mechanism: str
@@ -69,6 +74,7 @@ class TrainSpec:
     per_record: str = "auto"
     selection: str | None = None
     filter: dict | None = None
+    precision: str = "fp32"
 
     def __post_init__(self):
         def bad(name, why):
@@ -91,6 +97,8 @@ class TrainSpec:
             bad("learning_rate", f"must be > 0, got {self.learning_rate}")
         if self.optimizer not in OPTIMIZERS:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.precision not in PRECISIONS:
+            bad("precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.per_record not in PER_RECORD:
             bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
         if self.lora is not None:
@@ -121,7 +129,7 @@ class TrainSpec:
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
-        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora"):
+        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "precision"):
             if key in tr and (tr[key] is not None or key == "lora"):
                 kw[key] = tr[key]
         if "checkpoint_every" not in overrides:
