@@ -276,3 +276,23 @@ def test_epsilon_does_not_depend_on_precision(tiny_lm, tiny_tokenizer, tmp_path)
     assert certs["fp32"]["run"]["precision"] == "float32"
     assert certs["bf16"]["run"]["precision"] == ("bf16 base (fp32 per-unit norms, clipping, clipped sum and noise; "
                                                  "fp32 LoRA weights)")
+
+
+@pytest.mark.parametrize("cmd", ["train", "run"])
+def test_cli_refuses_an_unknown_precision_in_one_line(cmd, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("VEIL_HOME", str(tmp_path / "home"))
+    plan, src, base = tmp_path / "plan.json", tmp_path / "src.jsonl", tmp_path / "base"
+    for f in (plan, src):
+        f.write_text("{}")
+    base.mkdir()
+    args = (["train", "--plan", str(plan), "--base-model", str(base)] if cmd == "train" else
+            ["run", "--policy", str(ROOT / "policies" / "demo.yaml"), "--source", str(src), "--base-model", str(base),
+             "--no-prefect"])
+    res = CliRunner().invoke(app, args + ["--precision", "fp8"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--precision: 'fp8' is not one of fp32, bf16, fp16" in lines[0]
