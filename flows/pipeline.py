@@ -102,8 +102,8 @@ def plan_task(home, policy, snapshot_id, base_dir, exclusions_file=None):
 
 
 @task(name="train", **_task)
-def train_task(home, plan_path, base_dir):
-    return stages.train(load_settings(home), plan_path, base_dir)
+def train_task(home, plan_path, base_dir, precision=None):
+    return stages.train(load_settings(home), plan_path, base_dir, precision=precision)
 
 
 @task(name="certify", **_task)
@@ -147,8 +147,9 @@ def log_audit(log, summary: dict | None) -> None:
 def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                   public_corpus: str | None = None, base_model_dir: str | None = None,
                   model_name: str = "veil", mapping: dict | None = None, audit: bool = True,
-                  truth: str | None = None) -> dict:
-    """ingest → base model → plan → DP fine-tune → certificate → MLflow registration → audit."""
+                  truth: str | None = None, precision: str | None = None) -> dict:
+    """ingest → base model → plan → DP fine-tune → certificate → MLflow registration → audit.
+    `precision`: overrides the plan's training precision (fp32 | bf16 | fp16; a public setting)."""
     private_umask()
     settings = load_settings(home).ensure()
     home = str(settings.home)
@@ -167,7 +168,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
     planned = plan_task(home, policy, ing["snapshot_id"], base)
     log_step(log, "planned")
     log_plan(log, planned["plan"])
-    trained = train_task(home, planned["plan_path"], base)
+    trained = train_task(home, planned["plan_path"], base, precision)
     log_step(log, "trained")
     cert = certify_task(home, planned["plan_path"], trained)
     log.info("certificate %s: %s", *publish("prefect", {"certificate": [cert["sha256"][:12], describe_guarantee(cert)]})

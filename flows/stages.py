@@ -549,12 +549,14 @@ def _ledger_event(settings: Settings, reservation: dict | None, status: str, **d
 
 
 def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, progress: bool = True,
-          release: bool = True, out_dir: str | Path | None = None, adjust=None, drop_users=()) -> dict:
+          release: bool = True, out_dir: str | Path | None = None, adjust=None, drop_users=(),
+          precision: str | None = None) -> dict:
     """Train PLAN's run. `release=False` is a study's tuning run (flows/study.py): not a release, so
     nothing is charged to the ledger, and it trains in `out_dir`, never in the plan's run folder, so
     `certify`/`register` of the plan never see its weights. `adjust(spec, data) -> spec` changes the
     spec (the study's non-private reference); `drop_users` leaves people out (retired by a study's
-    own reservation)."""
+    own reservation). `precision` (fp32 | bf16 | fp16) overrides the plan's `training.precision`:
+    the base model is loaded in that dtype; the certificate records what ran."""
     import pyarrow.compute as pc
 
     from components.core.device import resolve_device
@@ -565,6 +567,8 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     from components.training import TrainSpec, train as run_training
 
     plan_doc = load_plan(plan_path).to_dict()
+    # the spec (and so a bad precision) is checked before any charge
+    spec = TrainSpec.from_plan(plan_doc, **({"precision": precision} if precision is not None else {}))
     annex = _annex(settings, plan_doc)
     data = training_data(settings, plan_doc, annex)
     if not release and out_dir is None:
@@ -594,8 +598,9 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
             meta = data.schema.metadata
             data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
             data = data.replace_schema_metadata(meta)
-        model, tokenizer = load_base(base_dir, device=device)
-        spec = TrainSpec.from_plan(plan_doc)
+        from components.training.precision import dtype_of
+
+        model, tokenizer = load_base(base_dir, device=device, dtype=dtype_of(spec.precision))
         if adjust is not None:
             spec = adjust(spec, data)
         try:

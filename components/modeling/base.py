@@ -230,10 +230,11 @@ def resolve_device(device: str | None) -> str:
     return _resolve(device, where="device")
 
 
-def load_base(path: str | Path, device: str = "cpu"):
+def load_base(path: str | Path, device: str = "cpu", dtype=None):
     """(model, tokenizer) from any local Hugging Face causal-LM directory; never touches the hub.
 
-    The model comes back in eval mode, float32, on `device` ("auto": CUDA if present). A tokenizer
+    The model comes back in eval mode, in `dtype` (default float32; training's bf16/fp16 precision
+    loads the base in 16 bits directly, never a float32 copy first), on `device` ("auto": CUDA if present). A tokenizer
     without a pad token gets its eos (or unk) as pad, so batching works for every model family;
     padded positions are always masked, so the choice does not change any score.
     """
@@ -257,7 +258,7 @@ def load_base(path: str | Path, device: str = "cpu"):
         # transformers builds the model on the meta device under a process-wide context: two threads
         # loading at once (a study's or an ensemble's thread/Dask-thread workers) leave one on meta
         with _LOAD_LOCK:
-            model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=dtype or torch.float32)
     except Exception as e:  # noqa: BLE001
         raise VeilError(f"{p}: cannot load a causal LM (model_type '{getattr(config, 'model_type', '?')}'): "
                         f"{type(e).__name__}: {e}") from None

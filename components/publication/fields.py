@@ -98,7 +98,8 @@ _CERT_PUBLIC = [
     ("assumptions", _CONST), ("coverage", _CONST), ("ignored_classes", _POLICY), ("sampling", _CONST),
 
     ("run.base_model.**", "hashes of the public base model"), ("run.tokenizer.**", "hashes of the public tokenizer"),
-    ("run.weights.kind", _CONST), ("run.device", "the operator's hardware"), ("run.precision", _POLICY),
+    ("run.weights.kind", _CONST), ("run.device", "the operator's hardware"),
+    ("run.precision", "the policy's training.precision or the operator's --precision, in fixed wording"),
     ("run.world_size", "the operator's hardware"),
     ("releases", "release ids of a multi-release certificate (public ledger ids)"),
     ("utility_forecast.thresholds.**", _CONST), ("utility_forecast.measure", _CONST),

@@ -23,6 +23,7 @@ from components.training.batches import BatchBuilder
 from components.training.data import records_by_user, tokenize_table, user_streams
 from components.training.distributed import DistContext
 from components.training.model_prep import prepare_model
+from components.training.precision import MasterWeights, cast_base, describe as describe_precision
 from components.training.sampling import PoissonSampler
 from components.training import sharding
 from components.training.spec import TrainResult, TrainSpec
@@ -40,12 +41,14 @@ def _data_fingerprint(*arrays: np.ndarray) -> str:
 TRAIN_RECORDS_SHA256_KEY = b"veil.train_records_sha256"
 
 
-def _device_and_precision(device: torch.device, params: list[torch.Tensor]) -> tuple[str, str]:
+def _device_and_precision(device: torch.device, params: list[torch.Tensor], spec: TrainSpec) -> tuple[str, str]:
     name = device.type
     if device.type == "cuda":
         name = f"cuda ({torch.cuda.get_device_name(device)})"
-    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in params})
-    prec = "/".join(dtypes)
+    if spec.precision == "fp32":
+        prec = "/".join(sorted({str(p.dtype).replace("torch.", "") for p in params}))
+    else:
+        prec = describe_precision(spec.precision, full_finetune=spec.lora is None)
     if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         prec += " (tf32 matmul)"
     return name, prec
@@ -73,6 +76,10 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     torch.manual_seed(int(spec.seed))
     mech = get_mechanism(spec.mechanism)
     mech.check_runtime(dctx.world_size)
+    if spec.precision != "fp32":
+        # the base in 16 bits (a no-op when loaded so); LoRA weights are made float32 by prepare_model,
+        # full fine-tuning's by the master copies below (components/training/precision.py)
+        model = cast_base(model, spec.precision)
     model = prepare_model(model, spec)
     model.train()
     sharded = sharding.active(spec, dctx)
@@ -112,15 +119,19 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         seed_source = "os_entropy"
     sampler = PoissonSampler(rates, private_seed)
 
-    opt = (torch.optim.SGD(params, lr=float(spec.learning_rate)) if spec.optimizer == "sgd"
-           else torch.optim.Adam(params, lr=float(spec.learning_rate)))
+    # the optimizer updates float32 masters of 16-bit trainable weights (full fine-tuning in bf16/fp16;
+    # DPStep copies them back into the model after each step), the weights themselves otherwise
+    masters = MasterWeights(named)
+    opt = (torch.optim.SGD(masters.params, lr=float(spec.learning_rate)) if spec.optimizer == "sgd"
+           else torch.optim.Adam(masters.params, lr=float(spec.learning_rate)))
 
     # --- resume -------------------------------------------------------------------------------
     start, losses, batch_sizes, resumed_from = 0, [], [], None
     halted_at = None  # a mechanism whose step may halt (filtered ULS): the step that halted it
     state = ckpt.load_checkpoint(out_dir) if resume else None
     if state is not None:
-        if state["spec"] != spec.identity():
+        # a checkpoint from before the precision setting trained in fp32
+        if {"precision": "fp32", **state["spec"]} != spec.identity():
             raise VeilError(f"{out_dir}: holds a checkpoint of a different training spec; "
                             "use a fresh folder or resume=False")
         if state["data"] != fingerprint:
@@ -134,8 +145,9 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
                 sharding.load_optimizer_state(model, opt, state["optimizer"])
             else:
                 with torch.no_grad():
-                    for n, p in named:
+                    for n, p in masters.named:
                         p.copy_(state["trainable"][n].to(p.device, p.dtype))
+                masters.sync()
                 opt.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
             if device.type == "cuda" and state.get("cuda_rng") is not None:
@@ -157,7 +169,8 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         ckpt.save_checkpoint(out_dir, {
             "step": step, "spec": spec.identity(), "data": fingerprint,
             "private_seed_sha": hashlib.sha256(str(private_seed).encode()).hexdigest(),
-            "trainable": trainable if sharded else {n: p.detach().cpu().clone() for n, p in named},
+            # float32 masters of 16-bit weights (the model's own weights otherwise)
+            "trainable": trainable if sharded else {n: p.detach().cpu().clone() for n, p in masters.named},
             "optimizer": optimizer if sharded else opt.state_dict(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
             "sampler": sampler.state_dict(step), "losses": losses, "batch_sizes": batch_sizes,
@@ -227,7 +240,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     base_fp, tok_fp = base_fingerprints(base_dir) if (base_dir is not None and dctx.is_main) else (None, None)
     meta = data.schema.metadata or {}
     data_sha = meta[TRAIN_RECORDS_SHA256_KEY].decode() if TRAIN_RECORDS_SHA256_KEY in meta else None
-    device_name, precision = _device_and_precision(device, params)
+    device_name, precision = _device_and_precision(device, params, spec)
     bs = np.array(batch_sizes, dtype=np.int64)
     result = TrainResult(
         steps_run=len(batch_sizes), mechanism=spec.mechanism, noise_multiplier=step_fn.sigma,  # 0 for nonprivate

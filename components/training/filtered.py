@@ -115,6 +115,9 @@ class FilteredStep:
         self.variant = variant
         self.nonfinite_units = 0
         self.per_unit = PerUnitGradients(model, [n for n, _ in self.named], int(micro_batch_size), per_record)
+        from components.training.precision import optimizer_targets
+
+        self.targets = optimizer_targets(self.named, optimizer)   # float32 masters of 16-bit weights
 
     def __call__(self, step: int, units, ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int, bool, float]:
         """(Σ record losses, records, passed, kept weight). When the test fails nothing is updated."""
@@ -138,11 +141,15 @@ class FilteredStep:
             raise VeilError(f"training step {step + 1}: the noisy update is not finite although no non-finite "
                             "user was kept: the model's numbers diverged; the run stops, its steps are still charged")
         offset = 0
-        for _, p in self.named:
-            p.grad = mean[offset:offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
+        for t in self.targets:
+            t.grad = mean[offset:offset + t.numel()].view_as(t).to(t.dtype)
+            offset += t.numel()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for (_, p), t in zip(self.named, self.targets):
+                if t is not p:
+                    p.copy_(t)
         return loss_sum, n_rec, True, kept
 
     def close(self) -> None:

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.training.precision import acc, acc_dtype
+
 Sampler = Callable[..., dict[str, torch.Tensor]]  # (module, input, grad_output, skip) -> {local: [B, ...]}
 _SAMPLERS: dict[type, Sampler] = {}
 
@@ -54,6 +56,7 @@ def _rms_norm(module, a, g, skip=frozenset()):
     if _wants(module, "weight", skip):
         x = a.float()
         x_hat = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + _rms_eps(module))
+        g = acc(g)  # a 16-bit output gradient: the per-record product in float32 (precision.py)
         prod = g * x_hat.to(g.dtype)
         out["weight"] = prod.reshape(prod.shape[0], -1, prod.shape[-1]).sum(1)
     return out
@@ -80,7 +83,7 @@ def _outer_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @register_grad_sampler(nn.Linear)
 def _linear(module, a, g, skip=frozenset()):
-    a, g = _flat(a, g)
+    a, g = _flat(acc(a), acc(g))  # 16-bit factors: per-record products in float32 (precision.py)
     out = {}
     if _wants(module, "weight", skip):
         out["weight"] = _outer_sum(g, a.to(g.dtype))
@@ -98,7 +101,7 @@ def _conv1d_types() -> tuple[type, ...]:
 
 
 def _conv1d(module, a, g, skip=frozenset()):  # HF GPT-2 Conv1D: y = x @ W + b, W is [in, out]
-    a, g = _flat(a, g)
+    a, g = _flat(acc(a), acc(g))
     out = {}
     if _wants(module, "weight", skip):
         out["weight"] = _outer_sum(a.to(g.dtype), g)
@@ -119,7 +122,7 @@ def _embedding(module, ids, g, skip=frozenset()):
         if ids.shape[0] != B:  # e.g. position ids [1, T] shared by the whole batch
             ids = ids.expand((B,) + tuple(ids.shape[1:]))
         ids = ids.reshape(B, -1)
-        g = g.reshape(B, -1, g.shape[-1])
+        g = acc(g).reshape(B, -1, g.shape[-1])
         if module.padding_idx is not None:  # the padding row never gets a gradient
             g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
         gw = torch.zeros((B,) + tuple(module.weight.shape), dtype=g.dtype, device=g.device)
@@ -131,6 +134,7 @@ def _embedding(module, ids, g, skip=frozenset()):
 
 @register_grad_sampler(nn.LayerNorm)
 def _layer_norm(module, a, g, skip=frozenset()):
+    a, g = acc(a), acc(g)
     x_hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
     dims = list(range(1, a.dim() - len(module.normalized_shape)))
     out = {}
@@ -209,7 +213,10 @@ class _Use:
             self.left, self.right = ids, g
         else:
             a, g = _flat(a, g)
-            a = a.to(g.dtype)
+            # the factors stay in the model's dtype (16 bits: half the memory while they wait for
+            # the clip factors); every product of them is taken in float32 (ghost_norm_sq, weighted_sum)
+            dt = torch.promote_types(a.dtype, g.dtype)
+            a, g = a.to(dt), g.to(dt)
             self.left, self.right = (g, a) if kind == "linear" else (a, g)
 
     def units(self, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,11 +240,12 @@ class _Use:
 
     def weighted_sum(self, f: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """Σ_r f_r Σ_t left_rt right_rtᵀ (f [B], one factor per record)."""
-        rf = self.right * f.to(self.right.dtype).view(-1, 1, 1)
+        right = acc(self.right)   # the clipped sum in float32 even for 16-bit factors
+        rf = right * f.to(right.dtype).view(-1, 1, 1)
         if self.onehot:
             out = rf.new_zeros(shape)
             return out.index_add_(0, self.left.reshape(-1), rf.reshape(-1, rf.shape[-1]))
-        return self.left.reshape(-1, self.left.shape[-1]).T @ rf.reshape(-1, rf.shape[-1])
+        return acc(self.left).reshape(-1, self.left.shape[-1]).T @ rf.reshape(-1, rf.shape[-1])
 
 
 def _gram(x: torch.Tensor, y: torch.Tensor, x_onehot: bool, y_onehot: bool, dtype) -> torch.Tensor:
@@ -252,8 +260,9 @@ def _gram(x: torch.Tensor, y: torch.Tensor, x_onehot: bool, y_onehot: bool, dtyp
 
 
 def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
-    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only."""
-    fs = [(u.units(slots), u.onehot) for u in uses]
+    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only. 16-bit
+    factors are upcast before the products: a unit's norm is never computed in 16 bits."""
+    fs = [((l if u.onehot else acc(l), acc(r)), u.onehot) for u in uses for l, r in [u.units(slots)]]
     total = None
     for j, ((lj, rj), oj) in enumerate(fs):
         for l in range(j, len(fs)):
@@ -330,6 +339,9 @@ class HookPerRecord:
         self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
         self._handles = []
         self._active = False
+        # fp16's static loss scale (precision.py): the backward runs on scale·loss and every output
+        # gradient is unscaled in float32 before a sampler or a norm sees it. 1: no scaling.
+        self.loss_scale = 1.0
         for m, _ in self.layers:
             self._handles.append(m.register_forward_hook(self._forward_hook))
 
@@ -352,7 +364,7 @@ class HookPerRecord:
         try:
             out = self._forward(ids)
             losses = loss_fn(out.logits, ids, lengths)
-            losses.sum().backward()
+            (losses.sum() * self.loss_scale).backward()
         finally:
             self._active = False
         per: dict[str, torch.Tensor] = {}
@@ -360,6 +372,7 @@ class HookPerRecord:
             acts = self._acts.get(id(m), [])
             grads = self._grads.get(id(m), [])[::-1]  # backward visits calls in reverse order
             for a, g in zip(acts, grads):
+                g = self._unscale(g)
                 if g.shape[0] != ids.shape[0]:
                     raise RuntimeError(f"{type(m).__name__}: output not batched per record "
                                        f"({tuple(g.shape)}); use per_record='vmap'")
@@ -374,7 +387,8 @@ class HookPerRecord:
         params = dict(self.model.named_parameters())
         for n in self.names:  # a trainable parameter the batch never touched: zero gradient
             if n not in per:
-                per[n] = torch.zeros((B,) + tuple(params[n].shape), dtype=params[n].dtype, device=ids.device)
+                per[n] = torch.zeros((B,) + tuple(params[n].shape), dtype=acc_dtype(params[n].dtype),
+                                     device=ids.device)
         return per, losses.detach()
 
     def clipped_group(self, ids: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor, owner: torch.Tensor,
@@ -435,17 +449,19 @@ class HookPerRecord:
                                    f"({tuple(g.shape)}); use per_record='vmap'")
             own = self._own(m)
             skip = set()
+            g = self._unscale(g.detach())
             if own.get("weight") in ghosted:
                 skip.add("weight")
-                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g.detach()))
-            for local, t in sampler_for(m)(m, a, g.detach(), frozenset(skip)).items():
+                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g))
+            for local, t in sampler_for(m)(m, a, g, frozenset(skip)).items():
                 name = own[local]
                 per_record[name] = per_record[name] + t if name in per_record else t
 
         outs = [o for _, _, o in calls]
         for m, a, o in calls:
             o.register_hook(lambda g, m=m, a=a: consume(g, m, a))
-        torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), _root_outputs(outs), allow_unused=True)
+        torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, _root_outputs(outs),
+                            allow_unused=True)
         del outs, calls
 
         sq = torch.zeros(n_units, dtype=torch.float64, device=ids.device)
@@ -477,8 +493,10 @@ class HookPerRecord:
         self.last_nonfinite = (~ok).sum()
         factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
         params = dict(self.model.named_parameters())
-        # by shape: under FSDP a parameter is a sharded DTensor whose .shape is the whole weight's
-        sums = {n: torch.zeros(params[n].shape, dtype=params[n].dtype, device=ids.device) for n in self.names}
+        # by shape: under FSDP a parameter is a sharded DTensor whose .shape is the whole weight's;
+        # float32 for 16-bit weights
+        sums = {n: torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=ids.device)
+                for n in self.names}
         for name, u in per_unit.items():
             u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
             sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)
@@ -489,6 +507,10 @@ class HookPerRecord:
                 u.drop_records(keep_rec)
                 sums[name] += u.weighted_sum(f_rec, sums[name].shape).to(sums[name].dtype)
         return sums, losses.detach()
+
+    def _unscale(self, g: torch.Tensor) -> torch.Tensor:
+        """An output gradient of scale·loss back to the loss's, in float32 (÷ a power of two: exact)."""
+        return g if self.loss_scale == 1.0 else g.float() / self.loss_scale
 
     def _forward(self, ids: torch.Tensor):
         # Per-row position ids: a [1, T] broadcast would sum the position-embedding gradient over

@@ -16,7 +16,10 @@ def prepare_model(model: torch.nn.Module, spec) -> torch.nn.Module:
     from components.modeling import attach_lora
     from components.modeling.lora import plan_lora_config
 
-    if isinstance(model, PeftModel):
-        return model
-    # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.
-    return attach_lora(model, plan_lora_config(spec.lora), seed=int(spec.seed))
+    from components.training.precision import trainable_to_float32
+
+    if not isinstance(model, PeftModel):
+        # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.
+        model = attach_lora(model, plan_lora_config(spec.lora), seed=int(spec.seed))
+    trainable_to_float32(model)   # float32 adapters on a 16-bit base, whatever peft's default
+    return model

@@ -17,6 +17,7 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from components.training.grad_samplers import row_sq_norms
+from components.training.precision import acc, acc_dtype, loss_scale_for
 
 
 def sequence_losses(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -60,11 +61,14 @@ def pack(units: list[Unit], micro_batch_size: int) -> list[list[Unit]]:
 class PerUnitGradients:
     """Computes Σ_u clip_C(Σ_{r∈u} w_u ∇ℓ_r) over the trainable parameters of `model`."""
 
-    def __init__(self, model: torch.nn.Module, names: list[str], micro_batch_size: int, method: str = "auto"):
+    def __init__(self, model: torch.nn.Module, names: list[str], micro_batch_size: int, method: str = "auto",
+                 loss_scale: float | None = None):
         """method: "mixed" (per-layer samplers on one batched backward; ghost norm or
         instantiation chosen per layer), "hooks" (always instantiate), "ghost" (ghost norm for
         every matmul weight), "vmap" (torch.func), or "auto" (mixed when every trainable layer
-        has a sampler, else vmap)."""
+        has a sampler, else vmap). loss_scale: fp16's static loss scale (None: from the model's
+        dtype, precision.loss_scale_for); per-record gradients are unscaled in float32 before any
+        norm. Every per-record gradient, norm and sum is float32 for a 16-bit model."""
         from components.training.grad_samplers import HookPerRecord, supported
 
         self.model = model
@@ -77,12 +81,17 @@ class PerUnitGradients:
         # mixed: ghost norm or instantiation chosen per layer; hooks: always instantiate; ghost:
         # ghost norm for every Linear/Conv1D weight (tests use the last two to pin both paths)
         self._ghost = {"mixed": "auto", "hooks": "never", "ghost": "always"}.get(method, "never")
+        self.loss_scale = float(loss_scale_for(model) if loss_scale is None else loss_scale)
+        if self._hooks is not None:
+            self._hooks.loss_scale = self.loss_scale
+        scale = self.loss_scale
 
         def loss_one(params, ids, length):
             out = functional_call(model, params, (ids.unsqueeze(0),), {"use_cache": False})
-            return sequence_losses(out.logits, ids.unsqueeze(0), length.unsqueeze(0))[0]
+            loss = sequence_losses(out.logits, ids.unsqueeze(0), length.unsqueeze(0))[0]
+            return loss * scale, loss
 
-        self._per_record = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")
+        self._per_record = vmap(grad_and_value(loss_one, has_aux=True), in_dims=(None, 0, 0), randomness="different")
         self._checked = self._hooks is None  # layer samplers are checked once, on real records
         self.nonfinite_units = 0  # units whose gradient was not finite and so contributed zero (private)
 
@@ -127,7 +136,10 @@ class PerUnitGradients:
         if self._hooks is not None:
             return self._hooks(ids, lengths, sequence_losses)
         params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
-        return self._per_record(params, ids, lengths)
+        grads, (_, losses) = self._per_record(params, ids, lengths)
+        # torch.func gives a 16-bit model's per-record gradients in 16 bits; the unit sums, norms and
+        # clipped sum that follow are float32 (and unscaled there, ÷ a power of two: exact)
+        return {n: acc(g) / self.loss_scale if self.loss_scale != 1.0 else acc(g) for n, g in grads.items()}, losses
 
     def close(self) -> None:
         if self._hooks is not None:
@@ -138,7 +150,8 @@ class PerUnitGradients:
                     clip_norm: float, device: torch.device) -> tuple[dict, float, int]:
         """Returns ({name: Σ clipped unit grads}, Σ record losses, records processed)."""
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        total = {n: torch.zeros_like(params[n]) for n in self.names}
+        total = {n: torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=params[n].device)
+                 for n in self.names}   # the clipped sum of 16-bit weights' gradients in float32
         loss_sum, n_rec = 0.0, 0
         bad = torch.zeros((), dtype=torch.int64, device=device)
         mbs = self.micro_batch_size
@@ -218,7 +231,7 @@ class PerUnitGradients:
                 unit_grads = g
                 continue
             if unit_grads is None:
-                unit_grads = {n: torch.zeros((len(group),) + params[n].shape, dtype=params[n].dtype,
+                unit_grads = {n: torch.zeros((len(group),) + params[n].shape, dtype=acc_dtype(params[n].dtype),
                                              device=device) for n in self.names}
             idx = torch.as_tensor(owner[sl], device=device)
             wt = torch.as_tensor(w[sl], device=device)

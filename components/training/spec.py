@@ -18,6 +18,7 @@ MECHANISMS = mechanism_names()   # every registered mechanism (components.mechan
 OPTIMIZERS = ("adam", "sgd")
 SHARDINGS = ("none", "fsdp")   # components.training.sharding
 PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
+PRECISIONS = ("fp32", "bf16", "fp16")  # components.training.precision
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class TrainSpec:
     sharding: "none" (every rank holds the whole model: data parallel) or "fsdp" (full fine-tuning
       under torchrun with weights, gradients and Adam state sharded across the ranks by FSDP2;
       components.training.sharding). Same update, same accounting, same ε.
+    precision: "fp32" (default), "bf16" or "fp16" (static loss scale): the base model's dtype. Per-unit
+      norms, clipping, the clipped sum, the noise and the trainable (LoRA or master) weights are
+      float32 in all three (components/training/precision.py). Part of `identity()`: a checkpoint
+      of another precision is not resumed.
     """
 
     mechanism: str
@@ -74,6 +79,7 @@ class TrainSpec:
     selection: str | None = None
     filter: dict | None = None
     sharding: str = "none"
+    precision: str = "fp32"
 
     def __post_init__(self):
         def bad(name, why):
@@ -96,6 +102,8 @@ class TrainSpec:
             bad("learning_rate", f"must be > 0, got {self.learning_rate}")
         if self.optimizer not in OPTIMIZERS:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.precision not in PRECISIONS:
+            bad("precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.per_record not in PER_RECORD:
             bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
         if self.sharding not in SHARDINGS:
@@ -133,7 +141,7 @@ class TrainSpec:
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
-        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "sharding"):
+        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "sharding", "precision"):
             if key in tr and (tr[key] is not None or key == "lora"):
                 kw[key] = tr[key]
         if "checkpoint_every" not in overrides:

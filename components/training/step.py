@@ -8,6 +8,7 @@ import torch
 
 from components.training.distributed import DistContext
 from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
+from components.training.precision import acc, acc_dtype, loss_scale_for, optimizer_targets
 from components.training.sampling import noise_seed
 
 
@@ -29,6 +30,10 @@ class DPStep:
         self.nonfinite_units = 0  # units dropped for a non-finite gradient, all ranks (private: never publish)
         self.per_unit = (PerUnitGradients(model, [n for n, _ in self.named], self.mbs, per_record)
                          if private else None)
+        # what the optimizer updates for each trainable weight: the weight, or its float32 master
+        # copy when the weight is 16-bit (precision.MasterWeights; copied back after each step)
+        self.targets = optimizer_targets(self.named, optimizer)
+        self.loss_scale = loss_scale_for(model)
 
     def __call__(self, step: int, units: list[Unit], ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
         """Runs step number `step` on this rank's `units`; returns (Σ record losses, records) over all ranks."""
@@ -61,11 +66,15 @@ class DPStep:
             raise VeilError(f"training step {step + 1}: the noisy update is not finite although every unit's "
                             "contribution was finite and clipped: the model's numbers diverged (lower the "
                             "learning rate or train in float32); the run stops, its steps are still charged")
-        for (_, p), g in zip(self.named, grads):
-            p.grad = (g / self.expected).to(p.dtype)
+        for t, g in zip(self.targets, grads):
+            t.grad = (g / self.expected).to(t.dtype)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.private and not all(bool(torch.isfinite(p).all()) for _, p in self.named):
+        with torch.no_grad():
+            for (_, p), t in zip(self.named, self.targets):
+                if t is not p:
+                    p.copy_(t)
+        if self.private and not all(bool(torch.isfinite(t).all()) for t in self.targets):
             # the weights are a function of the released noisy updates and the public start (post-
             # processing); non-finite weights (a model that was already NaN: every unit then
             # contributes zero) would only train noise from here on
@@ -94,9 +103,10 @@ class DPStep:
             lens = torch.as_tensor(lengths_all[r], device=device)
             out = self.model(input_ids=ids, use_cache=False)
             loss = sequence_losses(out.logits, ids, lens).sum()
-            loss.backward()
+            (loss * self.loss_scale).backward()
             loss_sum += float(loss.detach())
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [acc(p.grad) / self.loss_scale if p.grad is not None else torch.zeros_like(p, dtype=acc_dtype(p.dtype))
+                 for p in params]
         for p in params:
             p.grad = None
         return grads, loss_sum, len(recs)

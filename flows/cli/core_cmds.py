@@ -136,14 +136,14 @@ def _demo_synthetic(s, model_uri: str, quiet: bool) -> dict:
 
 
 def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=None, model_name="veil",
-               mapping=None, audit=True, truth=None) -> dict:
+               mapping=None, audit=True, truth=None, precision=None) -> dict:
     """The pipeline without Prefect (same stages, same artifacts)."""
     from flows import stages
 
     ing = stages.ingest(s, source, fmt, policy=policy, progress=True, **(mapping or {}))
     base = stages.base_model(s, public_corpus=public_corpus, base_model_dir=base_model_dir)
     planned = stages.plan(s, policy, snapshot_id=ing["snapshot_id"], base_dir=base)
-    trained = stages.train(s, planned["plan_path"], base)
+    trained = stages.train(s, planned["plan_path"], base, precision=precision)
     cert = stages.certify(s, planned["plan_path"], trained)
     reg = stages.register(s, name=model_name, certificate=cert, plan_path=planned["plan_path"], base_dir=base,
                           adapter_dir=trained.get("adapter_dir") or trained.get("model_dir"))
@@ -208,17 +208,32 @@ def base_model(corpus: str = typer.Argument(..., help="public, secret-free text:
         out.print(f"base model: {path}")
 
 
+_PRECISION = typer.Option(None, "--precision", help="fp32 | bf16 | fp16: the base model's dtype in training "
+                          "(default: the plan's training.precision, else fp32). Norms, clipping, noise and "
+                          "LoRA/master weights stay float32; ε is the same. A run folder's checkpoint of "
+                          "another precision is not resumed.")
+
+
+def check_precision(precision: Optional[str]) -> None:
+    from components.training.spec import PRECISIONS
+
+    if precision is not None and precision not in PRECISIONS:
+        raise VeilError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+
+
 def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `veil plan`"),
           base_model: Path = typer.Option(..., "--base-model", help="any local HF causal-LM directory"),
+          precision: Optional[str] = _PRECISION,
           json_out: bool = typer.Option(False, "--json")) -> None:
     """Run a plan: DP fine-tuning exactly as planned (resumes from its last checkpoint)."""
     from flows import stages
 
     if not plan.is_file():
         raise VeilError(f"{plan}: no such plan file")
+    check_precision(precision)
     quiet_third_party()
     s = settings_with_device()
-    res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model))
+    res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model), precision=precision)
     cert = stages.certify(s, plan, res)
     cert_path = Path(s.runs_dir) / plan_sha(plan)[:16] / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2, sort_keys=True))
@@ -320,10 +335,12 @@ def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Optio
         base_model: Optional[Path] = typer.Option(None, "--base-model", help="local HF causal-LM directory"),
         public_corpus: Optional[Path] = typer.Option(None, "--public-corpus", help="pretrain a base on this"),
         name: str = typer.Option("veil", "--name"), json_out: bool = typer.Option(False, "--json"),
+        precision: Optional[str] = _PRECISION,
         prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="run through Prefect (default), or the "
                                      "same stages in this process without a Prefect server")) -> None:
     """The whole pipeline on your own data, through Prefect (or, with --no-prefect, in this process)."""
     _check_inputs(policy, source, base_model, public_corpus)
+    check_precision(precision)
     quiet_third_party()
     s = settings_with_device()
     t0 = time.time()
@@ -334,10 +351,10 @@ def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Optio
         result = pipeline_flow(str(policy), str(source), fmt, home=str(s.home),
                                public_corpus=str(public_corpus) if public_corpus else None,
                                base_model_dir=str(base_model) if base_model else None, model_name=name,
-                               mapping=mapping)
+                               mapping=mapping, precision=precision)
     else:
         result = run_stages(s, str(policy), str(source), fmt, public_corpus=public_corpus, base_model_dir=base_model,
-                            model_name=name, mapping=mapping)
+                            model_name=name, mapping=mapping, precision=precision)
     _print_json(result) if json_out else out.print(_summary_table(result, time.time() - t0))
 
 

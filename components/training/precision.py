@@ -1,0 +1,131 @@
+"""Training precision: `fp32` (default), `bf16`, `fp16` (static loss scale).
+
+What runs in 16 bits: the base model's weights, activations and output gradients (the forward and
+the backward through the network). What never does: every per-unit gradient the clipping reads and
+sums, each unit's norm, the clip factors, the clipped sum, the noise and the weights the optimizer
+updates. The layer samplers upcast a 16-bit layer's input and output gradient to float32 *before*
+forming the per-record gradient (outer product) or the ghost-norm Gram products, so a unit's norm is
+the float32 norm of exactly the vector that is then scaled and summed: the clipped vector has norm
+≤ C up to float32 rounding, as in an fp32 run. A norm taken in bf16 (8 mantissa bits) could be off by
+~0.4 %, and the "clipped" contribution would then exceed C — a sensitivity, and so an ε, above what
+the certificate says.
+
+Trainable weights are float32 in every precision:
+- LoRA: the adapter's A/B matrices are float32 on a 16-bit frozen base (peft casts the layer input to
+  the adapter's dtype and the sum back to the base's).
+- Full fine-tuning: the model's weights are 16-bit (that is the memory saving), and the optimizer
+  updates a float32 master copy of each (`master_weights`), copied back into the model after every
+  step. Keeping the trainable weights in float32 instead would leave nothing in 16 bits for full
+  fine-tuning (every weight is trainable) unless the forward ran under autocast, which every forward
+  path (hooks, ghost, vmap, the self-check) would have to enter; a master copy needs no context at all
+  and an Adam update of lr·u ≪ a bf16 weight's spacing (2⁻⁸ relative) is not lost.
+
+fp16 loss scaling is static: the loss is multiplied by `FP16_LOSS_SCALE` (a public constant, a power
+of two, so scaling and unscaling are exact) and every per-record output gradient is divided by it in
+float32 before any norm is taken, so clipping sees true gradients. A unit whose scaled gradient
+overflows is non-finite and contributes zero, as any non-finite unit does (README "Non-finite unit
+gradients"): the decision reads that unit's own numbers only, because the scale is fixed. A dynamic
+scale (torch's GradScaler) would change with whether *any* unit of earlier batches overflowed — other
+people's data deciding whether yours is dropped — and is therefore not offered.
+"""
+from __future__ import annotations
+
+import torch
+
+from components.core.errors import VeilError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# 2¹⁰: fp16's smallest normal number is 6.1e-5; mean-over-tokens losses give output gradients of
+# order 1/T·p that underflow without scaling, while activations' gradients in a transformer rarely
+# reach 65504/1024 ≈ 64. Public (it is in this file); never adjusted from data (see module docstring).
+FP16_LOSS_SCALE = 1024.0
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def dtype_of(precision: str) -> torch.dtype:
+    if precision not in DTYPES:
+        raise VeilError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return DTYPES[precision]
+
+
+def acc(x: torch.Tensor) -> torch.Tensor:
+    """`x` in a dtype that per-unit norms and sums may be computed in: float32 for a 16-bit tensor,
+    unchanged otherwise (float32, float64, integer ids)."""
+    return x.float() if x.dtype in _HALF else x
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def loss_scale_for(model: torch.nn.Module) -> float:
+    """The static loss scale a model's backward runs with: FP16_LOSS_SCALE when any floating weight
+    is float16 (fp16's range needs it), else 1 (bf16 has float32's range)."""
+    return FP16_LOSS_SCALE if any(p.dtype == torch.float16 for p in model.parameters()) else 1.0
+
+
+def cast_base(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """The base model in the spec's precision (a no-op when it was loaded in it, as `veil train` does)."""
+    dt = dtype_of(precision)
+    if any(p.is_floating_point() and p.dtype != dt for p in model.parameters()):
+        model.to(dt)
+    return model
+
+
+def trainable_to_float32(model: torch.nn.Module) -> None:
+    """LoRA: the adapter's weights in float32 whatever the base's dtype (peft does this by default
+    today, `autocast_adapter_dtype`; done here too so a peft version that stops doing it cannot
+    silently train 16-bit adapters)."""
+    for p in model.parameters():
+        if p.requires_grad and p.dtype in _HALF:
+            p.data = p.data.float()
+
+
+class MasterWeights:
+    """Float32 master copies of a model's 16-bit trainable weights (full fine-tuning in bf16/fp16).
+
+    `params`: what the optimizer updates, in the order of `named` (the master for a 16-bit weight,
+    the weight itself otherwise); `sync()` rounds the masters into the model after each step."""
+
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]]):
+        self.named_model = list(named)
+        self.masters: dict[str, torch.Tensor] = {}
+        for n, p in self.named_model:
+            if p.dtype in _HALF:
+                self.masters[n] = p.detach().float().clone().requires_grad_(True)
+        self.params = [self.masters.get(n, p) for n, p in self.named_model]
+        self.named = [(n, t) for (n, _), t in zip(self.named_model, self.params)]
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        for n, p in self.named_model:
+            if n in self.masters:
+                p.copy_(self.masters[n])
+
+
+def optimizer_targets(named: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer) -> list:
+    """For each trainable weight in `named`, the tensor `optimizer` updates: the weight itself, or
+    — for a 16-bit weight — its float32 master (the optimizer was built over `MasterWeights.params`,
+    in the same order). A 16-bit weight the optimizer would update in place is refused: Adam's steps
+    of lr·u below a bf16 weight's spacing would be lost."""
+    if not any(p.dtype in _HALF for _, p in named):
+        return [p for _, p in named]
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(held) != len(named) or any(m.shape != p.shape for m, (_, p) in zip(held, named)):
+        raise VeilError("16-bit trainable weights: build the optimizer over "
+                        "components.training.precision.MasterWeights(trainable).params (same order)")
+    for m, (n, p) in zip(held, named):
+        if p.dtype in _HALF and m.dtype in _HALF:
+            raise VeilError(f"trainable weight {n} is {str(p.dtype).replace('torch.', '')} and the optimizer updates "
+                            "it in place: give it a float32 master (components.training.precision.MasterWeights)")
+    return held
+
+
+def describe(precision: str, full_finetune: bool) -> str:
+    """The run's precision as the certificate states it (fp32: the dtype name, as before)."""
+    if precision == "fp32":
+        return "float32"
+    weights = "fp32 master weights" if full_finetune else "fp32 LoRA weights"
+    scale = f"static loss scale {FP16_LOSS_SCALE:g}; " if precision == "fp16" else ""
+    return f"{precision} base ({scale}fp32 per-unit norms, clipping, clipped sum and noise; {weights})"
