@@ -164,11 +164,12 @@ RESTORE = ("restore it from a backup (it holds every person's lifetime spend: a 
            "everyone's budget), or point VEIL_LEDGER_URL at the team's ledger")
 
 
-def _create_aside(path: Path, tables: MetaData | None = None) -> None:
+def _create_aside(path: Path, tables: MetaData | None = None, fill: Callable[[Connection], None] | None = None) -> None:
     """Create an SQLite ledger's file once, atomically: the schema is written to a private file beside
     it, which is then hard-linked into place (never over an existing file: a concurrent creator's wins).
     So `path` never exists empty or half-made, and an empty or garbled file found there later is damage
-    to refuse, not a ledger to re-initialise (components.core.sqlite_files)."""
+    to refuse, not a ledger to re-initialise (components.core.sqlite_files). `fill`: rows written with the
+    tables (a migration's), in the same transaction."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{random.randrange(1 << 30)}.new")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))   # private: per-person rows
     try:
@@ -176,6 +177,8 @@ def _create_aside(path: Path, tables: MetaData | None = None) -> None:
         try:
             with eng.begin() as conn:
                 (tables or metadata).create_all(conn)
+                if fill is not None:
+                    fill(conn)
         finally:
             eng.dispose()
         with open(tmp, "rb+") as f:
