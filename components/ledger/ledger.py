@@ -226,6 +226,8 @@ class Ledger:
             rows = [{"linked_key": c, "person_key": pk, "created_at": at}
                     for c in sorted(known) for pk in sorted(want[c]) if (c, pk) not in have]
             st.insert_ignore(conn, st.person_links, rows)
+            if rows:     # closures changed: a reservation priced before this re-prices everyone (_Pricing)
+                st.bump_state(conn, links=True)
             return len(rows)
 
         return st.transact(self.engine, work)
@@ -277,18 +279,19 @@ class Ledger:
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
         _one_key_each(ids, pkeys, "this release")
-        n = len(self.orders)
-        cost_mat = np.zeros((len(ids), n))
-        for j, i in enumerate(ids):
-            v = np.asarray(costs[i].rdp, dtype=float)
-            if v.shape != (n,) or np.any(np.isnan(v)) or np.any(v < 0):
-                raise VeilError("ledger: a cost curve is not a non-negative curve on the ledger's orders")
-            cost_mat[j] = v
+        cost_mat = self._cost_matrix(costs, ids, "a cost curve")
         asked = Budget.parse(budget)
         sec = _check_secrets(secrets or ())
         skeys = [self.secret_key(c.secret_id) for c in sec]
         if len(set(skeys)) != len(skeys):
             raise VeilError("ledger: a secret is listed twice in this release (after canonicalisation)")
+        new_replace = relation_of(mechanism) == "replace"
+        # Priced outside the write lock (issue 27): the people's spend, their cost under it and the rows the
+        # reservation will write; inside, only what changed since is re-read and re-priced (`_Pricing`).
+        pr = self._snapshot(pkeys, cost_mat, mechanism, new_replace)
+        rows_of = np.array([int(costs[i].rows) for i in ids], dtype=np.int64)
+        rate_of = np.array([float(costs[i].sampling_rate) for i in ids], dtype=float)
+        params_json = json.dumps(dict(params), sort_keys=True, default=float)
 
         def work(conn: Connection) -> tuple[int, np.ndarray, Budget | None, np.ndarray]:
             if unique:
@@ -304,49 +307,50 @@ class Ledger:
                 raise VeilError(f"ledger: its lifetime budget is ε={have.epsilon:g}, δ={have.delta:g} (fixed when "
                                 f"it was first set); this release asks ε={asked.epsilon:g}, δ={asked.delta:g}. A "
                                 "filter's budget cannot change: make the policy's lifetime_budget match")
-            by = st.spend_by_mechanism(conn, pkeys, n)
-            new_replace = relation_of(mechanism) == "replace"
-            spent, charged = np.zeros((len(pkeys), n)), cost_mat.copy()
-            for j, k in enumerate(pkeys):
-                spent[j], replace = effective_spend(by.get(k, {}), self.orders, replace=new_replace)
-                if replace and not new_replace:     # an add/remove release, read under the replace relation
-                    charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
+            pr.refresh(conn)
             if have is None:
                 ok = np.ones(len(pkeys), dtype=bool)
             else:
                 cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
                                       self._filter_weights(m, have))
-                ok = _rdp.admits_many(spent, charged, cap)
+                ok = _rdp.admits_many(pr.spent, pr.charged, cap)
             at = st.now()
-            rid = conn.execute(st.releases.insert().values(
-                kind=kind, mechanism=mechanism, plan_sha256=plan_sha256,
-                params=json.dumps(dict(params), sort_keys=True, default=float),
-                admitted=int(ok.sum()), retired=int((~ok).sum()), created_at=at)).inserted_primary_key[0]
+            rid = int(conn.execute(st.releases.insert().values(
+                kind=kind, mechanism=mechanism, plan_sha256=plan_sha256, params=params_json,
+                admitted=int(ok.sum()), retired=int((~ok).sum()), created_at=at)).inserted_primary_key[0])
             if unique:   # the database's own guard: a second row for this plan cannot commit
                 conn.execute(st.plan_releases.insert().values(plan_sha256=str(plan_sha256), release_id=rid))
-            st.insert_ignore(conn, st.people, [{"person_key": k, "first_release_id": rid, "created_at": at}
-                                               for k in pkeys])
             sok = _reserve_secrets(conn, rid, sec, skeys)
             detail = {"admitted": int(ok.sum()), "retired": int((~ok).sum())}
             if sec:
                 detail.update(secrets_charged=int(sok.sum()), secrets_dropped=int((~sok).sum()))
             conn.execute(st.events.insert().values(release_id=rid, status="reserved", at=at,
                                                    detail=json.dumps(detail)))
-            rows = [{"person_key": k, "release_id": rid, "rdp": st.dumps_curve(cost_mat[j]),
-                     "rows": int(costs[ids[j]].rows), "sampling_rate": float(costs[ids[j]].sampling_rate)}
-                    for j, k in enumerate(pkeys) if ok[j]]
-            for i in range(0, len(rows), st._CHUNK):
-                conn.execute(st.charges.insert(), rows[i:i + st._CHUNK])
-            out = [{"person_key": k, "release_id": rid} for j, k in enumerate(pkeys) if not ok[j]]
-            for i in range(0, len(out), st._CHUNK):
-                conn.execute(st.exclusions.insert(), out[i:i + st._CHUNK])
-            return int(rid), ok, have, sok
+            pr.write(conn, rid, at, ok, rows_of, rate_of)
+            return rid, ok, have, sok
 
         rid, ok, have, sok = st.transact(self.engine, work)
         return Reservation(release_id=rid, admitted=tuple(i for i, a in zip(ids, ok) if a),
                            retired=tuple(i for i, a in zip(ids, ok) if not a), budget=have, orders=self.orders,
                            secrets_charged=tuple(c.secret_id for c, a in zip(sec, sok) if a),
                            secrets_dropped=tuple(c.secret_id for c, a in zip(sec, sok) if not a))
+
+    def _cost_matrix(self, costs: Mapping[str, PersonCost], ids: list[str], what: str) -> np.ndarray:
+        """The (people × orders) cost matrix, checked whole: one non-negative curve per person on the grid."""
+        n = len(self.orders)
+        if not ids:
+            return np.zeros((0, n))
+        try:
+            mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids], dtype=float).reshape(len(ids), -1)
+        except ValueError:
+            mat = None
+        if mat is None or mat.shape != (len(ids), n) or np.any(np.isnan(mat)) or np.any(mat < 0):
+            raise VeilError(f"ledger: {what} is not a non-negative curve on the ledger's orders")
+        return mat
+
+    def _snapshot(self, pkeys: list[str], cost_mat: np.ndarray, mechanism: str, new_replace: bool) -> "_Pricing":
+        with st.read_only(self.engine) as conn:
+            return _Pricing(self.orders, pkeys, cost_mat, mechanism, new_replace, conn)
 
     def forecast(self, *, mechanism: str, costs: Mapping[str, PersonCost], budget: Budget | None = None) -> dict | None:
         """What the filter would do with releases costing `costs` (a plan's people), read now: per person
@@ -361,14 +365,8 @@ class Ledger:
         pkeys = [self.person_key(i) for i in ids]
         n = len(self.orders)
         cost_mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids]).reshape(len(ids), n)
-        with st.read_only(self.engine) as conn:
-            by = st.spend_by_mechanism(conn, pkeys, n)
-        new_replace = relation_of(mechanism) == "replace"
-        spent, charged = np.zeros((len(ids), n)), cost_mat.copy()
-        for j, k in enumerate(pkeys):
-            spent[j], replace = effective_spend(by.get(k, {}), self.orders, replace=new_replace)
-            if replace and not new_replace:
-                charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
+        pr = self._snapshot(pkeys, cost_mat, mechanism, relation_of(mechanism) == "replace")
+        spent, charged = pr.spent, pr.charged
         cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
                               self.order_weights if self.budget() is not None else None)
         left = _rdp.releases_left(spent, charged, cap) if len(ids) else np.zeros(0)
@@ -398,12 +396,12 @@ class Ledger:
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
         _one_key_each(ids, pkeys, "this population estimate")
-        n = len(self.orders)
-        cost_mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids]).reshape(len(ids), n)
-        if np.any(np.isnan(cost_mat)) or np.any(cost_mat < 0):
-            raise VeilError("ledger: a population cost curve is not a non-negative curve on the ledger's orders")
+        cost_mat = self._cost_matrix(costs, ids, "a population cost curve")
         asked = Budget.parse(budget)
         key = f"population:{release_key}"[:64]
+        pr = self._snapshot(pkeys, cost_mat, mechanism, False)
+        rows_of = np.array([int(costs[i].rows) for i in ids], dtype=np.int64)
+        rate_of = np.array([float(costs[i].sampling_rate) for i in ids], dtype=float)
 
         def work(conn: Connection) -> tuple[int | None, bool, np.ndarray]:
             old = conn.execute(select(st.releases.c.id).where(st.releases.c.kind == "population",
@@ -421,32 +419,23 @@ class Ledger:
                                 "filter's budget cannot change: make the policy's lifetime_budget match")
             ok = np.ones(len(ids), dtype=bool)
             if have is not None:
-                by = st.spend_by_mechanism(conn, pkeys, n)
-                spent, charged = np.zeros((len(ids), n)), cost_mat.copy()
-                for j, k in enumerate(pkeys):
-                    spent[j], replace = effective_spend(by.get(k, {}), self.orders)
-                    if replace:
-                        charged[j] = _rdp.replace_of_add_remove(cost_mat[j], self.orders)
+                pr.refresh(conn)
                 cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
                                       self._filter_weights(m, have))
-                ok = _rdp.admits_many(spent, charged, cap)
+                ok = _rdp.admits_many(pr.spent, pr.charged, cap)
                 if not ok.all():
                     return None, False, ok
+            else:
+                pr.refresh(conn)
             at = st.now()
-            rid = conn.execute(st.releases.insert().values(
+            rid = int(conn.execute(st.releases.insert().values(
                 kind="population", mechanism=mechanism, plan_sha256=key,
                 params=json.dumps(dict(params), sort_keys=True, default=float),
-                admitted=len(ids), retired=0, created_at=at)).inserted_primary_key[0]
-            st.insert_ignore(conn, st.people, [{"person_key": k, "first_release_id": rid, "created_at": at}
-                                               for k in pkeys])
+                admitted=len(ids), retired=0, created_at=at)).inserted_primary_key[0])
             conn.execute(st.events.insert().values(release_id=rid, status="reserved", at=at,
                                                    detail=json.dumps({"population": True, "admitted": len(ids)})))
-            rows = [{"person_key": k, "release_id": rid, "rdp": st.dumps_curve(cost_mat[j]),
-                     "rows": int(costs[ids[j]].rows), "sampling_rate": float(costs[ids[j]].sampling_rate)}
-                    for j, k in enumerate(pkeys)]
-            for i in range(0, len(rows), st._CHUNK):
-                conn.execute(st.charges.insert(), rows[i:i + st._CHUNK])
-            return int(rid), True, ok
+            pr.write(conn, rid, at, ok, rows_of, rate_of)
+            return rid, True, ok
 
         rid, new, ok = st.transact(self.engine, work)
         return PopulationCharge(release_id=rid, new=new, refused=tuple(i for i, a in zip(ids, ok) if not a))
@@ -549,59 +538,39 @@ class Ledger:
     def spend(self, person_ids: list[str]) -> dict[str, np.ndarray]:
         """RDP spend per person id under the relation their releases need (`effective_spend`; zeros for
         someone never charged). Private."""
-        with st.read_only(self.engine) as conn:
-            keys = [self.person_key(i) for i in person_ids]
-            by = st.spend_by_mechanism(conn, keys, len(self.orders))
-        return {i: effective_spend(by.get(k, {}), self.orders)[0] for i, k in zip(person_ids, keys)}
-
-    def _spend_rows(self, people: list[str], rel, ch) -> np.ndarray:
-        """people × orders effective spend from every charge (`effective_spend`)."""
-        mech = {r.id: r.mechanism for r in rel}
-        by: dict[str, dict[str, np.ndarray]] = {}
-        for r in ch:
-            d = by.setdefault(r.person_key, {})
-            m = mech[r.release_id]
-            d[m] = d.get(m, 0.0) + np.asarray(json.loads(r.rdp), dtype=float)
-        n = len(self.orders)
-        return np.array([effective_spend(by.get(k, {}), self.orders)[0] for k in people]).reshape(len(people), n)
+        keys = [self.person_key(i) for i in person_ids]
+        pr = self._snapshot(keys, np.zeros((len(keys), len(self.orders))), "", False)
+        return {i: pr.spent[j].copy() for j, i in enumerate(person_ids)}
 
     def _read_weights(self, m: Mapping[str, str]) -> np.ndarray | None:
         return _weights_of(m, self.conversion, self.orders, self._where())
 
-    def _all(self):
+    def _people(self) -> "_People":
+        """Every person's effective spend, charges and retirements (linked pseudonyms folded in), from the
+        running spend and two GROUP BYs; cached until the ledger's seq moves (every write that changes any
+        of them moves it)."""
         with st.read_only(self.engine) as conn:
-            m = st.read_meta(conn)
-            people = [r.person_key for r in conn.execute(select(st.people.c.person_key).order_by(st.people.c.person_key))]
-            rel = conn.execute(select(st.releases.c.id, st.releases.c.mechanism, st.releases.c.kind)
-                               .order_by(st.releases.c.id)).all()
-            ch = conn.execute(select(st.charges.c.person_key, st.charges.c.release_id, st.charges.c.rdp)).all()
-            ex = conn.execute(select(st.exclusions.c.person_key, st.exclusions.c.release_id)).all()
-            first = {r.person_key: r.first_release_id for r in conn.execute(select(st.people))}
-            links = st.read_links(conn)
-        if links:   # linked pseudonyms are their person (store.person_links): fold them in every view
-            people, ch, ex, first = _fold_links(people, ch, ex, first, links)
-        return m, people, rel, ch, ex, first
+            seq = st.read_state(conn)[0]
+            got = getattr(self, "_people_cache", None)
+            if got is not None and got.seq == seq:
+                return got
+            got = _People.read(conn, self.orders, seq)
+        self._people_cache = got
+        return got
 
     def person_rows(self) -> list[dict]:
         """Per person: pseudonym, RDP spend as ε(δ), releases charged, times retired. PRIVATE — write it
         only under the private area."""
-        m, people, rel, ch, ex, _ = self._all()
+        with st.read_only(self.engine) as conn:
+            m = st.read_meta(conn)
+        ps = self._people()
         b = _budget_of(m)
         delta = b.delta if b else None
-        idx = {k: j for j, k in enumerate(people)}
-        n = len(self.orders)
-        spend = self._spend_rows(people, rel, ch)
-        count = np.zeros(len(people), dtype=int)
-        for r in ch:
-            count[idx[r.person_key]] += 1
-        retired = np.zeros(len(people), dtype=int)
-        for r in ex:
-            retired[idx[r.person_key]] += 1
-        eps = (_rdp.epsilon_of_spend(spend, delta, self.orders, self.conversion, self._read_weights(m))
-               if (delta and len(people))
-               else [None] * len(people))
+        eps = (_rdp.epsilon_of_spend(ps.spend, delta, self.orders, self.conversion, self._read_weights(m))
+               if (delta and len(ps.keys))
+               else [None] * len(ps.keys))
         return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
-                 "times_retired": int(t)} for k, e, c, t in zip(people, eps, count, retired)]
+                 "times_retired": int(t)} for k, e, c, t in zip(ps.keys, eps, ps.charges, ps.retired)]
 
     def secret_spend(self, secret_ids: list[str]) -> dict[str, float]:
         """Lifetime KL per secret id (0 for a secret never charged). Private: the ids carry values."""
@@ -655,17 +624,21 @@ class Ledger:
 
     def summary(self) -> dict:
         """Aggregates only: safe to print."""
-        m, people, rel, ch, ex, _ = self._all()
+        with st.read_only(self.engine) as conn:
+            m = st.read_meta(conn)
+            by_mech = conn.execute(select(st.releases.c.mechanism, func.count())
+                                   .group_by(st.releases.c.mechanism)).all()
+        ps = self._people()
         b = _budget_of(m)
-        rows = self.person_rows() if people else []
-        eps = np.array([r["epsilon"] for r in rows if r["epsilon"] is not None], dtype=float)
         spend = {"max_epsilon": None, "median_epsilon": None, "min_epsilon": None}
-        if len(eps):
+        if b is not None and len(ps.keys):
+            eps = _rdp.epsilon_of_spend(ps.spend, b.delta, self.orders, self.conversion, self._read_weights(m))
             spend = {"max_epsilon": float(eps.max()), "median_epsilon": float(np.median(eps)),
                      "min_epsilon": float(eps.min())}
-        uncovered = sum(1 for r in rel if not _person_claim(r.mechanism))
+        uncovered = sum(int(c) for mech, c in by_mech if not _person_claim(mech))
         return {"budget": None if b is None else {"epsilon": b.epsilon, "delta": b.delta},
-                "people": len(people), "retired": len({r.person_key for r in ex}), "releases": len(rel),
+                "people": len(ps.keys), "retired": int((ps.retired > 0).sum()),
+                "releases": sum(int(c) for _, c in by_mech),
                 "persons_not_covered": {
                     "releases": uncovered,
                     "statement": ("every release is charged to the people it trained on" if not uncovered else
@@ -687,41 +660,43 @@ class Ledger:
                                       "for the class' prior κ. The guarantee is the class' γ target"}
 
     def burn_down(self) -> list[dict]:
-        """After each release: max, median and min ε(δ) over the people known so far. Aggregates only."""
-        m, people, rel, ch, ex, first = self._all()
-        b = _budget_of(m)
-        if b is None or not rel:
-            return []
-        idx = {k: j for j, k in enumerate(people)}
-        by_release: dict[int, list] = {}
-        for r in ch:
-            by_release.setdefault(r.release_id, []).append(r)
-        n = len(self.orders)
-        ar, rep = np.zeros((len(people), n)), np.zeros((len(people), n))
-        has_rep = np.zeros(len(people), dtype=bool)
-        firsts = np.array([first[k] for k in people]) if people else np.zeros(0)
-        retired_by: dict[int, int] = {}
-        for r in ex:
-            retired_by[r.release_id] = retired_by.get(r.release_id, 0) + 1
-        out = []
-        for r in rel:
-            replace = relation_of(r.mechanism) == "replace"
-            for c in by_release.get(r.id, []):
-                j = idx[c.person_key]
-                (rep if replace else ar)[j] += np.asarray(json.loads(c.rdp), dtype=float)
-                has_rep[j] |= replace
-            spend = ar.copy()
-            if has_rep.any():
-                spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
-            known = firsts <= r.id
-            e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion, self._read_weights(m))
-                 if known.any()
-                 else np.zeros(0))
-            out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
-                        "retired": retired_by.get(r.id, 0),
-                        "max_epsilon": float(np.max(e)) if len(e) else 0.0,
-                        "median_epsilon": float(np.median(e)) if len(e) else 0.0,
-                        "min_epsilon": float(np.min(e)) if len(e) else 0.0})
+        """After each release: max, median and min ε(δ) over the people known so far. Aggregates only.
+        Reads the charges release by release (their index), never all at once."""
+        with st.read_only(self.engine) as conn:
+            m = st.read_meta(conn)
+            b = _budget_of(m)
+            rel = conn.execute(select(st.releases.c.id, st.releases.c.mechanism).order_by(st.releases.c.id)).all()
+            if b is None or not rel:
+                return []
+            ps = self._people()
+            n = len(self.orders)
+            ar, rep = np.zeros((len(ps.keys), n)), np.zeros((len(ps.keys), n))
+            has_rep = np.zeros(len(ps.keys), dtype=bool)
+            retired_by = dict(conn.execute(select(st.exclusions.c.release_id, func.count())
+                                           .group_by(st.exclusions.c.release_id)).all())
+            weights = self._read_weights(m)
+            out = []
+            for r in rel:
+                replace = relation_of(r.mechanism) == "replace"
+                ch = conn.execute(select(st.charges.c.person_key, st.charges.c.rdp)
+                                  .where(st.charges.c.release_id == r.id)).all()
+                if ch:
+                    tj, ri = ps.targets([c.person_key for c in ch])
+                    mat = st.decode_curves([c.rdp for c in ch], n)
+                    np.add.at(rep if replace else ar, tj, mat[ri])
+                    if replace:
+                        has_rep[tj] = True
+                spend = ar.copy()
+                if has_rep.any():
+                    spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
+                known = ps.first <= r.id
+                e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion, weights)
+                     if known.any() else np.zeros(0))
+                out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
+                            "retired": int(retired_by.get(r.id, 0)),
+                            "max_epsilon": float(np.max(e)) if len(e) else 0.0,
+                            "median_epsilon": float(np.median(e)) if len(e) else 0.0,
+                            "min_epsilon": float(np.min(e)) if len(e) else 0.0})
         return out
 
 
@@ -757,13 +732,12 @@ def _one_key_each(ids: list[str], pkeys: list[str], what: str) -> None:
                                     f"[[{pairs[0][0]!r}, {pairs[0][1]!r}]]")
 
 
-def _fold_links(people: list[str], ch, ex, first: dict, links: dict[str, set[str]]):
+def _fold_links(people: list[str], first: dict, links: dict[str, set[str]]):
     """The views' people with linked pseudonyms folded in: each listed person's charges and retirements
     include those of every key linked into it (transitively; a key linked into two people counts for
     both, as in `reserve`). A key linked into another is not a person of its own — unless its links
-    lead only back into a cycle, whose smallest key then stands for it."""
-    from types import SimpleNamespace
-
+    lead only back into a cycle, whose smallest key then stands for it. Returns (listed people, key →
+    the listed people its rows count for, listed person → first release)."""
     pset = set(people)
     into: dict[str, set[str]] = {}
     for linked, targets in links.items():
@@ -794,11 +768,219 @@ def _fold_links(people: list[str], ch, ex, first: dict, links: dict[str, set[str
     for k, ms in members.items():
         for x in ms:
             owner.setdefault(x, []).append(k)
-    ch2 = [SimpleNamespace(person_key=k, release_id=r.release_id, rdp=r.rdp)
-           for r in ch for k in owner.get(r.person_key, ())]
-    ex2 = [SimpleNamespace(person_key=k, release_id=r.release_id) for r in ex for k in owner.get(r.person_key, ())]
     first2 = {k: min(first[x] for x in members[k] if x in first) for k in listed}
-    return listed, ch2, ex2, first2
+    return listed, owner, first2
+
+
+@dataclass
+class _People:
+    """Every listed person (linked pseudonyms folded in: `_fold_links`) with their effective spend, number of
+    charges and of retirements, and first release: what `veil ledger`'s views read. From the running spend
+    (one row per pseudonym and mechanism), not from the charges."""
+    seq: int
+    keys: list
+    spend: np.ndarray
+    charges: np.ndarray
+    retired: np.ndarray
+    first: np.ndarray
+    idx: dict
+    owner: dict | None
+
+    def targets(self, row_keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(listed person index, row index) pairs for rows keyed by pseudonym: one per row, or, with links,
+        one per person the row's key counts for."""
+        tj, ri = [], []
+        if self.owner is None:
+            idx = self.idx
+            return np.array([idx[k] for k in row_keys], dtype=np.int64), np.arange(len(row_keys))
+        for i, k in enumerate(row_keys):
+            for o in self.owner.get(k, ()):
+                tj.append(self.idx[o])
+                ri.append(i)
+        return np.array(tj, dtype=np.int64), np.array(ri, dtype=np.int64)
+
+    @classmethod
+    def read(cls, conn: Connection, orders, seq: int) -> "_People":
+        n = len(orders)
+        rows = conn.execute(select(st.people.c.person_key, st.people.c.first_release_id)
+                            .order_by(st.people.c.person_key)).all()
+        links = st.read_links(conn)
+        first = {r.person_key: int(r.first_release_id) for r in rows}
+        if links:
+            keys, owner, first = _fold_links([r.person_key for r in rows], first, links)
+        else:
+            keys, owner = [r.person_key for r in rows], None
+        idx = {k: j for j, k in enumerate(keys)}
+        out = cls(seq, keys, np.zeros((len(keys), n)), np.zeros(len(keys), dtype=np.int64),
+                  np.zeros(len(keys), dtype=np.int64), np.array([first[k] for k in keys], dtype=np.int64), idx, owner)
+        ks, ms, mat, cnt = st.spend_rows(conn, None, n)
+        tj, ri = out.targets(ks)
+        rep_row = np.array([relation_of(mm) == "replace" for mm in ms], dtype=bool) if ms else np.zeros(0, bool)
+        ar, rep = np.zeros_like(out.spend), np.zeros_like(out.spend)
+        has_rep = np.zeros(len(keys), dtype=bool)
+        sel = rep_row[ri]
+        np.add.at(ar, tj[~sel], mat[ri[~sel]])
+        np.add.at(rep, tj[sel], mat[ri[sel]])
+        has_rep[tj[sel]] = True
+        np.add.at(out.charges, tj, cnt[ri])
+        out.spend = ar
+        if has_rep.any():
+            out.spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], orders)
+        ret = conn.execute(select(st.exclusions.c.person_key, func.count()).group_by(st.exclusions.c.person_key)).all()
+        if ret:
+            rj, rri = out.targets([r[0] for r in ret])
+            np.add.at(out.retired, rj, np.array([int(r[1]) for r in ret], dtype=np.int64)[rri])
+        return out
+
+
+class _Pricing:
+    """One release's pricing, computed outside the write lock and checked inside it (issue 27).
+
+    Made from a read: the ledger's seq FIRST, then the identity links, then the running-spend rows of the
+    release's people and of every pseudonym linked into them. Whatever a writer commits after that seq
+    read carries a larger seq (`ledger_spend.seq`, `ledger_state.links_seq`), so `refresh`, inside the
+    reserving transaction, re-reads exactly what may have moved: nothing when the seq is unchanged (O(1)),
+    every person whose own or linked rows moved, or everyone when links were added. The decision
+    itself (`admits_many`, against the budget read inside the transaction) and the writes happen there.
+
+    Per person j: `spent` (effective spend, `effective_spend`), `charged` (the cost under it: converted
+    by `replace_of_add_remove` for people read under the replace relation when this release is
+    add/remove), `prev_count` and the new running-spend row of (their own key, this mechanism): what it held plus this
+    release's cost, `known`
+    (their key has a running-spend row, so `ledger_people` holds it already)."""
+
+    def __init__(self, orders, pkeys: list[str], cost: np.ndarray, mechanism: str, new_replace: bool,
+                 conn: Connection):
+        self.orders, self.pkeys, self.cost, self.mechanism = orders, pkeys, cost, mechanism
+        self.new_replace = new_replace
+        n, k = len(pkeys), len(orders)
+        self.idx = {key: j for j, key in enumerate(pkeys)}
+        # rows are written in key order: each B-tree keyed by pseudonym then fills page by page instead of
+        # at random places (pseudonyms are uniform hashes), which SQLite's page cache rewards
+        self.order = np.array(sorted(range(n), key=pkeys.__getitem__), dtype=np.int64)
+        self.seq, _ = st.read_state(conn)
+        self.spent = np.zeros((n, k))
+        self.charged = cost
+        self.prev_count = np.zeros(n, dtype=np.int64)
+        self.known = np.zeros(n, dtype=bool)
+        self._spend_blobs: list[bytes] = [b""] * n
+        self._charge_blobs: list[bytes] | None = None
+        self._price(conn, None)
+
+    def _closures(self, conn: Connection) -> None:
+        """owners: pseudonym linked into one of our people → their indices (transitively: `linked_closure`)."""
+        into: dict[str, set[str]] = {}
+        for linked, targets in st.read_links(conn).items():
+            for t in targets:
+                into.setdefault(t, set()).add(linked)
+        self.owners: dict[str, list[int]] = {}
+        for t in into:
+            j = self.idx.get(t)
+            if j is None:
+                continue
+            got, stack = {t}, [t]
+            while stack:
+                for x in into.get(stack.pop(), ()):
+                    if x not in got:
+                        got.add(x)
+                        stack.append(x)
+            for x in got - {t}:
+                self.owners.setdefault(x, []).append(j)
+
+    def _price(self, conn: Connection, sel: np.ndarray | None) -> None:
+        """(Re)compute the people `sel` (indices; None: everyone, links re-read too) from the rows now."""
+        n, k = len(self.pkeys), len(self.orders)
+        if sel is None:
+            self._closures(conn)
+            sel = np.arange(n)
+        loc = np.full(n, -1, dtype=np.int64)
+        loc[sel] = np.arange(len(sel))
+        keys = [self.pkeys[j] for j in sel]
+        selset = set(int(j) for j in sel) if len(sel) < n else None
+        wanted = set(keys)
+        for x, js in self.owners.items():
+            if selset is None or any(j in selset for j in js):
+                wanted.add(x)
+        ks, ms, mat, cnt = st.spend_rows(conn, list(wanted), k)
+        tj, ri = [], []
+        idx, owners = self.idx, self.owners
+        pm, pc, kn = np.zeros((len(sel), k)), np.zeros(len(sel), dtype=np.int64), np.zeros(len(sel), dtype=bool)
+        for i, (key, mech) in enumerate(zip(ks, ms)):
+            j = idx.get(key)
+            if j is not None and loc[j] >= 0:
+                tj.append(j)
+                ri.append(i)
+                kn[loc[j]] = True
+                if mech == self.mechanism:
+                    pm[loc[j]], pc[loc[j]] = mat[i], cnt[i]
+            for o in owners.get(key, ()):
+                if loc[o] >= 0:
+                    tj.append(o)
+                    ri.append(i)
+        tl = loc[np.array(tj, dtype=np.int64)]
+        ri = np.array(ri, dtype=np.int64)
+        rel = {mm: relation_of(mm) == "replace" for mm in set(ms)}
+        rep_row = np.array([rel[mm] for mm in ms], dtype=bool)[ri] if len(ri) else np.zeros(0, bool)
+        ar, rep = np.zeros((len(sel), k)), np.zeros((len(sel), k))
+        has_rep = np.zeros(len(sel), dtype=bool)
+        np.add.at(ar, tl[~rep_row], mat[ri[~rep_row]])
+        np.add.at(rep, tl[rep_row], mat[ri[rep_row]])
+        has_rep[tl[rep_row]] = True
+        flag = has_rep | self.new_replace
+        spent = ar
+        if flag.any():
+            spent[flag] = rep[flag] + _rdp.replace_of_add_remove(ar[flag], self.orders)
+        self.spent[sel] = spent
+        conv = has_rep & (not self.new_replace)
+        if conv.any():
+            if self.charged is self.cost:
+                self.charged = self.cost.copy()
+            self.charged[sel[conv]] = _rdp.replace_of_add_remove(self.cost[sel[conv]], self.orders)
+        if self.charged is not self.cost:
+            keep = sel[~conv]
+            self.charged[keep] = self.cost[keep]
+        self.prev_count[sel], self.known[sel] = pc, kn
+        for j, b in zip(sel, st.encode_curves(pm + self.cost[sel])):
+            self._spend_blobs[j] = b
+
+    def refresh(self, conn: Connection) -> None:
+        """Inside the reserving transaction: re-price whoever's rows moved since the snapshot."""
+        seq, links_seq = st.read_state(conn)
+        if seq == self.seq:
+            return
+        if links_seq > self.seq:
+            self.seq = seq
+            self._price(conn, None)
+            return
+        moved = [r.person_key for r in conn.execute(select(st.spend.c.person_key).where(st.spend.c.seq > self.seq))]
+        self.seq = seq
+        hit: set[int] = set()
+        for key in moved:
+            j = self.idx.get(key)
+            if j is not None:
+                hit.add(j)
+            hit.update(self.owners.get(key, ()))
+        if hit:
+            self._price(conn, np.array(sorted(hit), dtype=np.int64))
+
+    def write(self, conn: Connection, rid: int, at: str, ok: np.ndarray, rows_of: np.ndarray,
+              rate_of: np.ndarray) -> None:
+        """The release's people, charges, running spends and retirements, in bulk (store.bulk)."""
+        seq = st.bump_state(conn)
+        if self._charge_blobs is None:
+            self._charge_blobs = st.encode_curves(self.cost)
+        pk, cb, sb = self.pkeys, self._charge_blobs, self._spend_blobs
+        o = self.order
+        new = o[~self.known[o]]
+        st.bulk(conn, st.people, ("person_key", "first_release_id", "created_at"),
+                ((pk[j], rid, at) for j in new), conflict="ON CONFLICT DO NOTHING")
+        yes = o[ok[o]]
+        st.bulk(conn, st.charges, ("person_key", "release_id", "rdp", "rows", "sampling_rate"),
+                ((pk[j], rid, cb[j], int(rows_of[j]), float(rate_of[j])) for j in yes))
+        cnt = self.prev_count
+        st.bulk(conn, st.spend, ("person_key", "mechanism", "rdp", "charges", "seq"),
+                ((pk[j], self.mechanism, sb[j], int(cnt[j]) + 1, seq) for j in yes), conflict=st.SPEND_UPSERT)
+        st.bulk(conn, st.exclusions, ("person_key", "release_id"), ((pk[j], rid) for j in o[~ok[o]]))
 
 
 def _plan_release(conn: Connection, plan_sha256: str) -> tuple[int, str | None] | None:
@@ -974,9 +1156,10 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
     event is the same dominating PoissonSampled(q', Gaussian(σ/n)) the RDP charge uses."""
     import dp_accounting
 
-    m, people, rel, ch, ex, _ = ledger._all()
-    b = _budget_of(m)
-    if b is None or not ch:
+    with st.read_only(ledger.engine) as conn:
+        b = _budget_of(st.read_meta(conn))
+        any_charge = conn.execute(select(st.charges.c.person_key).limit(1)).first() is not None
+    if b is None or not any_charge:
         return None
     rows = ledger.person_rows()
     top = max(rows, key=lambda r: (r["epsilon"] or 0.0))["person_key"]

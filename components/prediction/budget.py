@@ -1,4 +1,11 @@
-"""The endpoint's durable token budget and its API keys, in the per-person ledger's database.
+"""The endpoint's durable token budget and its API keys, in a database of their own.
+
+Where: `private/pmixed.db` (SQLite) beside the ledger — never in `ledger.db`, so that a token charge never
+waits for a reservation holding the ledger's write lock (issue 27: a one-row charge waited 16.6 s behind a
+30k-person reservation, and at 10⁶ people would have passed the 300 s lock timeout). With a team ledger
+(`ledger_url` PostgreSQL) the tables sit in that database, apart from the ledger's: PostgreSQL locks rows,
+not the database, and a charge touches none of the ledger's tables, so it never waits for a reservation
+either. A budget kept in `ledger.db` by an earlier Veil moves once (`_move_out_of_ledger`).
 
 One counter per ensemble, append-only: a charge is an inserted row; spent = the sum of the rows. A charge
 reads the sum and inserts in ONE serializable transaction (SQLite `BEGIN IMMEDIATE`, WAL, synchronous=FULL;
@@ -33,7 +40,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from components.core.errors import VeilError
 
 # the per-person ledger's engine (SQLite/PostgreSQL, serializable) and retrying transaction
-from components.ledger.store import make_engine, transact
+from components.ledger.store import _create_aside, make_engine, transact
 
 metadata = MetaData()
 
@@ -80,21 +87,74 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
 
 
+DB_NAME = "pmixed.db"
+TABLES = (budgets, spends, api_keys, key_revocations, key_spends)
+MOVED = "moved_"     # the prefix their old copies in ledger.db get when they move out (kept, never read)
+RESTORE = ("restore it from a backup (it holds every ensemble's spent private tokens: a new, empty one would "
+           "hand them out again)")
+
+
 def default_url(settings) -> str:
     url = getattr(settings, "ledger_url", None)
-    return url or f"sqlite:///{Path(settings.private_dir).resolve() / 'ledger.db'}"
+    return url or f"sqlite:///{Path(settings.private_dir).resolve() / DB_NAME}"
+
+
+def _move_out_of_ledger(ledger_db: Path, path: Path) -> None:
+    """Move a token budget an earlier Veil kept in `ledger.db` into its own file, once, losing nothing.
+
+    Under ledger.db's write lock, its `pmixed_*` tables are renamed `moved_pmixed_*` (an older Veil still
+    serving then finds no table and refuses tokens: it fails closed, it never draws unrecorded ones) and
+    their rows read; after that commit, `path` is created whole with those rows (written aside, then
+    hard-linked into place). A crash between the two leaves the renamed tables and no `path`: the next
+    open copies them again. Every row keeps its id; the old copies stay in ledger.db, unread."""
+    import sqlite3
+
+    con = sqlite3.connect(ledger_db, timeout=300, isolation_level=None)
+    try:
+        ours = {t.name for t in TABLES} | {MOVED + t.name for t in TABLES}
+        if not ours & {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}:
+            return          # nothing to move: take no lock (a reservation may hold it)
+        con.execute("BEGIN IMMEDIATE")
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for t in TABLES:
+            if t.name in names and MOVED + t.name not in names:
+                con.execute(f'ALTER TABLE "{t.name}" RENAME TO "{MOVED + t.name}"')
+                names.add(MOVED + t.name)
+        rows = {}
+        for t in TABLES:
+            if MOVED + t.name in names:
+                cols = [c.name for c in t.columns]
+                rows[t.name] = [dict(zip(cols, r)) for r in con.execute(
+                    f'SELECT {", ".join(cols)} FROM "{MOVED + t.name}"')]
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    if not rows or path.exists():
+        return
+
+    def fill(conn) -> None:
+        for t in TABLES:
+            if rows.get(t.name):
+                conn.execute(t.insert(), rows[t.name])
+    _create_aside(path, metadata, fill)
 
 
 class TokenBudget:
     def __init__(self, url: str):
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, tables=metadata, what="token budget", restore=RESTORE)
         transact(self.engine, lambda conn: metadata.create_all(conn, checkfirst=True))
 
     @classmethod
     def open(cls, settings) -> "TokenBudget":
-        Path(settings.private_dir).mkdir(parents=True, exist_ok=True)
-        return cls(default_url(settings))
+        private = Path(settings.private_dir)
+        private.mkdir(parents=True, exist_ok=True)
+        url = default_url(settings)
+        if not getattr(settings, "ledger_url", None):
+            path, old = private.resolve() / DB_NAME, private.resolve() / "ledger.db"
+            if not path.exists() and old.exists():
+                _move_out_of_ledger(old, path)
+        return cls(url)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -39,8 +39,14 @@ def test_charges_survive_every_status_and_never_decrease(settings):
     assert all(np.all(led.spend(NAMES)[n] >= after_one[n]) for n in NAMES) and r2.release_id > r1.release_id
     with pytest.raises(VeilError, match="status"):
         led.record(r1.release_id, "unreserved")
-    src = open(__import__("components.ledger.store", fromlist=["x"]).__file__).read().upper()
-    assert ".UPDATE(" not in src and ".DELETE(" not in src and "DELETE FROM" not in src
+    src = open(__import__("components.ledger.store", fromlist=["x"]).__file__).read()
+    # the history is append-only: the only updates are the running spend (an upsert), the seq row and
+    # the one-time migration's schema stamp (issue 27); nothing is ever deleted
+    import re
+    assert ".delete(" not in src.lower() and "DELETE FROM" not in src.upper()
+    assert sorted(set(re.findall(r"(\w+)\.update\(", src))) == ["meta", "state"]
+    assert src.count("meta.update(") == 1 and "meta.update().where(meta.c.key == \"schema\")" in src
+    assert src.upper().count("DO UPDATE") == 1 and "SPEND_UPSERT = (\"ON CONFLICT (person_key, mechanism) DO UPDATE" in src
 
 
 def test_ledger_is_private_and_pseudonymous(settings):
