@@ -320,7 +320,9 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
         "records_per_user": bounded.records_per_user,
         "selection": mech.plan_selection(chosen.selection),
         "training": {"learning_rate": float(tr.learning_rate), "seq_len": int(tr.seq_len),
-                     "micro_batch_size": int(tr.micro_batch_size), "seed": int(tr.seed), "lora": lora},
+                     "micro_batch_size": int(tr.micro_batch_size), "seed": int(tr.seed), "lora": lora,
+                     # memory only (same update): named only when on, so other plans stay byte-for-byte
+                     **({"gradient_checkpointing": True} if tr.gradient_checkpointing else {})},
         "accounting": cal.accounting,
         # the snapshot's id and sha256 are content hashes (a membership test for anyone who knows the rest
         # of the data): a salted commitment only; the annex holds them (plan_inputs)

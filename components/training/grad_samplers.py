@@ -334,6 +334,9 @@ class HookPerRecord:
             self._handles.append(m.register_forward_hook(self._forward_hook))
 
     def _forward_hook(self, module, inputs, output):
+        # `_active` is set for our forward only, never for the backward: a layer that activation
+        # checkpointing reruns during the backward is recorded once (its first call), which is
+        # also the call whose output the tensor hooks sit on.
         if not self._active or not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
             return
         if self._calls is not None:  # book-keeping mode: keep (layer, input, output) in call order
@@ -352,9 +355,11 @@ class HookPerRecord:
         try:
             out = self._forward(ids)
             losses = loss_fn(out.logits, ids, lengths)
-            losses.sum().backward()
         finally:
             self._active = False
+        # Recording stops with the forward: under activation checkpointing the backward reruns each
+        # checkpointed layer's forward (and so these hooks), and a rerun is not another use.
+        losses.sum().backward()
         per: dict[str, torch.Tensor] = {}
         for m, own in self.layers:
             acts = self._acts.get(id(m), [])

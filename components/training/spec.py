@@ -49,6 +49,11 @@ class TrainSpec:
     selection: the plan's strategy. Only "random-chunk" changes what training does: under ULS each
       visit of a user draws G random seq_len-token chunks of the user's concatenated text instead
       of G of their records. Other strategies were applied by planning (the data holds their pick).
+    gradient_checkpointing: recompute each decoder layer's activations in the backward instead of
+      keeping them (HF models; torch's non-reentrant checkpoint). Memory only: the update is the
+      same (tests check every per_record path against the run without it), so it is not part of
+      `identity()` and a run may resume with it switched. per_record "vmap" (torch.func) cannot
+      run through it and is refused here; "auto" falling back to vmap is refused before step 1.
     """
 
     mechanism: str
@@ -69,6 +74,7 @@ class TrainSpec:
     per_record: str = "auto"
     selection: str | None = None
     filter: dict | None = None
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         def bad(name, why):
@@ -93,6 +99,11 @@ class TrainSpec:
             bad("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.per_record not in PER_RECORD:
             bad("per_record", f"{self.per_record!r} is not one of {', '.join(PER_RECORD)}")
+        if not isinstance(self.gradient_checkpointing, bool):
+            bad("gradient_checkpointing", f"must be true or false, got {self.gradient_checkpointing!r}")
+        if self.gradient_checkpointing and self.per_record == "vmap":
+            bad("gradient_checkpointing", "per_record 'vmap' (torch.func) cannot run through activation "
+                "checkpointing; use per_record auto/mixed/hooks/ghost or gradient_checkpointing false")
         if self.lora is not None:
             if not isinstance(self.lora, dict) or "r" not in self.lora:
                 bad("lora", "must be null or a mapping with at least 'r'")
@@ -121,7 +132,7 @@ class TrainSpec:
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
-        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora"):
+        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "gradient_checkpointing"):
             if key in tr and (tr[key] is not None or key == "lora"):
                 kw[key] = tr[key]
         if "checkpoint_every" not in overrides:
@@ -137,6 +148,8 @@ class TrainSpec:
         d = self.to_dict()
         d.pop("checkpoint_every")
         d.pop("private_seed")
+        # memory only: the update is the same with or without it (tests/training/test_training_checkpointing.py)
+        d.pop("gradient_checkpointing")
         return d
 
 
