@@ -197,3 +197,32 @@ def test_train_with_checkpointing_matches_and_resumes_across_the_switch(tiny_lm,
     resumed = tiny_lm.trainable_state(model)
     for n in final[False]:
         torch.testing.assert_close(resumed[n], final[False][n], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("flag,want", [("--gradient-checkpointing", True), ("--no-gradient-checkpointing", False),
+                                       (None, None)])
+def test_veil_train_flag_overrides_the_plan(veil_home, tmp_path, monkeypatch, flag, want):
+    from typer.testing import CliRunner
+
+    from flows import stages
+    from flows.cli import app
+
+    seen = {}
+    plan_spec = TrainSpec(mechanism="record", sampling_rate=0.5, noise_multiplier=1.0, clip_norm=1.0, steps=1,
+                          gradient_checkpointing=True)
+
+    def fake_train(settings, plan, base, adjust=None, **kw):
+        seen["spec"] = adjust(plan_spec, None) if adjust is not None else None
+        raise VeilError("stopped here")
+
+    monkeypatch.setattr(stages, "base_model", lambda s, base_model_dir=None: str(base_model_dir))
+    monkeypatch.setattr(stages, "train", fake_train)
+    (tmp_path / "plan.json").write_text("{}")
+    args = ["train", "--plan", str(tmp_path / "plan.json"), "--base-model", str(tmp_path)] + ([flag] if flag else [])
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "stopped here" in r.output, r.output
+    if want is None:
+        assert seen["spec"] is None           # the plan's own setting stands
+    else:
+        assert seen["spec"].gradient_checkpointing is want
+        assert seen["spec"].identity() == plan_spec.identity()
