@@ -323,7 +323,9 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
                      "micro_batch_size": int(tr.micro_batch_size), "seed": int(tr.seed), "lora": lora,
                      # only when not the default: plans without them (all earlier ones) keep their bytes and hash
                      **({"sharding": tr.sharding} if tr.sharding != "none" else {}),
-                     **({"precision": tr.precision} if tr.precision != "fp32" else {})},
+                     **({"precision": tr.precision} if tr.precision != "fp32" else {}),
+                     # memory only (same update)
+                     **({"gradient_checkpointing": True} if tr.gradient_checkpointing else {})},
         "accounting": cal.accounting,
         # the snapshot's id and sha256 are content hashes (a membership test for anyone who knows the rest
         # of the data): a salted commitment only; the annex holds them (plan_inputs)

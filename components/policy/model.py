@@ -223,6 +223,9 @@ class Training(_Strict):
     micro_batch_size: int = Field(default=8, ge=1)
     lora: LoRA | None = Field(default_factory=LoRA, description="null: full fine-tuning.")
     seed: int = Field(default=0, ge=0)
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute each decoder layer's activations in the backward instead of keeping "
+                                   "them: less memory, about one more forward of time; the update and ε are the same.")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32",
         description="The base model's dtype in training: fp32, bf16, or fp16 (static loss scale). Per-unit norms, "

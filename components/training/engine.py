@@ -256,6 +256,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
         trainable_params=int(sum(p.numel() for p in params)), sharding="fsdp" if sharded else "none",
         extra={"per_record": step_fn.per_unit.method if step_fn.per_unit else "plain-backward",
                "selection": spec.selection, "optimizer": spec.optimizer,
+               "gradient_checkpointing": bool(spec.gradient_checkpointing),
                "normalisation": "sum of clipped unit gradients + N(0, σ²C²), divided by the expected batch size",
                "noise": "added once per step after the all-reduce (same per-step seeded stream on every rank)",
                **({"halted_at_step": halted_at} if mech.may_halt else {}),

@@ -302,12 +302,13 @@ def supported(model: nn.Module) -> bool:
 def _root_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The outputs whose autograd history contains no other output of `outs`. Every other output
     depends on one of them, so a backward to these roots computes (and hooks see) all of them."""
-    marks = {o.grad_fn: i for i, o in enumerate(outs) if o.grad_fn is not None}
+    fn = [o.grad_fn if isinstance(o, torch.Tensor) else o.node for o in outs]   # a tensor or a GradientEdge
+    marks = {f: i for i, f in enumerate(fn) if f is not None}
     below: dict = {}  # node -> some output's node lies strictly below it (towards the inputs)
-    for o in outs:
-        if o.grad_fn is None or o.grad_fn in below:
+    for f in fn:
+        if f is None or f in below:
             continue
-        stack = [(o.grad_fn, False)]
+        stack = [(f, False)]
         while stack:  # iterative post-order: graphs of deep models overflow Python's recursion
             node, done = stack.pop()
             if node in below:
@@ -318,7 +319,29 @@ def _root_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
                 continue
             stack.append((node, True))
             stack.extend((c, False) for c in kids if c not in below)
-    return [o for o in outs if o.grad_fn is None or not below[o.grad_fn]]
+    return [o for o, f in zip(outs, fn) if f is None or not below[f]]
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a recorded layer's output (under activation checkpointing) that keeps the layer's
+    input as an autograd saved tensor: the checkpoint then drops it after the forward and
+    recomputes it in the backward like the layer's own activations, instead of the sampler holding
+    it from the forward to the end. The backward hands (output gradient, input) to the sampler,
+    once per recorded use; a rerun's tap (sink None) only keeps the saved tensors in step with the
+    first forward's, which is how the checkpoint matches them."""
+
+    @staticmethod
+    def forward(ctx, out, a, sink):
+        ctx.save_for_backward(a)
+        ctx.sink = sink
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.sink is not None:
+            hp, module = ctx.sink
+            hp._consume(g, module, ctx.saved_tensors[0])
+        return g, None, None
 
 
 class HookPerRecord:
@@ -342,14 +365,27 @@ class HookPerRecord:
         # fp16's static loss scale (precision.py): the backward runs on scale·loss and every output
         # gradient is unscaled in float32 before a sampler or a norm sees it. 1: no scaling.
         self.loss_scale = 1.0
+        self._tap = False          # book-keeping under activation checkpointing: inputs go through _Tap
+        self._replaying = False    # the book-kept backward, in which checkpointed layers rerun
+        self._consume = None
         for m, _ in self.layers:
             self._handles.append(m.register_forward_hook(self._forward_hook))
 
     def _forward_hook(self, module, inputs, output):
+        # `_active` is set for our forward only, never for the backward: a layer that activation
+        # checkpointing reruns during the backward is recorded once (its first call), which is
+        # also the call whose output the tensor hooks sit on.
+        if self._replaying:  # a checkpointed layer rerun by the backward: not another use
+            if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+                return _Tap.apply(output, inputs[0].detach(), None)   # the first forward's saved tensors
+            return
         if not self._active or not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
             return
         if self._calls is not None:  # book-keeping mode: keep (layer, input, output) in call order
             if output.requires_grad:
+                if self._tap:   # the input rides in the graph; the output by its gradient edge only
+                    self._calls.append((module, None, torch.autograd.graph.get_gradient_edge(output)))
+                    return _Tap.apply(output, inputs[0].detach(), (self, module))
                 self._calls.append((module, inputs[0].detach(), output))
             return
         key = id(module)
@@ -364,9 +400,11 @@ class HookPerRecord:
         try:
             out = self._forward(ids)
             losses = loss_fn(out.logits, ids, lengths)
-            (losses.sum() * self.loss_scale).backward()
         finally:
             self._active = False
+        # Recording stops with the forward: under activation checkpointing the backward reruns each
+        # checkpointed layer's forward (and so these hooks), and a rerun is not another use.
+        (losses.sum() * self.loss_scale).backward()
         per: dict[str, torch.Tensor] = {}
         for m, own in self.layers:
             acts = self._acts.get(id(m), [])
@@ -399,6 +437,9 @@ class HookPerRecord:
         weights [B]: w_r; owner [B]: the unit of each record (0..n_units-1); ghost: "auto"
         (per-layer cost rule), "always" (every Linear/Conv1D weight used once), "never"."""
         B = ids.shape[0]
+        from components.training.model_prep import checkpointing_on
+
+        self._tap = checkpointing_on(self.model)
         self._calls = []
         self._active = True
         try:
@@ -458,10 +499,17 @@ class HookPerRecord:
                 per_record[name] = per_record[name] + t if name in per_record else t
 
         outs = [o for _, _, o in calls]
-        for m, a, o in calls:
-            o.register_hook(lambda g, m=m, a=a: consume(g, m, a))
-        torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, _root_outputs(outs),
-                            allow_unused=True)
+        if self._tap:   # under checkpointing each use's _Tap calls consume (with the recomputed input)
+            self._consume = consume
+        else:
+            for m, a, o in calls:
+                o.register_hook(lambda g, m=m, a=a: consume(g, m, a))
+        self._replaying = self._tap
+        try:
+            torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, _root_outputs(outs),
+                                allow_unused=True)
+        finally:
+            self._replaying, self._consume, self._tap = False, None, False
         del outs, calls
 
         sq = torch.zeros(n_units, dtype=torch.float64, device=ids.device)

@@ -77,6 +77,17 @@ class PerUnitGradients:
         if method == "auto":
             method = "mixed" if supported(model) else "vmap"
         self.method = method
+        if method == "vmap":
+            from components.training.model_prep import checkpointing_on
+
+            if checkpointing_on(model):
+                # torch.func cannot run through torch's checkpoint (saved-tensor hooks): refused
+                # here, before any step, rather than failing in the first one
+                from components.core.errors import VeilError
+
+                raise VeilError("gradient_checkpointing: per-record gradients by torch.func (per_record 'vmap', or "
+                                "'auto' with a trainable layer that has no per-record sampler) cannot run through "
+                                "activation checkpointing; set gradient_checkpointing: false")
         self._hooks = HookPerRecord(model, names) if method in ("mixed", "hooks", "ghost") else None
         # mixed: ghost norm or instantiation chosen per layer; hooks: always instantiate; ghost:
         # ghost norm for every Linear/Conv1D weight (tests use the last two to pin both paths)

@@ -58,6 +58,11 @@ class TrainSpec:
       norms, clipping, the clipped sum, the noise and the trainable (LoRA or master) weights are
       float32 in all three (components/training/precision.py). Part of `identity()`: a checkpoint
       of another precision is not resumed.
+    gradient_checkpointing: recompute each decoder layer's activations in the backward instead of
+      keeping them (HF models; torch's non-reentrant checkpoint). Memory only: the update is the
+      same (tests check every per_record path against the run without it), so it is not part of
+      `identity()` and a run may resume with it switched. per_record "vmap" (torch.func) cannot
+      run through it and is refused here; "auto" falling back to vmap is refused before step 1.
     """
 
     mechanism: str
@@ -80,6 +85,7 @@ class TrainSpec:
     filter: dict | None = None
     sharding: str = "none"
     precision: str = "fp32"
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         def bad(name, why):
@@ -113,6 +119,11 @@ class TrainSpec:
                 bad("sharding", "fsdp shards full fine-tuning (lora: null); a LoRA adapter is small enough to replicate")
             if self.per_record == "vmap":
                 bad("sharding", "fsdp needs the per-layer samplers (per_record auto, mixed, hooks or ghost), not vmap")
+        if not isinstance(self.gradient_checkpointing, bool):
+            bad("gradient_checkpointing", f"must be true or false, got {self.gradient_checkpointing!r}")
+        if self.gradient_checkpointing and self.per_record == "vmap":
+            bad("gradient_checkpointing", "per_record 'vmap' (torch.func) cannot run through activation "
+                "checkpointing; use per_record auto/mixed/hooks/ghost or gradient_checkpointing false")
         if self.lora is not None:
             if not isinstance(self.lora, dict) or "r" not in self.lora:
                 bad("lora", "must be null or a mapping with at least 'r'")
@@ -141,7 +152,8 @@ class TrainSpec:
             )
         except KeyError as e:
             raise VeilError(f"plan: {e.args[0]}: missing (needed to train)") from None
-        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "sharding", "precision"):
+        for key in ("learning_rate", "seq_len", "micro_batch_size", "seed", "lora", "sharding", "precision",
+                    "gradient_checkpointing"):
             if key in tr and (tr[key] is not None or key == "lora"):
                 kw[key] = tr[key]
         if "checkpoint_every" not in overrides:
@@ -159,6 +171,8 @@ class TrainSpec:
         d.pop("private_seed")
         if d["sharding"] == "none":
             d.pop("sharding")   # checkpoints written before the setting existed still resume
+        # memory only: the update is the same with or without it (tests/training/test_training_checkpointing.py)
+        d.pop("gradient_checkpointing")
         return d
 
 

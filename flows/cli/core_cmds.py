@@ -224,8 +224,14 @@ def check_precision(precision: Optional[str]) -> None:
 def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `veil plan`"),
           base_model: Path = typer.Option(..., "--base-model", help="any local HF causal-LM directory"),
           precision: Optional[str] = _PRECISION,
+          checkpointing: Optional[bool] = typer.Option(
+              None, "--gradient-checkpointing/--no-gradient-checkpointing",
+              help="recompute activations in the backward (less memory, same update and ε); default: the plan's "
+                   "training.gradient_checkpointing"),
           json_out: bool = typer.Option(False, "--json")) -> None:
     """Run a plan: DP fine-tuning exactly as planned (resumes from its last checkpoint)."""
+    import dataclasses
+
     from flows import stages
 
     if not plan.is_file():
@@ -233,7 +239,12 @@ def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `v
     check_precision(precision)
     quiet_third_party()
     s = settings_with_device()
-    res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model), precision=precision)
+    # memory only: the update is the same either way, so the plan's other numbers stand and a run may
+    # resume with it switched (it is not part of the spec's resume identity)
+    adjust = (None if checkpointing is None else
+              lambda spec, data: dataclasses.replace(spec, gradient_checkpointing=bool(checkpointing)))
+    res = stages.train(s, plan, stages.base_model(s, base_model_dir=base_model), adjust=adjust,
+                       precision=precision)
     cert = stages.certify(s, plan, res)
     cert_path = Path(s.runs_dir) / plan_sha(plan)[:16] / "certificate.json"
     cert_path.write_text(json.dumps(cert, indent=2, sort_keys=True))

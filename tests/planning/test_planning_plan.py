@@ -241,3 +241,18 @@ def test_record_level_plan(snap, tmp_path):
     eps = pop["epsilon"] + account("record", sampling_rate=d["sampling_rate"], noise_multiplier=d["noise_multiplier"],
                   steps=d["steps"], delta=d["target"]["delta"]).epsilon
     assert eps <= d["target"]["epsilon"] + 1e-9
+
+
+def test_gradient_checkpointing_reaches_the_plan_only_when_on(demo_plan, snap, tmp_path):
+    """Memory only: named in the plan's training when on (other plans stay byte-for-byte), read by the
+    spec, and the accounting is the same."""
+    from components.training import TrainSpec
+
+    off, out = demo_plan[0].to_dict(), demo_plan[1]
+    assert "gradient_checkpointing" not in off["training"] and not TrainSpec.from_plan(off).gradient_checkpointing
+    p = tmp_path / "ckpt.yaml"
+    p.write_text(DEMO.read_text().replace(f"    {DEMO_STEPS}", f"    {DEMO_STEPS}\n    gradient_checkpointing: true"))
+    on = make_plan(load_policy(p), snap, private_dir=out, created_at=WHEN).to_dict()   # the same private keys
+    assert on["training"]["gradient_checkpointing"] is True and TrainSpec.from_plan(on).gradient_checkpointing
+    assert (on["noise_multiplier"], on["sampling_rate"], on["accounting"]["epsilon"]) == \
+        (off["noise_multiplier"], off["sampling_rate"], off["accounting"]["epsilon"])
