@@ -175,23 +175,29 @@ def _factor_dims(module: nn.Module, kind: str) -> tuple[int, int, bool]:
     return int(w.shape[0]), int(w.shape[1]), kind == "embedding"
 
 
-# Instantiation's cost beyond the matmul, in multiply-adds per element of the per-record gradient
-# (writing the B×m×n tensor during the backward, reading it for the norm and the weighted sum);
-# ghost's extra is its Gram matrices. Set by `bench/dp_step.py --full` at seq 128 and 256.
-INSTANTIATION_COST = 64
+# Instantiation's cost beyond the matmul is memory traffic over the B×m×n per-record tensor: one
+# pass per use (the bmm's write, a tied weight's scatter-add) plus two reads (norm, weighted sum).
+# A pass costs about PASS_COST multiply-adds per element while the tensor fits the last-level cache
+# (CACHE_BYTES), 4× that beyond it; ghost's extra is its Gram matrices. Measured with
+# `bench/dp_step.py --full` (GPT-2 4×256, batch 16) on a shared 2-core CPU: at seq 128 and 256 the
+# blocks' matrices (12–17 MB per layer) instantiate and the tied 8192×256 wte/LM head (134 MB)
+# ghosts — the other choice was 8–40 % slower in each case.
+PASS_COST = 21
+CACHE_BYTES = 32 * 2 ** 20
 # Instantiate only while the per-record gradient (m·n per unit) is at most this many times the
 # per-unit factors the ghost path keeps anyway (Σ_uses L·(m+n)): per-record memory stays within a
 # small multiple of the layer's saved activations, so large layers of large models go ghost.
 INSTANTIATION_MEMORY = 2
 
 
-def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int) -> bool:
-    """Cost model, per unit of `tokens` tokens, for a weight with uses `dims` (see _factor_dims).
-    Both paths form the weight-gradient product once: ghost as the book-kept sum's matmul, the
-    instantiated path as the per-record matmul (its weighted sum then only reads B×m×n). So they
-    differ by ghost's L×L Gram pair per use pair against INSTANTIATION_COST per element of m×n —
-    and instantiation is ruled out when its memory would exceed INSTANTIATION_MEMORY × the
-    factors (so a 1B-class layer never holds B copies of its weight)."""
+def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int, tensor_bytes: int = 0) -> bool:
+    """Cost model, per unit of `tokens` tokens, for a weight with uses `dims` (see _factor_dims);
+    `tensor_bytes`: bytes per element of m×n over the whole micro-batch (records × itemsize).
+    Both paths form the weight-gradient product once — ghost as the book-kept sum's matmul, the
+    instantiated path as the per-record matmul (its weighted sum then only reads B×m×n) — so they
+    differ by ghost's L×L Gram pair per use pair against instantiation's memory passes. Instantiation
+    is ruled out when its memory would exceed INSTANTIATION_MEMORY × the factors (so a 1B-class
+    layer never holds B copies of its weight)."""
     L = tokens
     ghost = 0
     for j, (mj, nj, oj) in enumerate(dims):
@@ -201,7 +207,8 @@ def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int) -> bool:
     factors = sum(L * ((1 if oh else mm) + nn) for mm, nn, oh in dims)
     if m * n > INSTANTIATION_MEMORY * factors:
         return True
-    return ghost < INSTANTIATION_COST * m * n * len(dims)
+    per_pass = PASS_COST * (1 if m * n * tensor_bytes <= CACHE_BYTES else 4)
+    return ghost < per_pass * m * n * (len(dims) + 2)
 
 
 def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
@@ -432,6 +439,7 @@ class HookPerRecord:
         for ci, (m, _, _) in enumerate(calls):
             for local, name in self._own(m).items():
                 uses.setdefault(name, []).append((ci, local))
+        params = dict(self.model.named_parameters())
         ghosted: set[str] = set()
         if ghost != "never":
             for name, us in uses.items():
@@ -439,7 +447,7 @@ class HookPerRecord:
                 if None in kinds:
                     continue
                 dims = [_factor_dims(calls[ci][0], k) for (ci, _), k in zip(us, kinds)]
-                if ghost == "always" or ghost_pays(dims, unit_len):
+                if ghost == "always" or ghost_pays(dims, unit_len, B * params[name].element_size()):
                     ghosted.add(name)
 
         # Each layer's output gradient is consumed by a tensor hook as the backward reaches it:
@@ -450,6 +458,7 @@ class HookPerRecord:
         per_record: dict[str, torch.Tensor] = {}
         ghost_uses: dict[str, list[_Use]] = {}
         fresh: set[str] = set()
+        sq_now: dict[str, torch.Tensor] = {}
 
         def consume(g: torch.Tensor, m: nn.Module, a: torch.Tensor) -> None:
             if g.shape[0] != B:
@@ -468,6 +477,8 @@ class HookPerRecord:
                 name = own[local]
                 if name not in per_record:
                     per_record[name] = t
+                    if singletons and len(uses[name]) == 1:  # final: its norm now, while t is still in cache
+                        sq_now[name] = row_sq_norms(t)
                     if local == "weight" and _ghost_kind(m) is not None:
                         fresh.add(name)  # a new tensor of this step's (bmm or scatter): may be added to in place
                 else:
@@ -490,7 +501,7 @@ class HookPerRecord:
                 u = t.new_zeros((n_units,) + tuple(t.shape[1:]))
                 u.index_add_(0, owner, t)
             per_unit[name] = u
-            sq += row_sq_norms(u)
+            sq += sq_now[name] if name in sq_now else row_sq_norms(u)
         # A unit whose gradient is not finite (NaN/inf anywhere) contributes exactly zero — a zero
         # vector has norm ≤ C, so the sensitivity is unchanged — instead of turning the whole sum
         # into NaN, which would make the release distinguishable by that one unit. The decision
@@ -505,12 +516,12 @@ class HookPerRecord:
         self.last_nonfinite = n_bad
         all_ok = not bool(n_bad)
         factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
-        params = dict(self.model.named_parameters())
         sums: dict[str, torch.Tensor] = {}
 
         def add(name: str, t: torch.Tensor) -> None:
             t = t.to(params[name].dtype)
-            sums[name] = sums[name].add_(t) if name in sums else t
+            # the parameter's own layout (a transposed per-record sum would give .grad other strides)
+            sums[name] = sums[name].add_(t) if name in sums else t.contiguous()
 
         for name, u in per_unit.items():
             if not all_ok:
