@@ -114,21 +114,28 @@ if _conv1d_types():
     register_grad_sampler(*_conv1d_types())(_conv1d)
 
 
+def _embedding_scatter(module, ids, g, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-record embedding gradient [B, V, d], scattered into `out` when given (a tied weight's
+    per-record gradient from its other use: no second B×V×d tensor, fill and sum)."""
+    B = g.shape[0]
+    if ids.shape[0] != B:  # e.g. position ids [1, T] shared by the whole batch
+        ids = ids.expand((B,) + tuple(ids.shape[1:]))
+    ids = ids.reshape(B, -1)
+    g = g.reshape(B, -1, g.shape[-1])
+    if module.padding_idx is not None:  # the padding row never gets a gradient
+        g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
+    if out is None:
+        out = torch.zeros((B,) + tuple(module.weight.shape), dtype=g.dtype, device=g.device)
+    rows = torch.arange(B, device=ids.device)[:, None].expand_as(ids)
+    out.index_put_((rows, ids), g.to(out.dtype), accumulate=True)
+    return out
+
+
 @register_grad_sampler(nn.Embedding)
 def _embedding(module, ids, g, skip=frozenset()):
     out = {}
     if _wants(module, "weight", skip):
-        B = g.shape[0]
-        if ids.shape[0] != B:  # e.g. position ids [1, T] shared by the whole batch
-            ids = ids.expand((B,) + tuple(ids.shape[1:]))
-        ids = ids.reshape(B, -1)
-        g = acc(g).reshape(B, -1, g.shape[-1])
-        if module.padding_idx is not None:  # the padding row never gets a gradient
-            g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
-        gw = torch.zeros((B,) + tuple(module.weight.shape), dtype=g.dtype, device=g.device)
-        rows = torch.arange(B, device=ids.device)[:, None].expand_as(ids)
-        gw.index_put_((rows, ids), g, accumulate=True)
-        out["weight"] = gw
+        out["weight"] = _embedding_scatter(module, ids, acc(g))   # float32 rows for a 16-bit layer
     return out
 
 
@@ -172,21 +179,40 @@ def _factor_dims(module: nn.Module, kind: str) -> tuple[int, int, bool]:
     return int(w.shape[0]), int(w.shape[1]), kind == "embedding"
 
 
-def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int) -> bool:
-    """Cost model, per unit of `tokens` tokens, for a weight with uses `dims` (see _factor_dims).
-    Ghost: an L×L Gram pair per use pair. Instantiation: the per-record matmul (L·m·n, or L·n for a
-    row scatter) plus ~64 multiply-adds' worth per element of the B×m×n per-record tensor, which is
-    allocated during the backward, kept until the clip factors are known, and read twice more (norm,
-    weighted sum) at memory speed. 64 is measured: on a 2-core CPU, GPT-2 full fine-tuning at seq 256
-    ran 1.44× a non-private step with 16 and 1.30× with 64 (seq 128 and 512 unchanged)."""
+# Instantiation's cost beyond the matmul is memory traffic over the B×m×n per-record tensor: one
+# pass per use (the bmm's write, a tied weight's scatter-add) plus two reads (norm, weighted sum).
+# A pass costs about PASS_COST multiply-adds per element while the tensor fits the last-level cache
+# (CACHE_BYTES), 4× that beyond it; ghost's extra is its Gram matrices. Measured with
+# `bench/dp_step.py --full` (GPT-2 4×256, batch 16) on a shared 2-core CPU: at seq 128 and 256 the
+# blocks' matrices (12–17 MB per layer) instantiate and the tied 8192×256 wte/LM head (134 MB)
+# ghosts — the other choice was 8–40 % slower in each case.
+PASS_COST = 21
+CACHE_BYTES = 32 * 2 ** 20
+# Instantiate only while the per-record gradient (m·n per unit) is at most this many times the
+# per-unit factors the ghost path keeps anyway (Σ_uses L·(m+n)): per-record memory stays within a
+# small multiple of the layer's saved activations, so large layers of large models go ghost.
+INSTANTIATION_MEMORY = 2
+
+
+def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int, tensor_bytes: int = 0) -> bool:
+    """Cost model, per unit of `tokens` tokens, for a weight with uses `dims` (see _factor_dims);
+    `tensor_bytes`: bytes per element of m×n over the whole micro-batch (records × itemsize).
+    Both paths form the weight-gradient product once — ghost as the book-kept sum's matmul, the
+    instantiated path as the per-record matmul (its weighted sum then only reads B×m×n) — so they
+    differ by ghost's L×L Gram pair per use pair against instantiation's memory passes. Instantiation
+    is ruled out when its memory would exceed INSTANTIATION_MEMORY × the factors (so a 1B-class
+    layer never holds B copies of its weight)."""
     L = tokens
     ghost = 0
     for j, (mj, nj, oj) in enumerate(dims):
         for ml, nl, ol in dims[j:]:
             ghost += L * L * ((1 if (oj or ol) else mj) + nj)
     m, n = dims[0][0], dims[0][1]
-    inst = sum(L * n if oh else L * mm * nn for mm, nn, oh in dims) + 64 * m * n
-    return ghost < inst
+    factors = sum(L * ((1 if oh else mm) + nn) for mm, nn, oh in dims)
+    if m * n > INSTANTIATION_MEMORY * factors:
+        return True
+    per_pass = PASS_COST * (1 if m * n * tensor_bytes <= CACHE_BYTES else 4)
+    return ghost < per_pass * m * n * (len(dims) + 2)
 
 
 def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
@@ -274,11 +300,6 @@ def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
     return total
 
 
-def _rows_finite(x: torch.Tensor) -> torch.Tensor:
-    """[B, ...] -> [B] bool: every entry of row b is finite."""
-    return torch.isfinite(x).reshape(x.shape[0], -1).all(1)
-
-
 def row_sq_norms(u: torch.Tensor) -> torch.Tensor:
     """‖u[b]‖² for each b, in float64 (computed in float32 at least, float64 for a float64 u),
     without copying a strided (e.g. transposed) u."""
@@ -286,6 +307,13 @@ def row_sq_norms(u: torch.Tensor) -> torch.Tensor:
     if u.dim() == 1:
         return u.to(dt).square().double()
     return torch.linalg.vector_norm(u, dim=tuple(range(1, u.dim())), dtype=dt).square().double()
+
+
+def _weighted_rows(f: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Σ_b f[b] u[b] without copying u when it is a transposed per-record view (`_outer_sum`)."""
+    if u.dim() == 3 and not u.is_contiguous() and u.mT.is_contiguous():
+        return torch.tensordot(f, u.mT, dims=1).T
+    return torch.tensordot(f, u, dims=1)
 
 
 def supported(model: nn.Module) -> bool:
@@ -466,6 +494,7 @@ class HookPerRecord:
         for ci, (m, _, _) in enumerate(calls):
             for local, name in self._own(m).items():
                 uses.setdefault(name, []).append((ci, local))
+        params = dict(self.model.named_parameters())
         ghosted: set[str] = set()
         if ghost != "never":
             for name, us in uses.items():
@@ -473,7 +502,7 @@ class HookPerRecord:
                 if None in kinds:
                     continue
                 dims = [_factor_dims(calls[ci][0], k) for (ci, _), k in zip(us, kinds)]
-                if ghost == "always" or ghost_pays(dims, unit_len):
+                if ghost == "always" or ghost_pays(dims, unit_len, B * params[name].element_size()):
                     ghosted.add(name)
 
         # Each layer's output gradient is consumed by a tensor hook as the backward reaches it:
@@ -483,6 +512,8 @@ class HookPerRecord:
         # other output lies upstream of; asking for all of them would hold every one to the end.
         per_record: dict[str, torch.Tensor] = {}
         ghost_uses: dict[str, list[_Use]] = {}
+        fresh: set[str] = set()
+        sq_now: dict[str, torch.Tensor] = {}
 
         def consume(g: torch.Tensor, m: nn.Module, a: torch.Tensor) -> None:
             if g.shape[0] != B:
@@ -493,10 +524,21 @@ class HookPerRecord:
             g = self._unscale(g.detach())
             if own.get("weight") in ghosted:
                 skip.add("weight")
-                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g))
-            for local, t in sampler_for(m)(m, a, g, frozenset(skip)).items():
+                ghost_uses.setdefault(own["weight"], []).append(_Use(m, _ghost_kind(m), a, g.detach()))
+            w = own.get("weight")
+            if w in fresh and "weight" not in skip and _ghost_kind(m) == "embedding":
+                _embedding_scatter(m, a, acc(g), per_record[w])  # a tied weight's other use, in place
+                skip.add("weight")
+            for local, t in sampler_for(m)(m, a, g.detach(), frozenset(skip)).items():
                 name = own[local]
-                per_record[name] = per_record[name] + t if name in per_record else t
+                if name not in per_record:
+                    per_record[name] = t
+                    if singletons and len(uses[name]) == 1:  # final: its norm now, while t is still in cache
+                        sq_now[name] = row_sq_norms(t)
+                    if local == "weight" and _ghost_kind(m) is not None:
+                        fresh.add(name)  # a new tensor of this step's (bmm or scatter): may be added to in place
+                else:
+                    per_record[name] = per_record[name].add_(t) if name in fresh else per_record[name] + t
 
         outs = [o for _, _, o in calls]
         if self._tap:   # under checkpointing each use's _Tap calls consume (with the recomputed input)
@@ -523,37 +565,43 @@ class HookPerRecord:
                 u = t.new_zeros((n_units,) + tuple(t.shape[1:]))
                 u.index_add_(0, owner, t)
             per_unit[name] = u
-            sq += row_sq_norms(u)
-        # A unit whose gradient is not finite (NaN/inf anywhere: its norm is then NaN/inf, and a
-        # ghosted factor is checked directly) contributes exactly zero — a zero vector has norm
-        # ≤ C, so the sensitivity is unchanged — instead of turning the whole sum into NaN, which
-        # would make the release distinguishable by that one unit. The decision reads that unit's
-        # own numbers only; its rows are zeroed too, since 0 · NaN is NaN.
+            sq += sq_now[name] if name in sq_now else row_sq_norms(u)
+        # A unit whose gradient is not finite (NaN/inf anywhere) contributes exactly zero — a zero
+        # vector has norm ≤ C, so the sensitivity is unchanged — instead of turning the whole sum
+        # into NaN, which would make the release distinguishable by that one unit. The decision
+        # reads that unit's own numbers only: its squared norm, which is non-finite whenever any
+        # entry of its gradient is (a sum of squares cannot cancel an inf or a NaN) and whenever a
+        # ghosted factor row is (the Gram diagonal a_t·a_t or g_t·g_t is then inf/NaN, and its
+        # product with the other Gram's diagonal is inf or NaN — inf·0 is NaN — never finite).
+        # Its rows are zeroed too, since 0 · NaN is NaN; in the usual all-finite case nothing is
+        # copied.
         ok = torch.isfinite(sq)
-        rec_ok = torch.ones(B, dtype=torch.bool, device=ids.device)
-        for us in ghost_uses.values():
-            for u in us:
-                rec_ok &= _rows_finite(u.right)
-                if not u.onehot:
-                    rec_ok &= _rows_finite(u.left)
-        ok &= torch.zeros(n_units, dtype=torch.int64, device=ids.device).index_add_(
-            0, owner, (~rec_ok).long()) == 0
-        self.last_nonfinite = (~ok).sum()
+        n_bad = (~ok).sum()
+        self.last_nonfinite = n_bad
+        all_ok = not bool(n_bad)
         factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
-        params = dict(self.model.named_parameters())
-        # by shape: under FSDP a parameter is a sharded DTensor whose .shape is the whole weight's;
-        # float32 for 16-bit weights
-        sums = {n: torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=ids.device)
-                for n in self.names}
+        sums: dict[str, torch.Tensor] = {}
+
+        def add(name: str, t: torch.Tensor) -> None:
+            t = t.to(acc_dtype(params[name].dtype))   # float32 for 16-bit weights
+            # the parameter's own layout (a transposed per-record sum would give .grad other strides)
+            sums[name] = sums[name].add_(t) if name in sums else t.contiguous()
+
         for name, u in per_unit.items():
-            u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
-            sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)
-        f_rec = factor[owner]
-        keep_rec = ok[owner]
+            if not all_ok:
+                u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
+            add(name, _weighted_rows(factor.to(u.dtype), u))
+        f_rec = factor if singletons else factor[owner]
+        keep_rec = None if all_ok else ok[owner]
         for name, us in ghost_uses.items():
             for u in us:
-                u.drop_records(keep_rec)
-                sums[name] += u.weighted_sum(f_rec, sums[name].shape).to(sums[name].dtype)
+                if keep_rec is not None:
+                    u.drop_records(keep_rec)
+                add(name, u.weighted_sum(f_rec, params[name].shape))
+        for n in self.names:  # a trainable parameter this micro-batch never touched
+            if n not in sums:
+                # by shape: under FSDP a parameter is a sharded DTensor whose .shape is the whole weight's
+                sums[n] = torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=ids.device)
         return sums, losses.detach()
 
     def _unscale(self, g: torch.Tensor) -> torch.Tensor:

@@ -86,3 +86,31 @@ def test_unit_tokens_pads_with_zero_rows():
     x = torch.arange(12.0).view(3, 2, 2)
     u = _unit_tokens(x, torch.tensor([[0, 3], [1, 2]]))
     assert u.shape == (2, 4, 2) and torch.equal(u[0, 2:], torch.zeros(2, 2)) and torch.equal(u[1, 2:], x[2])
+
+
+# an embedding's left side is token ids (always finite): only its gradient side can be poisoned
+@pytest.mark.parametrize("kind,side", [("linear", "a"), ("linear", "g"), ("conv1d", "a"), ("conv1d", "g"),
+                                       ("embedding", "g")])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("owner", [None, [0, 1, 1, 2, 2, 2]])
+def test_nonfinite_factor_makes_only_its_units_ghost_norm_nonfinite(kind, bad, side, owner):
+    """The engine decides a unit's non-finiteness from its squared norm alone, so a non-finite
+    factor entry must make that unit's ghost norm non-finite even when the other factor's row is
+    zero (inf·0 hidden in a cancelling sum would let a NaN gradient through), and leave every
+    other unit's finite."""
+    B, L = 6, 5
+    m, a, g = _case(kind, B, L)
+    a, g = a.clone(), g.clone()
+    if side == "a":
+        a[2, 1, 3] = bad
+        g[2, 1] = 0.0                 # the gradient row that meets it is zero: the product is NaN, not 0
+    else:
+        g[2, 1, 0] = bad
+        if kind != "embedding":
+            a[2, 1] = 0.0
+    n_units = B if owner is None else max(owner) + 1
+    own = torch.arange(B) if owner is None else torch.tensor(owner)
+    got = ghost_norm_sq([_Use(m, _ghost_kind(m), a, g)], None if owner is None else _slots(own, n_units))
+    bad_unit = int(own[2])
+    assert not torch.isfinite(got[bad_unit])
+    assert torch.isfinite(torch.cat([got[:bad_unit], got[bad_unit + 1:]])).all()
