@@ -215,6 +215,10 @@ def test_veil_train_flag_overrides_the_plan(veil_home, tmp_path, monkeypatch, fl
         seen["spec"] = adjust(plan_spec, None) if adjust is not None else None
         raise VeilError("stopped here")
 
+    from flows.cli import core_cmds
+
+    # not under test, and it binds logging to CliRunner's stream, which is closed after the call
+    monkeypatch.setattr(core_cmds, "quiet_third_party", lambda: None)
     monkeypatch.setattr(stages, "base_model", lambda s, base_model_dir=None: str(base_model_dir))
     monkeypatch.setattr(stages, "train", fake_train)
     (tmp_path / "plan.json").write_text("{}")
