@@ -162,6 +162,7 @@ _MLFLOW_TEMPLATE: Path | None = None
 
 
 REFUSED_ON_N = "refused on N̂"
+EVERYONE_RETIRED = "everyone retired"     # the training reservation's filter admitted no one
 
 
 def _stage(kind: str):
@@ -262,6 +263,7 @@ class Home:
         from flows import stages
 
         out = Path(self.settings.runs_dir) / plan["sha256"][:16]
+        self.steps[-1]["plan"] = plan["sha256"]
         annex = stages._annex(self.settings, plan)
         orig = stages._plan_snapshot
         stages._plan_snapshot = lambda _s, _p: snap          # the snapshot the plan was made from
@@ -270,6 +272,7 @@ class Home:
                 reservation = stages.reserve(self.settings, plan, annex, out)
             except Exception as e:                           # everyone retired: nothing released
                 if "spent their lifetime budget" in str(e):
+                    self.steps[-1]["outcome"] = EVERYONE_RETIRED
                     return None
                 raise
         finally:
@@ -696,6 +699,15 @@ def divergence(name: str, full: Run, less: Run, u: str, charged: set[int]
     for i, (x, y) in enumerate(zip(full.steps, less.steps)):
         if x["outcome"] == y["outcome"]:
             continue          # same outcome (other estimates or not): the documents' fields are priced one by one
+        if x["kind"] == "release" and (x["outcome"], y["outcome"]) == ("ok", EVERYONE_RETIRED):
+            # the filter retires each person on their own spend: on D it admitted u (at least), without u no
+            # one — the release's own training charge to u prices that
+            if not _ledger_ids(full.settings, x["plan"]) & charged:
+                return i, None, [Finding(name, u, "release", "", f"step {i}: released on D, everyone retired "
+                                                                 "without this person, but this person holds no "
+                                                                 "charge for the release")]
+            return i, (f"step {i} (release): released on D, everyone retired without this person — the filter "
+                       "admitted this person, who holds the release's training charge"), []
         sides = {x["outcome"], y["outcome"]}
         if not sides <= {"ok", REFUSED_ON_N} or REFUSED_ON_N not in sides:
             return i, None, [Finding(name, u, x["kind"], "", f"step {i} ({x['kind']}) differs: on D "

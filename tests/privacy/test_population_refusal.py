@@ -134,3 +134,24 @@ def test_harness_finds_a_refusal_that_reads_exact_data(tmp_path, monkeypatch):
     monkeypatch.setattr(planning, "make_plan", make_plan)
     findings = nb.check_scenario("one", _one_release, tmp_path, PEOPLE, [u], [KEY])
     assert any("not a refusal on the DP estimate N̂ alone" in f.why for f in findings), [f.why for f in findings]
+
+
+def test_harness_allows_a_release_only_the_removed_person_could_afford(tmp_path, monkeypatch):
+    """The training filter retires each person on their own spend: when, without u, it admits no one, D's
+    release (which admitted and charged u) and D − u's nothing differ by a release u is charged for."""
+    from flows import stages
+
+    monkeypatch.setenv("VEIL_HOME", str(tmp_path / "unused"))
+    u = _counted_people(tmp_path)[0]
+    real = stages.reserve
+
+    def reserve(settings, plan, annex, out, *a, **k):
+        if u not in nb.person_rates_of(annex):
+            raise stages.VeilError("ledger: every trained person of this plan has spent their lifetime budget")
+        return real(settings, plan, annex, out, *a, **k)
+
+    monkeypatch.setattr(stages, "reserve", reserve)
+    notes: list = []
+    findings = nb.check_scenario("one", _one_release, tmp_path, PEOPLE, [u], [KEY], notes)
+    assert not findings, [f.__dict__ for f in findings]
+    assert [n.person for n in notes] == [u] and "everyone retired without this person" in notes[0].why, notes
