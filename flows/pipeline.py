@@ -152,7 +152,9 @@ def log_audit(log, summary: dict | None) -> None:
     log.info("audit %s (the policy requires %s: %s): %s", *publish("prefect", audit_log_fields(summary))["audit"])
 
 
-@flow(name="veil-pipeline", log_prints=True, persist_result=False)
+# log_prints=False: a print() (progress, the audit's "scoring N attacker samples of M users") would reach
+# Prefect's API log ungated, exact counts included; the run's log gets the gated log_step lines instead
+@flow(name="veil-pipeline", log_prints=False, persist_result=False)
 @prefect_safe("veil-pipeline")
 def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                   public_corpus: str | None = None, base_model_dir: str | None = None,
@@ -198,7 +200,7 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
             "audit": aud["summary"] if aud else None, "evaluation": ev}
 
 
-@flow(name="veil-demo", log_prints=True, persist_result=False)
+@flow(name="veil-demo", log_prints=False, persist_result=False)
 @prefect_safe("veil-demo")
 def demo_flow(home: str | None = None, audit: bool = True) -> dict:
     """The demo organization through the whole pipeline on embedded defaults."""

@@ -233,7 +233,8 @@ def _skip(reason: str, model_uri: str | None = None) -> dict:
             "approval": None, "people_trained": 0, "people_retired": 0}
 
 
-@flow(name="veil-retrain", log_prints=True, persist_result=False)  # returns exact people counts
+# returns exact people counts; prints stay off Prefect's log (flows.pipeline.pipeline_flow)
+@flow(name="veil-retrain", log_prints=False, persist_result=False)
 @prefect_safe("veil-retrain")
 def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                  base_model_dir: str | None = None, public_corpus: str | None = None,

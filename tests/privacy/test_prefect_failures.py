@@ -69,7 +69,8 @@ def test_the_cli_shows_the_operator_the_original(settings):
 
 
 def test_every_veil_task_and_flow_runs_behind_the_boundary():
-    """A new task or flow without `prefect_safe` would hand Prefect its raw exception."""
+    """A new task or flow without `prefect_safe` would hand Prefect its raw exception; a flow with log_prints,
+    every print() of its tasks."""
     from prefect import Flow, Task
 
     from flows import pipeline, retrain
@@ -78,6 +79,8 @@ def test_every_veil_task_and_flow_runs_behind_the_boundary():
     assert len(objs) >= 12
     unwrapped = [n for n, o in objs.items() if not getattr(o.fn, "prefect_safe_step", None)]
     assert unwrapped == []
+    # and no print() is forwarded to Prefect's log (ungated: the audit prints exact sample counts)
+    assert [n for n, o in objs.items() if isinstance(o, Flow) and o.log_prints] == []
     root = Path(__file__).resolve().parents[2] / "flows"
     for f in root.rglob("*.py"):
         text = f.read_text()
