@@ -217,7 +217,9 @@ class Home:
 
         self.refusals.append(str(e))
         step = self.steps[-1]
-        if isinstance(e, PopulationRefusal):
+        if "spent their lifetime budget" in str(e):
+            step["outcome"] = EVERYONE_RETIRED      # the ledger's filter, person by person: nobody left to count
+        elif isinstance(e, PopulationRefusal):
             step["outcome"] = REFUSED_ON_N
             step["keys"].append(e.release_key)
             self.refused_counted[e.release_key] = set(person_rates(e.persons, 0.0)) if e.persons is not None else set()
@@ -388,6 +390,7 @@ class Home:
         except VeilError as e:
             self._refused(e)
             return None
+        self.steps[-1]["release_ids"] = [int(rel.release_id)]
         self.evaluations[run_id] = {"release_name": rel.release_name, "release_id": rel.release_id,
                                     "plan_sha256": plan["sha256"]}
         return self.evaluations[run_id]
@@ -699,15 +702,16 @@ def divergence(name: str, full: Run, less: Run, u: str, charged: set[int]
     for i, (x, y) in enumerate(zip(full.steps, less.steps)):
         if x["outcome"] == y["outcome"]:
             continue          # same outcome (other estimates or not): the documents' fields are priced one by one
-        if x["kind"] == "release" and (x["outcome"], y["outcome"]) == ("ok", EVERYONE_RETIRED):
+        if x["kind"] in ("release", "evaluate") and (x["outcome"], y["outcome"]) == ("ok", EVERYONE_RETIRED):
             # the filter retires each person on their own spend: on D it admitted u (at least), without u no
-            # one — the release's own training charge to u prices that
-            if not _ledger_ids(full.settings, x["plan"]) & charged:
-                return i, None, [Finding(name, u, "release", "", f"step {i}: released on D, everyone retired "
+            # one — the release's own charge to u (training, or the evaluation's) prices that
+            rids = _ledger_ids(full.settings, x["plan"]) if x["kind"] == "release" else set(x.get("release_ids", ()))
+            if not rids & charged:
+                return i, None, [Finding(name, u, x["kind"], "", f"step {i}: released on D, everyone retired "
                                                                  "without this person, but this person holds no "
                                                                  "charge for the release")]
-            return i, (f"step {i} (release): released on D, everyone retired without this person — the filter "
-                       "admitted this person, who holds the release's training charge"), []
+            return i, (f"step {i} ({x['kind']}): released on D, everyone retired without this person — the filter "
+                       f"admitted this person, who holds the release's charge ({sorted(rids & charged)})"), []
         sides = {x["outcome"], y["outcome"]}
         if not sides <= {"ok", REFUSED_ON_N} or REFUSED_ON_N not in sides:
             return i, None, [Finding(name, u, x["kind"], "", f"step {i} ({x['kind']}) differs: on D "
