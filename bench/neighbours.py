@@ -7,8 +7,9 @@ people, under 3 keys, every published field diffed (tests/privacy/_neighbours.py
 
 Prints a table: scenario, keys, people removed, runs, findings, DP outcomes, seconds. Exit 1 when any
 scenario has a finding (each is printed). A "DP outcome" is a pair whose runs took different courses
-(one planned, the other refused) because of a DP estimate N̂ alone, which the removed person was charged
-for: allowed, and each is printed with the step and the ledger release that prices it
+because of a DP release the removed person was charged for — one planned, the other refused on the
+estimate N̂ alone; or one released (admitting that person) while the ledger's filter left no one without
+them: allowed, and each is printed with the step and the ledger release that prices it
 (_neighbours.divergence). `make test` runs a 3-person, 1-key sample of the same
 scenarios (tests/privacy/test_neighbour_scenarios.py)."""
 from __future__ import annotations
