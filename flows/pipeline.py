@@ -20,6 +20,7 @@ from components.core.errors import VeilError  # noqa: E402
 from components.core.settings import load_settings, private_umask  # noqa: E402
 from components.publication import publish  # noqa: E402
 from flows import stages  # noqa: E402
+from flows.prefect_boundary import prefect_safe  # noqa: E402
 
 # The flows' processes write the catalog, snapshots, plans, runs and MLflow's files: owner-only
 # (0600/0700) whatever the umask they were started under (a served deployment's worker included).
@@ -81,16 +82,19 @@ def log_plan(log, plan_doc: dict) -> None:
 
 
 @task(name="ingest", **_task)
+@prefect_safe("ingest")
 def ingest_task(home, source, fmt, policy, mapping):
     return stages.ingest(load_settings(home), source, fmt, policy=policy, **mapping)
 
 
 @task(name="base-model", **_task)
+@prefect_safe("base-model")
 def base_model_task(home, public_corpus, base_model_dir):
     return stages.base_model(load_settings(home), public_corpus=public_corpus, base_model_dir=base_model_dir)
 
 
 @task(name="plan", **_task)
+@prefect_safe("plan")
 def plan_task(home, policy, snapshot_id, base_dir, exclusions_file=None):
     """`exclusions_file`: a private JSON file whose "excluded" lists the person ids to leave out. Task parameters
     are public handles only (paths, names, hashes): the ids themselves never pass through Prefect (issue 22)."""
@@ -102,27 +106,32 @@ def plan_task(home, policy, snapshot_id, base_dir, exclusions_file=None):
 
 
 @task(name="train", **_task)
+@prefect_safe("train")
 def train_task(home, plan_path, base_dir, precision=None):
     return stages.train(load_settings(home), plan_path, base_dir, precision=precision)
 
 
 @task(name="certify", **_task)
+@prefect_safe("certify")
 def certify_task(home, plan_path, train_result):
     return stages.certify(load_settings(home), plan_path, train_result)
 
 
 @task(name="register", **_task)
+@prefect_safe("register")
 def register_task(home, name, certificate, plan_path, base_dir, adapter_dir, alias="latest-certified"):
     return stages.register(load_settings(home), name=name, certificate=certificate, plan_path=plan_path,
                            base_dir=base_dir, adapter_dir=adapter_dir, alias=alias)
 
 
 @task(name="audit", **_task)
+@prefect_safe("audit")
 def audit_task(home, model_uri, policy, truth):
     return stages.audit(load_settings(home), model_uri, policy=policy, truth=truth)
 
 
 @task(name="evaluate", **_task)
+@prefect_safe("evaluate")
 def evaluate_task(home, model_uri, policy=None):
     return stages.evaluate(load_settings(home), model_uri, missing_ok=True, policy=policy)
 
@@ -143,7 +152,10 @@ def log_audit(log, summary: dict | None) -> None:
     log.info("audit %s (the policy requires %s: %s): %s", *publish("prefect", audit_log_fields(summary))["audit"])
 
 
-@flow(name="veil-pipeline", log_prints=True, persist_result=False)
+# log_prints=False: a print() (progress, the audit's "scoring N attacker samples of M users") would reach
+# Prefect's API log ungated, exact counts included; the run's log gets the gated log_step lines instead
+@flow(name="veil-pipeline", log_prints=False, persist_result=False)
+@prefect_safe("veil-pipeline")
 def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                   public_corpus: str | None = None, base_model_dir: str | None = None,
                   model_name: str = "veil", mapping: dict | None = None, audit: bool = True,
@@ -189,7 +201,8 @@ def pipeline_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | N
             "audit": aud["summary"] if aud else None, "evaluation": ev}
 
 
-@flow(name="veil-demo", log_prints=True, persist_result=False)
+@flow(name="veil-demo", log_prints=False, persist_result=False)
+@prefect_safe("veil-demo")
 def demo_flow(home: str | None = None, audit: bool = True) -> dict:
     """The demo organization through the whole pipeline on embedded defaults."""
     settings = load_settings(home).ensure()

@@ -183,13 +183,17 @@ def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
+    from flows.prefect_boundary import prefect_safe
+
     @task(name="pmixed-train-shard", cache_policy=NO_CACHE, retries=0, persist_result=False)  # facts: private
+    @prefect_safe("pmixed-train-shard")
     def shard_task(i: int):
         # the texts are passed by index, never as task parameters: Prefect would persist them in its run DB
         return train_shard(base_dir, shard_texts[i], cfg, outs[i])
 
     @flow(name="pmixed-build", task_runner=_runner(runner, cluster_kwargs), log_prints=False,
           persist_result=False)
+    @prefect_safe("pmixed-build")
     def shards_flow():
         futures = shard_task.map(list(range(len(outs))))
         return [f.result() for f in futures]

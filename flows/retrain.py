@@ -29,6 +29,7 @@ from components.core.faults import kill_point
 from components.core.settings import Settings, load_settings, private_umask
 from components.publication import publish
 from flows import stages
+from flows.prefect_boundary import original_error, prefect_safe
 from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)
 from flows.pipeline import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
                             log_plan, log_step, plan_task, register_task)
@@ -150,6 +151,7 @@ def await_approval(promoters: list[str], timeout_s: int, model_uri: str, *, poll
 
 
 @task(name="promote", cache_policy=NO_CACHE, retries=0, persist_result=False)
+@prefect_safe("promote")
 def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | None, required: list[str],
                  alias: str, approval: dict | None = None, require: str | None = None) -> dict:
     """Move `alias` when the gates pass and (when asked for) a promoter approved; tag the version with
@@ -187,6 +189,7 @@ def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | No
 
 
 @task(name="train-or-resume", cache_policy=NO_CACHE, retries=0, persist_result=False)
+@prefect_safe("train-or-resume")
 def train_or_resume_task(home: str, plan_path: str, base_dir: str) -> dict:
     """Train (resuming from the run's checkpoint) or, when this plan's run already finished, take its
     result: a retraining stopped after training never trains or charges twice."""
@@ -230,7 +233,9 @@ def _skip(reason: str, model_uri: str | None = None) -> dict:
             "approval": None, "people_trained": 0, "people_retired": 0}
 
 
-@flow(name="veil-retrain", log_prints=True, persist_result=False)  # returns exact people counts
+# returns exact people counts; prints stay off Prefect's log (flows.pipeline.pipeline_flow)
+@flow(name="veil-retrain", log_prints=False, persist_result=False)
+@prefect_safe("veil-retrain")
 def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | None = None,
                  base_model_dir: str | None = None, public_corpus: str | None = None,
                  model_name: str = "veil", mapping: dict | None = None, truth: str | None = None,
@@ -290,9 +295,10 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
         trained = train_or_resume_task(home, planned["plan_path"], base)
         log_step(log, "trained")
     except VeilError as e:
-        if "spent their lifetime budget" in str(e):
-            log.info("skipped: %s", publish("prefect", {"skipped": str(e)})["skipped"])
-            return _skip(str(e), last.get("model_uri") if last else None)
+        why = str(original_error(e))     # a task's failure reaches the flow as StepFailed (flows.prefect_boundary)
+        if "spent their lifetime budget" in why:
+            log.info("skipped: %s", publish("prefect", {"skipped": why})["skipped"])
+            return _skip(why, last.get("model_uri") if last else None)
         raise
     cert = certify_task(home, planned["plan_path"], trained)
     # (a registration killed after MLflow registered its version finds that version: one per plan)

@@ -200,6 +200,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
                   progress=None, exclude_people=None, compute: dict | None = None) -> dict:
     """`plan` on a loaded snapshot (anything with snapshot_id, sha256, records, secret_spans and
     manifest): people rules, exclusions, the plan, N̂ charged, the plan written."""
+    from components.mechanisms.gaussian import PopulationRefusal
     from components.planning import make_plan, save_plan
     from components.policy import load_policy
 
@@ -248,9 +249,18 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
         # The plan's date is its snapshot's: the same snapshot, policy and base give the same plan (and
         # sha256), so a run killed mid-training and started again resumes under its own plan, checkpoint
         # and ledger reservation instead of starting (and paying) again under a new one.
-        p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
-                      cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
-                      people=people_sections, ledger_filter=ledger_filter)
+        try:
+            p = make_plan(pol, snap, private_dir=settings.private_dir, scorer=scorer, compute=compute,
+                          cache_dir=settings.cache_dir, progress=progress, created_at=snap.manifest.get("created_at"),
+                          people=people_sections, ledger_filter=ledger_filter)
+        except PopulationRefusal as e:
+            # N̂ < B: the refusal reads only the DP estimate, but it is seen (no plan, no model, N̂ in the
+            # message), so that N̂ is charged to everyone it counted exactly as a published one (issue 22)
+            refused = charge_refused_population(settings, e)
+            if not refused:
+                raise
+            excluded |= set(refused)
+            continue
         population_release_id, refused = charge_plan_population(settings, p.to_dict())
         if not refused:
             break
@@ -299,6 +309,18 @@ def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | No
     res = charge_population(settings, plan_doc, train_rows(annex),
                             release_key=(annex.get("population") or {}).get("release_key"))
     return (None, ()) if res is None else (res.release_id, tuple(res.refused))
+
+
+def charge_refused_population(settings: Settings, refusal) -> tuple[str, ...]:
+    """Charge the N̂ a plan refused on (`PopulationRefusal`) to everyone it counted, once per distinct N̂
+    (its release key). Returns the ids who could not afford it (nothing was charged then: the caller
+    plans again without them, which draws fresh noise)."""
+    from components.ledger import charge_population
+
+    if refusal.persons is None or refusal.plan_like is None:
+        raise VeilError("plan: a population refusal without the people it counted (a bug: report it)")
+    res = charge_population(settings, refusal.plan_like, refusal.persons, release_key=refusal.release_key)
+    return () if res is None else tuple(res.refused)
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:

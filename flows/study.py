@@ -155,13 +155,17 @@ def map_points(settings: Settings, jobs: list[dict], *, task_runner: str = "thre
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
+    from flows.prefect_boundary import prefect_safe
+
     @task(name="study-point", cache_policy=NO_CACHE, retries=0, persist_result=False)
+    @prefect_safe("study-point")
     def point_task(settings: Settings, job: dict) -> dict:
         # only the point, file paths and the settings travel as task parameters: no private data
         return run_point(settings, **job)
 
     @flow(name="veil-study", task_runner=_runner(task_runner, workers, processes), log_prints=False,
           persist_result=False)
+    @prefect_safe("veil-study")
     def study_flow() -> list[dict]:
         futures = point_task.map([settings] * len(jobs), jobs)
         return [f.result() for f in futures]

@@ -130,7 +130,7 @@ class _VeilConsole(logging.Filter):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed record is shown as it is
             text = str(record.msg)
-        if isinstance(exc, VeilError) or "VeilError" in text:
+        if isinstance(exc, VeilError) or "VeilError" in text or "StepFailed" in text:
             return False
         if getattr(record, "veil_console", True) is False:   # meant for the run's log only (flows.pipeline.log_step)
             return False

@@ -69,6 +69,28 @@ def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: i
                     "release_key": prf(key, "population-release", *parts).hex()}
 
 
+class PopulationRefusal(VeilError):
+    """The planner refused because N̂ < B (`SubsampledGaussian.calibrate`).
+
+    The decision reads only the DP estimate N̂ and the public batch B: it is a post-processing of the
+    Laplace release. But it is observable — no plan, no model, this message with N̂ in it — so the N̂
+    that made it is a release like a published one, and the planner charges it to everyone it counted
+    before the refusal leaves (`flows.stages.plan_snapshot`, issue 22). `population`/`release_key` say
+    which N̂; `persons` (the counted training rows, set by `make_plan`) and `plan_like` (what the ledger
+    prices it from) are private and never pickled: a copy (a Prefect state) is a plain VeilError with
+    the message only."""
+
+    def __init__(self, message: str, *, population: dict, release_key: str):
+        super().__init__(message)
+        self.population = dict(population)
+        self.release_key = release_key
+        self.persons = None          # pyarrow table of the counted rows (user_id[, rate, owners]): private
+        self.plan_like: dict | None = None
+
+    def __reduce__(self):
+        return (VeilError, (str(self),))
+
+
 def _count(x: float) -> int | None:
     """A count of releases for a document: None for ∞ (a release that costs nothing)."""
     return None if x == float("inf") else int(x)
@@ -101,11 +123,13 @@ class SubsampledGaussian(Mechanism):
         if population["estimate"] < batch:
             # (N̂'s noise is public in scale only; a small population may fall under the batch by noise
             # alone, and re-planning the same inputs draws the same noise: say which knobs move it)
-            raise VeilError(f"spec.training.expected_batch_size: {batch} {unit} per step but the (DP) estimate "
-                            f"of the {unit} that can be trained on is {population['estimate']:.1f} (Laplace "
-                            f"noise of scale {population['scale']:.3g}: spec.population.epsilon_fraction "
-                            f"{float(spec.population.epsilon_fraction):g} of ε); lower the batch, or give the "
-                            "estimate a larger share of ε")
+            raise PopulationRefusal(
+                f"spec.training.expected_batch_size: {batch} {unit} per step but the (DP) estimate of the {unit} "
+                f"that can be trained on is {population['estimate']:.1f} (Laplace noise of scale "
+                f"{population['scale']:.3g}: spec.population.epsilon_fraction "
+                f"{float(spec.population.epsilon_fraction):g} of ε; the estimate is charged ε_N to the people "
+                "it counts, as a published one is); lower the batch, or give the estimate a larger share of ε",
+                population=population, release_key=private["release_key"])
         q = batch / population["estimate"]
         eps_n = float(population["epsilon"])
         eps_sgd_target = target["epsilon"] - eps_n

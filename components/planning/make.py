@@ -19,6 +19,7 @@ from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.mechanisms import Bounded, Calibrated, PlanContext, get
 from components.mechanisms.auto import Resolved, resolve
+from components.mechanisms.gaussian import PopulationRefusal
 from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
 from components.planning.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
@@ -170,6 +171,16 @@ def _load_owners(snapshot) -> pa.Table | None:
     return records.select(["record_id", "owners"]) if "owners" in records.column_names else None
 
 
+def _train_table(bounded) -> pa.Table:
+    """The plan's training rows (record_id, user_id[, rate][, owners]): what N counts and the ledger charges."""
+    train_tbl = bounded.chosen.select(["record_id", "user_id"])
+    if bounded.rates is not None:
+        train_tbl = train_tbl.append_column("rate", pa.array(bounded.rates, pa.float64()))
+    if bounded.owners is not None:      # the ledger charges every owner of a trained record
+        train_tbl = train_tbl.append_column("owners", bounded.owners)
+    return train_tbl
+
+
 def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | dict | None = None,
               scorer: Scorer | None = None, created_at: str | None = None,
               cache_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
@@ -212,7 +223,15 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     bounded = mech.bound(ctx, split.train)
     if bounded.n_units == 0:
         raise VeilError("plan: no training data left after holding out audit users and attacker samples")
-    cal = mech.calibrate(ctx, bounded)
+    try:
+        cal = mech.calibrate(ctx, bounded)
+    except PopulationRefusal as e:
+        # the refusal reads only N̂, yet it is observable: say whom that N̂ counted, for the planner to
+        # charge it (flows.stages.plan_snapshot)
+        e.persons = _train_table(bounded)
+        e.plan_like = {"mechanism": mech.name, "data": {"population": dict(e.population)},
+                       "lifetime_budget": None if spec.lifetime_budget is None else spec.lifetime_budget.model_dump()}
+        raise
 
     # members are people the model actually trained on: the bound may have left a non-held-out person
     # with nothing (multi-owner), and their samples must not be scored as a member's
@@ -220,11 +239,7 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     if bounded.owners is not None:
         trained_people |= {str(o) for row in bounded.owners.to_pylist() for o in (row or ())}
     split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
-    train_tbl = bounded.chosen.select(["record_id", "user_id"])
-    if bounded.rates is not None:
-        train_tbl = train_tbl.append_column("rate", pa.array(bounded.rates, pa.float64()))
-    if bounded.owners is not None:      # the ledger charges every owner of a trained record
-        train_tbl = train_tbl.append_column("owners", bounded.owners)
+    train_tbl = _train_table(bounded)
     files = {"train_records": _write_parquet(_sorted(train_tbl), out_dir, "train"),
              "attacker_records": _write_parquet(_sorted(split.attacker), out_dir, "attacker")}
     if canaries is not None:

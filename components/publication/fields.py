@@ -671,3 +671,12 @@ declare(
 # --- h-fsdp: sharded full fine-tuning (issue 24) -----------------------------------------------------------
 declare(Field("certificate", "run.sharding", P, "how the operator laid the model over its ranks (fsdp: the "
               "policy's setting, present only when the run was sharded over more than one rank)"))
+# --- h-nb: a failed task or flow as Prefect sees it (issue 22; flows.prefect_boundary) -----------------------
+declare(
+    Field("prefect", "failure.step", P, "the name of the Veil task or flow that failed (a fixed name in flows/)"),
+    Field("prefect", "failure.error", P, "the failure's exception type name (its message and traceback never: they "
+          "may hold a person's id or an exact count, and go to the operator's terminal and the private area)"),
+    Field("prefect", "failure.record", P, "the name of the private file holding the reason (the failure's UTC time "
+          "and the step's name), or null when no private area was found"),
+)
+# --- end of h-nb ---

@@ -26,6 +26,7 @@ class _VeilGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except VeilError as e:
+            e = _for_the_operator(e)
             click.echo(f"error: {e}", err=True)
             _operator_detail(e)
             _release_native_objects(e)
@@ -56,6 +57,18 @@ def prefect_unreachable(e: BaseException) -> str | None:
         return (f"the Prefect server at PREFECT_API_URL={url} does not answer: start it, or unset PREFECT_API_URL to "
                 "run on a temporary server")
     return None
+
+
+def _for_the_operator(e: VeilError) -> VeilError:
+    """What Prefect saw of a failed task or flow is a `StepFailed` that names the step only
+    (flows.prefect_boundary); this terminal is the operator's: show the original error — re-raised with its
+    traceback when it is a bug, as before."""
+    from flows.prefect_boundary import original_error
+
+    orig = original_error(e)
+    if orig is e or isinstance(orig, VeilError):
+        return orig
+    raise orig
 
 
 def _operator_detail(e: VeilError) -> None:
@@ -103,6 +116,7 @@ def main() -> None:
     try:
         app()
     except VeilError as e:  # raised outside a command (e.g. while loading settings)
+        e = _for_the_operator(e)
         print(f"error: {e}", file=sys.stderr)
         _operator_detail(e)
         _release_native_objects(e)

@@ -22,7 +22,9 @@ bench/neighbours.py.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import importlib.util
 import json
 import re
@@ -150,9 +152,33 @@ class Run:
     selections: dict = dataclasses.field(default_factory=dict)    # study id → the selection release
     pmixeds: dict = dataclasses.field(default_factory=dict)       # certificate sha → the PMixED build's release
     home: str = ""
+    # each stage call of the scenario, in order: {"kind", "start" (index of its first published leaf),
+    # "outcome" ("ok", "nothing", "refused on N̂" or "refused: <why>"), "keys" (the N̂ release keys drawn)}
+    steps: list = dataclasses.field(default_factory=list)
+    refused_counted: dict = dataclasses.field(default_factory=dict)  # refused N̂'s release key → who it counted
 
 
 _MLFLOW_TEMPLATE: Path | None = None
+
+
+REFUSED_ON_N = "refused on N̂"
+EVERYONE_RETIRED = "everyone retired"     # the training reservation's filter admitted no one
+
+
+def _stage(kind: str):
+    """A stage call of a scenario: one step of the run (the harness aligns D's and D − u's documents by
+    step, and finds the first step whose outcome differs)."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *a, **k):
+            step = {"kind": kind, "start": len(self.rec) if self.rec is not None else 0, "outcome": "ok", "keys": []}
+            self.steps.append(step)
+            out = fn(self, *a, **k)
+            if out is None and step["outcome"] == "ok":
+                step["outcome"] = "nothing"
+            return out
+        return wrapper
+    return deco
 
 
 class Home:
@@ -172,6 +198,9 @@ class Home:
         self.plans: list[dict] = []
         self.annexes: list[dict] = []
         self.refusals: list[str] = []
+        self.rec: list | None = None           # the run's recorder (set by run())
+        self.steps: list[dict] = []
+        self.refused_counted: dict[str, set] = {}
         self.key = key
         self.weights: dict[str, str] = {}      # plan sha → the released weights' fingerprint
         self.evaluations: dict[str, dict] = {}
@@ -179,7 +208,31 @@ class Home:
         self.pmixeds: dict[str, dict] = {}
         self._runs = 0
 
+    def _refused(self, e) -> None:
+        """A stage refused (VeilError): a refusal on N̂ alone (`PopulationRefusal`, a post-processing of the
+        DP estimate) is told apart from any other, and the people that N̂ counted are kept (the check that
+        they hold its charge)."""
+        from components.ledger.release import person_rates
+        from components.mechanisms.gaussian import PopulationRefusal
+
+        self.refusals.append(str(e))
+        step = self.steps[-1]
+        if "spent their lifetime budget" in str(e):
+            step["outcome"] = EVERYONE_RETIRED      # the ledger's filter, person by person: nobody left to count
+        elif isinstance(e, PopulationRefusal):
+            step["outcome"] = REFUSED_ON_N
+            step["keys"].append(e.release_key)
+            self.refused_counted[e.release_key] = set(person_rates(e.persons, 0.0)) if e.persons is not None else set()
+        else:
+            step["outcome"] = f"refused: {e}"
+
+    def _drew(self, annex: dict) -> None:
+        key = (annex.get("population") or {}).get("release_key")
+        if key and self.steps:
+            self.steps[-1]["keys"].append(key)
+
     # the stages, as the pipeline calls them --------------------------------------------------------
+    @_stage("plan")
     def plan(self, policy_path: Path, snap: Snap, *, exclude_exhausted: bool = True,
              compute: dict | None = None) -> dict | None:
         """The retraining flow's planning: exhausted people out, then the plan (N̂ charged). None when the
@@ -194,12 +247,14 @@ class Home:
         try:
             res = stages.plan_snapshot(self.settings, policy_path, snap, exclude_people=excluded, compute=compute)
         except VeilError as e:
-            self.refusals.append(str(e))
+            self._refused(e)
             return None
         self.plans.append(res["plan"])
         self.annexes.append(stages._annex(self.settings, res["plan"]))
+        self._drew(self.annexes[-1])
         return res["plan"]
 
+    @_stage("release")
     def release(self, plan: dict, snap: Snap) -> dict | None:
         """The training reservation, then the certificate of a bound run (the weights' release)."""
         if plan is None:
@@ -210,6 +265,7 @@ class Home:
         from flows import stages
 
         out = Path(self.settings.runs_dir) / plan["sha256"][:16]
+        self.steps[-1]["plan"] = plan["sha256"]
         annex = stages._annex(self.settings, plan)
         orig = stages._plan_snapshot
         stages._plan_snapshot = lambda _s, _p: snap          # the snapshot the plan was made from
@@ -218,6 +274,7 @@ class Home:
                 reservation = stages.reserve(self.settings, plan, annex, out)
             except Exception as e:                           # everyone retired: nothing released
                 if "spent their lifetime budget" in str(e):
+                    self.steps[-1]["outcome"] = EVERYONE_RETIRED
                     return None
                 raise
         finally:
@@ -289,6 +346,7 @@ class Home:
         with mock.patch.object(sqlalchemy_store, "uuid", types.SimpleNamespace(uuid4=lambda: rid)):
             return client.create_run(exp_id).info.run_id
 
+    @_stage("evaluate")
     def evaluate(self, plan: dict, snap: Snap, *, fake_scores: Callable | None = None) -> dict | None:
         """`stages.evaluate` after a release, on the plan's evaluation people, without a model: each text's
         statistics are a fixed function of the text and of the *training data the weights saw* (so they
@@ -330,13 +388,15 @@ class Home:
                                      per_model=stats, epsilon=float(params.epsilon), delta=float(params.delta),
                                      nll_clip=float(params.nll_clip))
         except VeilError as e:
-            self.refusals.append(str(e))
+            self._refused(e)
             return None
+        self.steps[-1]["release_ids"] = [int(rel.release_id)]
         self.evaluations[run_id] = {"release_name": rel.release_name, "release_id": rel.release_id,
                                     "plan_sha256": plan["sha256"]}
         return self.evaluations[run_id]
 
 
+    @_stage("select")
     def select(self, policy_path: Path, grid_path: Path, snap: Snap) -> dict | None:
         """`veil study --private-selection` (flows/private_selection.py, real: the exclusions, every point
         planned with its N̂ charged, the selection theorem's reservation, the published `selection`
@@ -364,6 +424,7 @@ class Home:
                                        exclude_people=exclude_people)
             home.plans.append(res["plan"])
             home.annexes.append(stages._annex(settings, res["plan"]))
+            home._drew(home.annexes[-1])
             return res
 
         def new_study_dir(settings, grid):
@@ -391,7 +452,7 @@ class Home:
                 doc = ps.run_private_selection(self.settings, policy_path, grid_path, base_dir=str(base),
                                                rng=random.Random(seed))
             except VeilError as e:
-                self.refusals.append(str(e))
+                self._refused(e)
                 return None
         sel = doc["selection"]
         self.selections[doc["study_id"]] = {
@@ -401,6 +462,7 @@ class Home:
         return doc
 
 
+    @_stage("pmixed")
     def pmixed(self, policy_path: Path, snap: Snap) -> dict | None:
         """`veil pmixed build` (flows/pmixed.py, real: people rules, the ledger's 'pmixed' reservation, the
         keyed partition, the certificate, the token budget, `register_ensemble` through the gate into the
@@ -448,7 +510,7 @@ class Home:
             try:
                 out = pm.build(self.settings, policy_path, base_dir=str(base), use_prefect=False)
             except VeilError as e:
-                self.refusals.append(str(e))
+                self._refused(e)
                 return None
         cert = out["certificate"]
         self.pmixeds[cert["sha256"]] = {"policy_sha256": cert["policy"]["sha256"],
@@ -461,26 +523,34 @@ def run(scenario: Callable[[Home, Path, str | None], None], home_dir: Path, key:
     home = Home(home_dir, key)
     policies.mkdir(parents=True, exist_ok=True)
     with recording() as rec:
+        home.rec = rec
         scenario(home, policies, without)
     return Run(published=list(rec), plans=home.plans, annexes=home.annexes, settings=home.settings,
-               evaluations=home.evaluations, selections=home.selections, pmixeds=home.pmixeds, home=str(Path(home_dir).resolve()))
+               evaluations=home.evaluations, selections=home.selections, pmixeds=home.pmixeds,
+               home=str(Path(home_dir).resolve()), steps=home.steps, refused_counted=home.refused_counted)
 
 
 # --- the checks ----------------------------------------------------------------------------------------------
 
-def _docs(rec: list[Published], home: str = "") -> tuple[dict[tuple[str, int], dict[str, list]], dict, dict]:
-    """(channel, n-th document of that channel) → path → sorted values; (channel, path) → declaration;
-    and (channel, n) → the document's subject. The run's VEIL_HOME is written `$VEIL_HOME` in values (the
-    D and D − u runs live in two folders; where a folder is is not the data's)."""
-    out: dict[tuple[str, int], dict[str, list]] = {}
-    order: dict[str, list[int]] = {}
+def _docs(rec: list[Published], home: str = "", steps: list[dict] | None = None
+          ) -> tuple[dict[tuple[str, int, int], dict[str, list]], dict, dict]:
+    """(channel, step, n-th document of that channel in the step) → path → sorted values; (channel, path)
+    → declaration; and that key → the document's subject. Documents are aligned by the scenario's step
+    that published them, so a stage that published nothing on one side does not shift the later ones.
+    The run's VEIL_HOME is written `$VEIL_HOME` in values (the D and D − u runs live in two folders;
+    where a folder is is not the data's)."""
+    out: dict[tuple[str, int, int], dict[str, list]] = {}
+    order: dict[tuple[str, int], list[int]] = {}
     fields, subjects = {}, {}
-    for p in rec:
-        calls = order.setdefault(p.channel, [])
+    starts = [st["start"] for st in steps or ()]
+    for i, p in enumerate(rec):
+        step = bisect.bisect_right(starts, i) - 1
+        calls = order.setdefault((p.channel, step), [])
         if not calls or calls[-1] != p.call:
             calls.append(p.call)
-        d = out.setdefault((p.channel, len(calls) - 1), {})
-        subjects[(p.channel, len(calls) - 1)] = p.subject
+        doc = (p.channel, step, len(calls) - 1)
+        d = out.setdefault(doc, {})
+        subjects[doc] = p.subject
         v = json.dumps(p.value, sort_keys=True, default=str)
         d.setdefault(p.path, []).append(v.replace(home, "$VEIL_HOME") if home else v)
         fields[(p.channel, p.path)] = p.field
@@ -563,6 +633,20 @@ def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]
             if u in counted and rid not in person_charges(r.settings, u):
                 bad.append(Finding(name, u, "plan", "data.population.estimate",
                                    f"counted in N̂ (plan {plan['sha256'][:8]}) but not charged for it"))
+    # an N̂ a plan refused on is seen too (no plan, no model; the refusal names it): charged the same way
+    if r.refused_counted:
+        from components.ledger import Ledger
+
+        led = Ledger.open(r.settings)
+        try:
+            refused = {k: led.population_release(k) for k in r.refused_counted}
+        finally:
+            led.dispose()
+        for k, counted in r.refused_counted.items():
+            for u in people:
+                if u in counted and (refused[k] is None or refused[k] not in person_charges(r.settings, u)):
+                    bad.append(Finding(name, u, "refusal", "data.population.estimate",
+                                       f"counted in an N̂ a plan refused on ({k[:8]}) but not charged for it"))
     return bad
 
 
@@ -588,17 +672,90 @@ def _plan_of(doc: str, values: dict[str, list], plans: dict) -> tuple[dict, dict
     return plans.get(json.loads(values[key][0]))
 
 
-def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tuple[str, str]]]:
-    """Findings for one removed person, and the uncovered fields that person moved."""
-    a, fa, sa = _docs(full.published, full.home)
-    b, fb, _ = _docs(less.published, less.home)
+@dataclasses.dataclass
+class Note:
+    """A difference the harness allowed and why (printed by the bench next to the findings)."""
+    scenario: str
+    person: str
+    step: int
+    why: str
+
+
+def divergence(name: str, full: Run, less: Run, u: str, charged: set[int]
+               ) -> tuple[int | None, str | None, list[Finding]]:
+    """The first step whose outcome differs between D and D − u (one planned, the other refused; one
+    released, the other not), and why that is allowed: (step, reason, []) when the difference is an
+    outcome of DP estimates N̂ that u holds the charge of; (step, None, [finding]) otherwise; (None, None,
+    []) when every step had the same outcome.
+
+    Allowed only when one side refused on N̂ alone (`PopulationRefusal`: N̂ < B, nothing else read) and
+    every N̂ drawn at that step on D and not on D − u — the estimates that counted u; the others are the
+    same keyed draw on both sides — is a ledger release u is charged for in the run on D. From there on
+    the two histories are outputs of that DP release, so documents present on one side only and public
+    fields that are functions of the published history (ledger ids, later plans) may differ; the DP
+    fields of the later documents are still priced one by one (adaptive composition)."""
+    from components.ledger import Ledger
+
+    if len(full.steps) != len(less.steps):
+        return 0, None, [Finding(name, u, "steps", "", f"the scenario ran {len(full.steps)} stages on D and "
+                                                        f"{len(less.steps)} without this person")]
+    for i, (x, y) in enumerate(zip(full.steps, less.steps)):
+        if x["outcome"] == y["outcome"]:
+            continue          # same outcome (other estimates or not): the documents' fields are priced one by one
+        if x["kind"] in ("release", "evaluate") and (x["outcome"], y["outcome"]) == ("ok", EVERYONE_RETIRED):
+            # the filter retires each person on their own spend: on D it admitted u (at least), without u no
+            # one — the release's own charge to u (training, or the evaluation's) prices that
+            rids = _ledger_ids(full.settings, x["plan"]) if x["kind"] == "release" else set(x.get("release_ids", ()))
+            if not rids & charged:
+                return i, None, [Finding(name, u, x["kind"], "", f"step {i}: released on D, everyone retired "
+                                                                 "without this person, but this person holds no "
+                                                                 "charge for the release")]
+            return i, (f"step {i} ({x['kind']}): released on D, everyone retired without this person — the filter "
+                       f"admitted this person, who holds the release's charge ({sorted(rids & charged)})"), []
+        sides = {x["outcome"], y["outcome"]}
+        if not sides <= {"ok", REFUSED_ON_N} or REFUSED_ON_N not in sides:
+            return i, None, [Finding(name, u, x["kind"], "", f"step {i} ({x['kind']}) differs: on D "
+                                                             f"{x['outcome']!r}, without this person {y['outcome']!r}"
+                                                             " — not a refusal on the DP estimate N̂ alone")]
+        counted = [k for k in x["keys"] if k not in set(y["keys"])]
+        led = Ledger.open(full.settings)
+        try:
+            rids = {k: led.population_release(k) for k in counted}
+        finally:
+            led.dispose()
+        missing = [k[:8] for k, r in rids.items() if r is None or r not in charged]
+        if not counted or missing:
+            return i, None, [Finding(name, u, x["kind"], "", f"step {i} ({x['kind']}): {x['outcome']!r} on D, "
+                                                             f"{y['outcome']!r} without this person, but this person "
+                                                             f"holds no charge for the N̂ that decided it "
+                                                             f"({', '.join(missing) or 'none drawn on D'})")]
+        return i, (f"step {i} ({x['kind']}): {x['outcome']!r} on D, {y['outcome']!r} without this person — the "
+                   f"refusal reads only N̂ (DP), charged to this person (ledger release(s) "
+                   f"{sorted(rids.values())}); later documents and public fields follow that outcome"), []
+    return None, None, []
+
+
+def diff(name: str, full: Run, less: Run, u: str, notes: list | None = None
+         ) -> tuple[list[Finding], set[tuple[str, str]]]:
+    """Findings for one removed person, and the uncovered fields that person moved. `notes` receives the
+    differences allowed as the outcome of a DP release (`divergence`)."""
+    a, fa, sa = _docs(full.published, full.home, full.steps)
+    b, fb, _ = _docs(less.published, less.home, less.steps)
     findings, moved = [], set()
     charged = person_charges(full.settings, u)
     plans = {p["sha256"]: (p, x) for p, x in zip(full.plans, full.annexes)}
+    at, why, bad = divergence(name, full, less, u, charged)
+    findings += bad
+    if why and notes is not None:
+        notes.append(Note(name, u, at, why))
     for doc in sorted(set(a) | set(b)):
         da, db = a.get(doc, {}), b.get(doc, {})
-        if not da:
-            findings.append(Finding(name, u, doc[0], "", f"document {doc[1]} is published only without this person"))
+        after = why is not None and doc[1] >= at       # follows the DP outcome at step `at`
+        if not da or not db:
+            if not after:
+                side = "without" if not da else "with"
+                findings.append(Finding(name, u, doc[0], "", f"document {doc[2]} of step {doc[1]} is published "
+                                                             f"only {side} this person"))
             continue
         owner = _plan_of(doc[0], da, plans)
         other = _release_of_doc(full, doc[0], sa.get(doc))
@@ -611,7 +768,8 @@ def diff(name: str, full: Run, less: Run, u: str) -> tuple[list[Finding], set[tu
             if (doc[0], path) in KNOWN_OPEN:
                 continue          # reported by known_open(), fixed by the issue that names it
             if f.kind is Kind.PUBLIC and not f.relation:
-                findings.append(Finding(name, u, doc[0], path, f"public-by-construction field differs ({f.what})"))
+                if not after:
+                    findings.append(Finding(name, u, doc[0], path, f"public-by-construction field differs ({f.what})"))
             elif f.kind is Kind.UNCOVERED:
                 moved.add((doc[0], path))
             elif other is not None and f.kind is Kind.DP:
@@ -772,8 +930,9 @@ def _relation_claim(name, full: Run, u, channel, path, f, owner) -> list[Finding
     return []
 
 
-def check_scenario(name: str, scenario, tmp: Path, people: list[str], removed: list[str], keys: list[bytes]
-                   ) -> list[Finding]:
+def check_scenario(name: str, scenario, tmp: Path, people: list[str], removed: list[str], keys: list[bytes],
+                   notes: list | None = None) -> list[Finding]:
+    """Every check over `removed` × `keys`; `notes` receives the differences allowed as DP outcomes."""
     findings = []
     for ki, key in enumerate(keys):
         pdir = tmp / f"{name}-policies"
@@ -783,7 +942,8 @@ def check_scenario(name: str, scenario, tmp: Path, people: list[str], removed: l
         for u in removed:
             less = run(scenario, tmp / f"{name}-k{ki}-{re.sub('[^a-z0-9]', '', u)}" / "home", key, without=u,
                        policies=pdir)
-            f, m = diff(name, full, less, u)
+            findings += check_counted_charged(name, less, [p for p in people if p != u])
+            f, m = diff(name, full, less, u, notes)
             findings += f
             for x in m:
                 moved[x] = moved.get(x, 0) + 1
