@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.training.precision import acc, acc_dtype
+from components.training.precision import _HALF, acc, acc_dtype, bmm32, native_products
 
 Sampler = Callable[..., dict[str, torch.Tensor]]  # (module, input, grad_output, skip) -> {local: [B, ...]}
 _SAMPLERS: dict[type, Sampler] = {}
@@ -73,22 +73,23 @@ def _wants(module: nn.Module, name: str, skip=frozenset()) -> bool:
 
 
 def _outer_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per record Σ_l x_l y_lᵀ: [B, L, m], [B, L, n] -> [B, m, n]. The batched matmul is run with
-    the narrower factor transposed (for LoRA, the rank-r side), which is 2× faster on CPU; the
-    result may then be a transposed view."""
+    """Per record Σ_l x_l y_lᵀ: [B, L, m], [B, L, n] -> [B, m, n], float32 for 16-bit factors
+    (precision.bmm32: exact products, float32 accumulation; no float32 copies of the factors on
+    CUDA). The batched matmul is run with the narrower factor transposed (for LoRA, the rank-r
+    side), which is 2× faster on CPU; the result may then be a transposed view."""
     if x.shape[-1] <= y.shape[-1]:
-        return torch.bmm(x.transpose(1, 2), y)
-    return torch.bmm(y.transpose(1, 2), x).transpose(1, 2)
+        return bmm32(x.transpose(1, 2), y)
+    return bmm32(y.transpose(1, 2), x).transpose(1, 2)
 
 
 @register_grad_sampler(nn.Linear)
 def _linear(module, a, g, skip=frozenset()):
-    a, g = _flat(acc(a), acc(g))  # 16-bit factors: per-record products in float32 (precision.py)
+    a, g = _flat(a, g)  # 16-bit factors: per-record products and sums in float32 (precision.py)
     out = {}
     if _wants(module, "weight", skip):
-        out["weight"] = _outer_sum(g, a.to(g.dtype))
+        out["weight"] = _outer_sum(g, a)
     if _wants(module, "bias", skip):
-        out["bias"] = g.sum(1)
+        out["bias"] = g.sum(1, dtype=acc_dtype(g.dtype))
     return out
 
 
@@ -101,12 +102,12 @@ def _conv1d_types() -> tuple[type, ...]:
 
 
 def _conv1d(module, a, g, skip=frozenset()):  # HF GPT-2 Conv1D: y = x @ W + b, W is [in, out]
-    a, g = _flat(acc(a), acc(g))
+    a, g = _flat(a, g)
     out = {}
     if _wants(module, "weight", skip):
-        out["weight"] = _outer_sum(a.to(g.dtype), g)
+        out["weight"] = _outer_sum(a, g)
     if _wants(module, "bias", skip):
-        out["bias"] = g.sum(1)
+        out["bias"] = g.sum(1, dtype=acc_dtype(g.dtype))
     return out
 
 
@@ -238,6 +239,32 @@ class _Use:
             self.left = torch.where(keep.view(-1, 1, 1), self.left, torch.zeros((), dtype=self.left.dtype,
                                                                                 device=self.left.device))
 
+    def clipped_sum(self, f_unit: torch.Tensor, f_rec: torch.Tensor, slots: torch.Tensor | None,
+                    shape: torch.Size) -> torch.Tensor:
+        """Σ_u f_u Σ_{t∈u} left_t right_tᵀ, float32 (f_unit [U] per unit, f_rec [B] the same per record).
+
+        16-bit factors on a device with fused float32-output GEMMs (CUDA): unit by unit, P_u =
+        left_uᵀ right_u from the 16-bit factors themselves (exact products, float32 accumulation),
+        then Σ_u f_u P_u in float32 — the float32 path's value up to the order of float32
+        additions, on tensor cores. Scaling the factors by f before one big GEMM, as the float32
+        path does, would need f·right rounded back to 16 bits: each unit's contribution would then
+        be off by up to ~2⁻⁸·f·Σ‖right‖‖left‖ and could exceed C (README "Precision"). Otherwise:
+        `weighted_sum` (one GEMM over all tokens with float32 factors)."""
+        if (self.onehot or self.left.dtype not in _HALF or self.left.dtype != self.right.dtype
+                or not native_products(self.left.device)):
+            return self.weighted_sum(f_rec, shape)
+        left, right = self.units(slots)
+        f = (f_rec if slots is None else f_unit).float()
+        m, n = left.shape[-1], right.shape[-1]
+        # P for a chunk of units is [c, m, n] float32: bounded to ~256 MiB (an LM head's is 0.25 GB/unit)
+        chunk = max(1, (256 << 20) // max(1, 4 * m * n))
+        out = None
+        for s in range(0, left.shape[0], chunk):
+            p = bmm32(left[s:s + chunk].transpose(1, 2), right[s:s + chunk])
+            part = torch.tensordot(f[s:s + chunk], p, dims=1)
+            out = part if out is None else out + part
+        return out.reshape(shape)
+
     def weighted_sum(self, f: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """Σ_r f_r Σ_t left_rt right_rtᵀ (f [B], one factor per record)."""
         right = acc(self.right)   # the clipped sum in float32 even for 16-bit factors
@@ -255,19 +282,20 @@ def _gram(x: torch.Tensor, y: torch.Tensor, x_onehot: bool, y_onehot: bool, dtyp
     if x_onehot:
         return _gram(y, x, False, True, dtype).transpose(1, 2)
     if y_onehot:  # x_t · e_{y_s} = x_t[y_s]
-        return torch.gather(x, 2, y.unsqueeze(1).expand(x.shape[0], x.shape[1], y.shape[1]))
-    return torch.bmm(x, y.transpose(1, 2))
+        return acc(torch.gather(x, 2, y.unsqueeze(1).expand(x.shape[0], x.shape[1], y.shape[1])))
+    return bmm32(x, y.transpose(1, 2))
 
 
 def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
-    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only. 16-bit
-    factors are upcast before the products: a unit's norm is never computed in 16 bits."""
-    fs = [((l if u.onehot else acc(l), acc(r)), u.onehot) for u in uses for l, r in [u.units(slots)]]
+    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only. Products
+    of 16-bit factors are float32 (precision.bmm32: exact products, float32 accumulation and
+    output): a unit's norm is never computed in 16 bits."""
+    fs = [(u.units(slots), u.onehot) for u in uses]
     total = None
     for j, ((lj, rj), oj) in enumerate(fs):
         for l in range(j, len(fs)):
             (ll, rl), ol = fs[l]
-            rg = torch.bmm(rj, rl.transpose(1, 2))
+            rg = bmm32(rj, rl.transpose(1, 2))
             c = (_gram(lj, ll, oj, ol, rg.dtype) * rg).sum((1, 2))
             c = c if l == j else 2 * c
             total = c if total is None else total + c
@@ -275,8 +303,10 @@ def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
 
 
 def _rows_finite(x: torch.Tensor) -> torch.Tensor:
-    """[B, ...] -> [B] bool: every entry of row b is finite."""
-    return torch.isfinite(x).reshape(x.shape[0], -1).all(1)
+    """[B, ...] -> [B] bool, False when row b has a NaN or inf: a row's float32 sum is finite only
+    if every entry is (a NaN or ±inf makes any sum NaN or ±inf). One read of x, no bool copy; a
+    finite row whose sum overflows is reported too (it is dropped: a decision on its own data)."""
+    return torch.isfinite(x.reshape(x.shape[0], -1).sum(1, dtype=acc_dtype(x.dtype)))
 
 
 def row_sq_norms(u: torch.Tensor) -> torch.Tensor:
@@ -299,15 +329,19 @@ def supported(model: nn.Module) -> bool:
     return True
 
 
-def _root_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _root_outputs(outs: list) -> list:
     """The outputs whose autograd history contains no other output of `outs`. Every other output
-    depends on one of them, so a backward to these roots computes (and hooks see) all of them."""
-    marks = {o.grad_fn: i for i, o in enumerate(outs) if o.grad_fn is not None}
+    depends on one of them, so a backward to these roots computes (and hooks see) all of them.
+    `outs`: tensors, or autograd GradientEdges of them (`.node` is the tensor's grad_fn)."""
+    def fn(o):
+        return o.node if isinstance(o, torch.autograd.graph.GradientEdge) else o.grad_fn
+
+    marks = {fn(o): i for i, o in enumerate(outs) if fn(o) is not None}
     below: dict = {}  # node -> some output's node lies strictly below it (towards the inputs)
     for o in outs:
-        if o.grad_fn is None or o.grad_fn in below:
+        if fn(o) is None or fn(o) in below:
             continue
-        stack = [(o.grad_fn, False)]
+        stack = [(fn(o), False)]
         while stack:  # iterative post-order: graphs of deep models overflow Python's recursion
             node, done = stack.pop()
             if node in below:
@@ -318,7 +352,7 @@ def _root_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
                 continue
             stack.append((node, True))
             stack.extend((c, False) for c in kids if c not in below)
-    return [o for o in outs if o.grad_fn is None or not below[o.grad_fn]]
+    return [o for o in outs if fn(o) is None or not below[fn(o)]]
 
 
 class HookPerRecord:
@@ -336,7 +370,9 @@ class HookPerRecord:
                 self.layers.append((m, own))
         self._acts: dict[int, list[torch.Tensor]] = {}
         self._grads: dict[int, list[torch.Tensor]] = {}
-        self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
+        # book-keeping mode: (layer, input, GradientEdge of its output) per call, in call order
+        self._calls: list[tuple[nn.Module, torch.Tensor | None, object]] | None = None
+        self._on_grad = None   # book-keeping mode: consumer of (call index, output gradient)
         self._handles = []
         self._active = False
         # fp16's static loss scale (precision.py): the backward runs on scale·loss and every output
@@ -348,9 +384,14 @@ class HookPerRecord:
     def _forward_hook(self, module, inputs, output):
         if not self._active or not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
             return
-        if self._calls is not None:  # book-keeping mode: keep (layer, input, output) in call order
+        if self._calls is not None:  # book-keeping mode: keep (layer, input, output's edge) in call order
             if output.requires_grad:
-                self._calls.append((module, inputs[0].detach(), output))
+                # the output's GradientEdge (its grad_fn), not the output: holding every layer's
+                # output until the backward ends kept each LoRA B's float32 [B, L, out] output
+                # alive (12 GiB at 1B). The tensor hook stays on the grad_fn after the output is freed.
+                ci = len(self._calls)
+                self._calls.append((module, inputs[0].detach(), torch.autograd.graph.get_gradient_edge(output)))
+                output.register_hook(lambda g, ci=ci: self._on_grad(ci, g))
             return
         key = id(module)
         self._acts.setdefault(key, []).append(inputs[0].detach())
@@ -399,15 +440,8 @@ class HookPerRecord:
         weights [B]: w_r; owner [B]: the unit of each record (0..n_units-1); ghost: "auto"
         (per-layer cost rule), "always" (every Linear/Conv1D weight used once), "never"."""
         B = ids.shape[0]
-        self._calls = []
-        self._active = True
-        try:
-            out = self._forward(ids)
-            losses = loss_fn(out.logits, ids, lengths)
-            calls = self._calls
-        finally:
-            self._active = False
-            self._calls = None
+        # before the forward: its host sync (K) then waits for nothing, and the Python work between
+        # the forward and the backward below overlaps the device's forward
         singletons = n_units == B
         slots = None
         if not singletons:  # [U, K] record indices per unit, padded with B (a zero row)
@@ -418,6 +452,15 @@ class HookPerRecord:
             pos_in_unit = torch.arange(B, device=owner.device) - starts[owner[order]]
             slots = torch.full((n_units, K), B, dtype=torch.long, device=owner.device)
             slots[owner[order], pos_in_unit] = order
+        self._calls = []
+        self._active = True
+        try:
+            out = self._forward(ids)
+            losses = loss_fn(out.logits, ids, lengths)
+            calls = self._calls
+        finally:
+            self._active = False
+            self._calls = None
         unit_len = ids.shape[1] * (1 if slots is None else slots.shape[1])
 
         # every use of each trainable parameter in this forward (a tied weight has several)
@@ -443,7 +486,11 @@ class HookPerRecord:
         per_record: dict[str, torch.Tensor] = {}
         ghost_uses: dict[str, list[_Use]] = {}
 
-        def consume(g: torch.Tensor, m: nn.Module, a: torch.Tensor) -> None:
+        def consume(ci: int, g: torch.Tensor) -> None:
+            m, a, edge = calls[ci]
+            # this call's input is let go here (the backward frees its own saved copy when it
+            # reaches the layer), not when the whole backward ends; a ghosted layer keeps it in _Use
+            calls[ci] = (m, None, edge)
             if g.shape[0] != B:
                 raise RuntimeError(f"{type(m).__name__}: output not batched per record "
                                    f"({tuple(g.shape)}); use per_record='vmap'")
@@ -457,12 +504,14 @@ class HookPerRecord:
                 name = own[local]
                 per_record[name] = per_record[name] + t if name in per_record else t
 
-        outs = [o for _, _, o in calls]
-        for m, a, o in calls:
-            o.register_hook(lambda g, m=m, a=a: consume(g, m, a))
-        torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, _root_outputs(outs),
-                            allow_unused=True)
-        del outs, calls
+        roots = _root_outputs([e for _, _, e in calls])
+        self._on_grad = consume
+        try:
+            torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, roots,
+                                allow_unused=True)
+        finally:
+            self._on_grad = None
+        del roots, calls
 
         sq = torch.zeros(n_units, dtype=torch.float64, device=ids.device)
         for us in ghost_uses.values():
@@ -491,19 +540,25 @@ class HookPerRecord:
         ok &= torch.zeros(n_units, dtype=torch.int64, device=ids.device).index_add_(
             0, owner, (~rec_ok).long()) == 0
         self.last_nonfinite = (~ok).sum()
+        # One host sync per micro-batch (not per layer): when every unit is finite — the usual
+        # case — nothing needs zeroing and the copies `torch.where` would make are skipped. The
+        # result is the same either way.
+        all_ok = bool(self.last_nonfinite == 0)
         factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
         params = dict(self.model.named_parameters())
         sums = {n: torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=params[n].device)
                 for n in self.names}   # float32 for 16-bit weights
         for name, u in per_unit.items():
-            u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
+            if not all_ok:
+                u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
             sums[name] += torch.tensordot(factor.to(u.dtype), u, dims=1)
         f_rec = factor[owner]
         keep_rec = ok[owner]
         for name, us in ghost_uses.items():
             for u in us:
-                u.drop_records(keep_rec)
-                sums[name] += u.weighted_sum(f_rec, sums[name].shape).to(sums[name].dtype)
+                if not all_ok:
+                    u.drop_records(keep_rec)
+                sums[name] += u.clipped_sum(factor, f_rec, slots, sums[name].shape).to(sums[name].dtype)
         return sums, losses.detach()
 
     def _unscale(self, g: torch.Tensor) -> torch.Tensor:
