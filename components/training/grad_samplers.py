@@ -7,7 +7,7 @@ A model with a trainable parameter in an unsupported layer falls back to torch.f
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -190,10 +190,21 @@ def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int) -> bool:
     return ghost < inst
 
 
-def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
-    """[B, L, d] per record -> [U, K·L, d] per unit (slots [U, K] index records, B = zero pad)."""
+class Contiguous(NamedTuple):
+    """Unit slots when record b is slot b mod K of unit b // K (every unit has K records, in order,
+    as per_sample packs equal-sized units): a unit's tokens are then a reshape of the records',
+    no copy (the [U, K] index form below copies every factor twice per use)."""
+    units: int
+    per_unit: int
+
+
+def _unit_tokens(x: torch.Tensor, slots) -> torch.Tensor:
+    """[B, L, d] per record -> [U, K·L, d] per unit (slots: [U, K] index records, B = zero pad;
+    or `Contiguous`)."""
     if slots is None:
         return x
+    if isinstance(slots, Contiguous):
+        return x.reshape(slots.units, -1, x.shape[-1])
     pad = torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])
     u = pad[slots]                                      # [U, K, L, d]
     return u.reshape(u.shape[0], -1, u.shape[-1])
@@ -220,10 +231,12 @@ class _Use:
             a, g = a.to(dt), g.to(dt)
             self.left, self.right = (g, a) if kind == "linear" else (a, g)
 
-    def units(self, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def units(self, slots: "torch.Tensor | Contiguous | None") -> tuple[torch.Tensor, torch.Tensor]:
         if slots is None:
             return self.left, self.right
-        if self.onehot:  # padded tokens get id 0; their right rows are zero, so they add nothing
+        if self.onehot and isinstance(slots, Contiguous):
+            left = self.left.reshape(slots.units, -1)
+        elif self.onehot:  # padded tokens get id 0; their right rows are zero, so they add nothing
             left = torch.cat([self.left, self.left.new_zeros((1, self.left.shape[1]))])[slots]
             left = left.reshape(left.shape[0], -1)
         else:
@@ -239,7 +252,7 @@ class _Use:
             self.left = torch.where(keep.view(-1, 1, 1), self.left, torch.zeros((), dtype=self.left.dtype,
                                                                                 device=self.left.device))
 
-    def clipped_sum(self, f_unit: torch.Tensor, f_rec: torch.Tensor, slots: torch.Tensor | None,
+    def clipped_sum(self, f_unit: torch.Tensor, f_rec: torch.Tensor, slots: "torch.Tensor | Contiguous | None",
                     shape: torch.Size) -> torch.Tensor:
         """Σ_u f_u Σ_{t∈u} left_t right_tᵀ, float32 (f_unit [U] per unit, f_rec [B] the same per record).
 
@@ -286,7 +299,7 @@ def _gram(x: torch.Tensor, y: torch.Tensor, x_onehot: bool, y_onehot: bool, dtyp
     return bmm32(x, y.transpose(1, 2))
 
 
-def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
+def ghost_norm_sq(uses: list[_Use], slots: "torch.Tensor | Contiguous | None") -> torch.Tensor:
     """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only. Products
     of 16-bit factors are float32 (precision.bmm32: exact products, float32 accumulation and
     output): a unit's norm is never computed in 16 bits."""
@@ -444,14 +457,20 @@ class HookPerRecord:
         # the forward and the backward below overlaps the device's forward
         singletons = n_units == B
         slots = None
+        K = 1
         if not singletons:  # [U, K] record indices per unit, padded with B (a zero row)
-            counts = torch.bincount(owner, minlength=n_units)
+            own_h = owner.cpu()   # B integers: the one host sync this needs
+            counts = torch.bincount(own_h, minlength=n_units)
             K = int(counts.max())
-            order = torch.argsort(owner, stable=True)
-            starts = torch.cumsum(counts, 0) - counts
-            pos_in_unit = torch.arange(B, device=owner.device) - starts[owner[order]]
-            slots = torch.full((n_units, K), B, dtype=torch.long, device=owner.device)
-            slots[owner[order], pos_in_unit] = order
+            if n_units * K == B and bool((own_h == torch.arange(n_units).repeat_interleave(K)).all()):
+                slots = Contiguous(n_units, K)
+            else:
+                order = torch.argsort(own_h, stable=True)
+                starts = torch.cumsum(counts, 0) - counts
+                pos_in_unit = torch.arange(B) - starts[own_h[order]]
+                slots = torch.full((n_units, K), B, dtype=torch.long)
+                slots[own_h[order], pos_in_unit] = order
+                slots = slots.to(owner.device)
         self._calls = []
         self._active = True
         try:
@@ -461,7 +480,7 @@ class HookPerRecord:
         finally:
             self._active = False
             self._calls = None
-        unit_len = ids.shape[1] * (1 if slots is None else slots.shape[1])
+        unit_len = ids.shape[1] * K
 
         # every use of each trainable parameter in this forward (a tied weight has several)
         uses: dict[str, list[tuple[int, str]]] = {}
