@@ -28,6 +28,7 @@ Targets (issue 24, on GPU): Veil LoRA ULS ≤ 1.10× non-private step time and �
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -181,6 +182,7 @@ def correctness(args, precision: str) -> list[dict]:
     import torch
 
     from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
+    from components.training.precision import emulate_out_dtype, native_products
 
     device = torch.device(args.device)
     small = argparse.Namespace(**{**vars(args), "model": "llama-tiny", "lora_r": 4})
@@ -205,12 +207,19 @@ def correctness(args, precision: str) -> list[dict]:
         C = float(norms.median())
         ref = sum(g * min(1.0, C / float(g.norm())) for g in per_unit)
         del ref_model
-        for method in ("mixed", "hooks", "ghost", "vmap"):
-            row = {"tuning": tuning, "precision": precision, "per_record": method, "clip": C}
+        # a 16-bit run on a device without fused float32-output GEMMs (a CPU) also runs the CUDA path's
+        # logic, with those products emulated (precision.emulate_out_dtype)
+        emulate = precision != "fp32" and not native_products(device)
+        paths = [(m, False) for m in ("mixed", "hooks", "ghost", "vmap")] + (
+            [("mixed", True), ("ghost", True)] if emulate else [])
+        for method, emulated in paths:
+            label = method + (" (CUDA products emulated)" if emulated else "")
+            row = {"tuning": tuning, "precision": precision, "per_record": label, "clip": C}
             try:
                 model = build_model(small, tuning, precision, device).train()
                 pu = PerUnitGradients(model, names, users * G, method)
-                sums, _, _ = pu.clipped_sum(units, ids, lengths, C, device)
+                with (emulate_out_dtype() if emulated else contextlib.nullcontext()):
+                    sums, _, _ = pu.clipped_sum(units, ids, lengths, C, device)
                 got = torch.cat([sums[n].reshape(-1).double() for n in names])
                 row["rel_error"] = float((got - ref).norm() / ref.norm())
                 pu.close()
@@ -273,6 +282,14 @@ def run_one(args, tuning: str, engine: str, precision: str) -> dict:
             print(prof.key_averages().table(sort_by=key, row_limit=args.profile), file=sys.stderr)
         if cuda:
             row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        if engine == "veil" and precision != "fp32":
+            # whether 16-bit products ran as fused float32-output GEMMs (precision.mm32/bmm32), and any
+            # layout the fused kernel refused (then computed from contiguous copies or upcasts)
+            from components.training import precision as prec
+
+            row["fused_products"] = prec.native_products(device)
+            if prec._WARNED:
+                row["fused_refused"] = sorted(prec._WARNED)
     except Exception as e:  # noqa: BLE001 — an engine's failure is a result of the bench, reported in the table
         row["error"] = "out of memory" if "out of memory" in str(e).lower() else _short(e)
     finally:

@@ -182,7 +182,32 @@ def _fused(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
         return None
     if _EMULATE_NATIVE and not _NATIVE_OUT_DTYPE.get(a.device.type, False):
         return op(a.double(), b.double()).float()
-    return op(a, b, out_dtype=torch.float32)
+    try:
+        return op(a, b, out_dtype=torch.float32)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, NotImplementedError) as e:
+        # a layout the fused kernel refuses (checked when the op is dispatched, before it runs):
+        # contiguous copies, else the caller's upcast product — same values either way
+        _warn_once(f"float32-output {op.__name__} refused {tuple(a.shape)}·{tuple(b.shape)} "
+                   f"(strides {a.stride()}, {b.stride()}): {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        try:
+            return op(a.contiguous(), b.contiguous(), out_dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, NotImplementedError):
+            return None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        import warnings
+
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
