@@ -345,27 +345,33 @@ def supported(model: nn.Module) -> bool:
 def _root_outputs(outs: list) -> list:
     """The outputs whose autograd history contains no other output of `outs`. Every other output
     depends on one of them, so a backward to these roots computes (and hooks see) all of them.
-    `outs`: tensors, or autograd GradientEdges of them (`.node` is the tensor's grad_fn)."""
+    `outs`: tensors, or autograd GradientEdges of them (`.node` is the tensor's grad_fn).
+
+    Each output's history is searched until another output's node turns up — a few nodes away for
+    all but the first layers — and subgraphs found to hold none are remembered; a walk of the whole
+    graph cost ~30 ms of host time a step at 22 layers × 14 LoRA matrices."""
     def fn(o):
         return o.node if isinstance(o, torch.autograd.graph.GradientEdge) else o.grad_fn
 
-    marks = {fn(o): i for i, o in enumerate(outs) if fn(o) is not None}
-    below: dict = {}  # node -> some output's node lies strictly below it (towards the inputs)
-    for o in outs:
-        if fn(o) is None or fn(o) in below:
-            continue
-        stack = [(fn(o), False)]
-        while stack:  # iterative post-order: graphs of deep models overflow Python's recursion
-            node, done = stack.pop()
-            if node in below:
+    nodes = [fn(o) for o in outs]
+    marks = {n for n in nodes if n is not None}
+    clear: set = set()   # nodes with no output's node anywhere below them (searched to the end)
+
+    def has_output_below(start) -> bool:
+        stack = [c for c, _ in start.next_functions if c is not None]
+        seen: set = set()
+        while stack:   # iterative: graphs of deep models overflow Python's recursion
+            node = stack.pop()
+            if node in marks:
+                return True
+            if node in clear or node in seen:
                 continue
-            kids = [c for c, _ in node.next_functions if c is not None]
-            if done:
-                below[node] = any(c in marks or below[c] for c in kids)
-                continue
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if c not in below)
-    return [o for o in outs if fn(o) is None or not below[fn(o)]]
+            seen.add(node)
+            stack.extend(c for c, _ in node.next_functions if c is not None)
+        clear.update(seen)
+        return False
+
+    return [o for o, n in zip(outs, nodes) if n is None or not has_output_below(n)]
 
 
 class HookPerRecord:

@@ -3,10 +3,13 @@
 What runs in 16 bits: the base model's weights, activations and output gradients (the forward and
 the backward through the network). What never does: every per-unit gradient the clipping reads and
 sums, each unit's norm, the clip factors, the clipped sum, the noise and the weights the optimizer
-updates. The layer samplers upcast a 16-bit layer's input and output gradient to float32 *before*
-forming the per-record gradient (outer product) or the ghost-norm Gram products, so a unit's norm is
-the float32 norm of exactly the vector that is then scaled and summed: the clipped vector has norm
-≤ C up to float32 rounding, as in an fp32 run. A norm taken in bf16 (8 mantissa bits) could be off by
+updates. The layer samplers multiply a 16-bit layer's input and output gradient with float32
+accumulation and result (`mm32`/`bmm32` below: exact products of 16-bit numbers, so the float32
+product of the upcasts up to addition order) when forming the per-record gradient (outer product),
+the ghost-norm Gram products and the book-kept clipped sum (on CUDA unit by unit, so nothing scaled is
+rounded back to 16 bits: grad_samplers._Use.clipped_sum), so a unit's norm is the float32 norm of the
+vector that is then scaled and summed: the clipped vector has norm ≤ C up to float32 rounding, as in
+an fp32 run. A norm taken in bf16 (8 mantissa bits) could be off by
 ~0.4 %, and the "clipped" contribution would then exceed C — a sensitivity, and so an ε, above what
 the certificate says.
 
