@@ -206,3 +206,26 @@ def test_no_outputs_held_until_the_backward_ends():
     # outputs still alive at the loss: only those the forward itself saves for its backward (inputs of
     # the next layer, e.g. a norm's input); without the edges every recorded output would be
     assert len(alive) > 10 and seen["alive"] < len(alive)
+
+
+def test_finiteness_checks_batched_into_one_sync():
+    """DPStep's checks of the noisy update and the weights read one flag for all tensors; they still
+    stop a run whose weights are NaN (every unit then contributes zero; the updated weights are NaN)."""
+    from components.core.errors import VeilError
+    from components.training.precision import MasterWeights
+    from components.training.step import DPStep, all_finite
+    from test_training_precision import _batch, _gpt2
+
+    assert all_finite([]) and all_finite([torch.ones(3), torch.zeros(2, 2)])
+    assert not all_finite([torch.ones(3), torch.tensor([1.0, float("nan")])])
+    assert not all_finite([torch.tensor([float("-inf")]), torch.ones(1)])
+    m = _gpt2()
+    with torch.no_grad():
+        m.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    masters = MasterWeights([(n, p) for n, p in m.named_parameters() if p.requires_grad])
+    step = DPStep(m, torch.optim.SGD(masters.params, lr=1.0), private=True, clip_norm=1.0, noise_multiplier=1.0,
+                  expected_batch_size=9.0, micro_batch_size=8, private_seed=1)
+    units, ids, lengths = _batch()
+    with pytest.raises(VeilError, match="not finite"):
+        step(0, units, ids, lengths)
+    step.close()
