@@ -7,13 +7,13 @@ A model with a trainable parameter in an unsupported layer falls back to torch.f
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.training.precision import acc, acc_dtype
+from components.training.precision import _HALF, acc, acc_dtype, bmm32, native_products
 
 Sampler = Callable[..., dict[str, torch.Tensor]]  # (module, input, grad_output, skip) -> {local: [B, ...]}
 _SAMPLERS: dict[type, Sampler] = {}
@@ -73,22 +73,23 @@ def _wants(module: nn.Module, name: str, skip=frozenset()) -> bool:
 
 
 def _outer_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per record Σ_l x_l y_lᵀ: [B, L, m], [B, L, n] -> [B, m, n]. The batched matmul is run with
-    the narrower factor transposed (for LoRA, the rank-r side), which is 2× faster on CPU; the
-    result may then be a transposed view."""
+    """Per record Σ_l x_l y_lᵀ: [B, L, m], [B, L, n] -> [B, m, n], float32 for 16-bit factors
+    (precision.bmm32: exact products, float32 accumulation; no float32 copies of the factors on
+    CUDA). The batched matmul is run with the narrower factor transposed (for LoRA, the rank-r
+    side), which is 2× faster on CPU; the result may then be a transposed view."""
     if x.shape[-1] <= y.shape[-1]:
-        return torch.bmm(x.transpose(1, 2), y)
-    return torch.bmm(y.transpose(1, 2), x).transpose(1, 2)
+        return bmm32(x.transpose(1, 2), y)
+    return bmm32(y.transpose(1, 2), x).transpose(1, 2)
 
 
 @register_grad_sampler(nn.Linear)
 def _linear(module, a, g, skip=frozenset()):
-    a, g = _flat(acc(a), acc(g))  # 16-bit factors: per-record products in float32 (precision.py)
+    a, g = _flat(a, g)  # 16-bit factors: per-record products and sums in float32 (precision.py)
     out = {}
     if _wants(module, "weight", skip):
-        out["weight"] = _outer_sum(g, a.to(g.dtype))
+        out["weight"] = _outer_sum(g, a)
     if _wants(module, "bias", skip):
-        out["bias"] = g.sum(1)
+        out["bias"] = g.sum(1, dtype=acc_dtype(g.dtype))
     return out
 
 
@@ -101,12 +102,12 @@ def _conv1d_types() -> tuple[type, ...]:
 
 
 def _conv1d(module, a, g, skip=frozenset()):  # HF GPT-2 Conv1D: y = x @ W + b, W is [in, out]
-    a, g = _flat(acc(a), acc(g))
+    a, g = _flat(a, g)
     out = {}
     if _wants(module, "weight", skip):
-        out["weight"] = _outer_sum(a.to(g.dtype), g)
+        out["weight"] = _outer_sum(a, g)
     if _wants(module, "bias", skip):
-        out["bias"] = g.sum(1)
+        out["bias"] = g.sum(1, dtype=acc_dtype(g.dtype))
     return out
 
 
@@ -215,10 +216,21 @@ def ghost_pays(dims: list[tuple[int, int, bool]], tokens: int, tensor_bytes: int
     return ghost < per_pass * m * n * (len(dims) + 2)
 
 
-def _unit_tokens(x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
-    """[B, L, d] per record -> [U, K·L, d] per unit (slots [U, K] index records, B = zero pad)."""
+class Contiguous(NamedTuple):
+    """Unit slots when record b is slot b mod K of unit b // K (every unit has K records, in order,
+    as per_sample packs equal-sized units): a unit's tokens are then a reshape of the records',
+    no copy (the [U, K] index form below copies every factor twice per use)."""
+    units: int
+    per_unit: int
+
+
+def _unit_tokens(x: torch.Tensor, slots) -> torch.Tensor:
+    """[B, L, d] per record -> [U, K·L, d] per unit (slots: [U, K] index records, B = zero pad;
+    or `Contiguous`)."""
     if slots is None:
         return x
+    if isinstance(slots, Contiguous):
+        return x.reshape(slots.units, -1, x.shape[-1])
     pad = torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])
     u = pad[slots]                                      # [U, K, L, d]
     return u.reshape(u.shape[0], -1, u.shape[-1])
@@ -245,10 +257,12 @@ class _Use:
             a, g = a.to(dt), g.to(dt)
             self.left, self.right = (g, a) if kind == "linear" else (a, g)
 
-    def units(self, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def units(self, slots: "torch.Tensor | Contiguous | None") -> tuple[torch.Tensor, torch.Tensor]:
         if slots is None:
             return self.left, self.right
-        if self.onehot:  # padded tokens get id 0; their right rows are zero, so they add nothing
+        if self.onehot and isinstance(slots, Contiguous):
+            left = self.left.reshape(slots.units, -1)
+        elif self.onehot:  # padded tokens get id 0; their right rows are zero, so they add nothing
             left = torch.cat([self.left, self.left.new_zeros((1, self.left.shape[1]))])[slots]
             left = left.reshape(left.shape[0], -1)
         else:
@@ -263,6 +277,32 @@ class _Use:
         if not self.onehot:
             self.left = torch.where(keep.view(-1, 1, 1), self.left, torch.zeros((), dtype=self.left.dtype,
                                                                                 device=self.left.device))
+
+    def clipped_sum(self, f_unit: torch.Tensor, f_rec: torch.Tensor, slots: "torch.Tensor | Contiguous | None",
+                    shape: torch.Size) -> torch.Tensor:
+        """Σ_u f_u Σ_{t∈u} left_t right_tᵀ, float32 (f_unit [U] per unit, f_rec [B] the same per record).
+
+        16-bit factors on a device with fused float32-output GEMMs (CUDA): unit by unit, P_u =
+        left_uᵀ right_u from the 16-bit factors themselves (exact products, float32 accumulation),
+        then Σ_u f_u P_u in float32 — the float32 path's value up to the order of float32
+        additions, on tensor cores. Scaling the factors by f before one big GEMM, as the float32
+        path does, would need f·right rounded back to 16 bits: each unit's contribution would then
+        be off by up to ~2⁻⁸·f·Σ‖right‖‖left‖ and could exceed C (README "Precision"). Otherwise:
+        `weighted_sum` (one GEMM over all tokens with float32 factors)."""
+        if (self.onehot or self.left.dtype not in _HALF or self.left.dtype != self.right.dtype
+                or not native_products(self.left.device)):
+            return self.weighted_sum(f_rec, shape)
+        left, right = self.units(slots)
+        f = (f_rec if slots is None else f_unit).float()
+        m, n = left.shape[-1], right.shape[-1]
+        # P for a chunk of units is [c, m, n] float32: bounded to ~256 MiB (an LM head's is 0.25 GB/unit)
+        chunk = max(1, (256 << 20) // max(1, 4 * m * n))
+        out = None
+        for s in range(0, left.shape[0], chunk):
+            p = bmm32(left[s:s + chunk].transpose(1, 2), right[s:s + chunk])
+            part = torch.tensordot(f[s:s + chunk], p, dims=1)
+            out = part if out is None else out.add_(part)   # `out` is a fresh tensor: in place is safe
+        return out.reshape(shape)
 
     def weighted_sum(self, f: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """Σ_r f_r Σ_t left_rt right_rtᵀ (f [B], one factor per record)."""
@@ -281,23 +321,31 @@ def _gram(x: torch.Tensor, y: torch.Tensor, x_onehot: bool, y_onehot: bool, dtyp
     if x_onehot:
         return _gram(y, x, False, True, dtype).transpose(1, 2)
     if y_onehot:  # x_t · e_{y_s} = x_t[y_s]
-        return torch.gather(x, 2, y.unsqueeze(1).expand(x.shape[0], x.shape[1], y.shape[1]))
-    return torch.bmm(x, y.transpose(1, 2))
+        return acc(torch.gather(x, 2, y.unsqueeze(1).expand(x.shape[0], x.shape[1], y.shape[1])))
+    return bmm32(x, y.transpose(1, 2))
 
 
-def ghost_norm_sq(uses: list[_Use], slots: torch.Tensor | None) -> torch.Tensor:
-    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only. 16-bit
-    factors are upcast before the products: a unit's norm is never computed in 16 bits."""
-    fs = [((l if u.onehot else acc(l), acc(r)), u.onehot) for u in uses for l, r in [u.units(slots)]]
+def ghost_norm_sq(uses: list[_Use], slots: "torch.Tensor | Contiguous | None") -> torch.Tensor:
+    """Per-unit squared norm of Σ_uses (the weight's gradient), from Gram matrices only. Products
+    of 16-bit factors are float32 (precision.bmm32: exact products, float32 accumulation and
+    output): a unit's norm is never computed in 16 bits."""
+    fs = [(u.units(slots), u.onehot) for u in uses]
     total = None
     for j, ((lj, rj), oj) in enumerate(fs):
         for l in range(j, len(fs)):
             (ll, rl), ol = fs[l]
-            rg = torch.bmm(rj, rl.transpose(1, 2))
+            rg = bmm32(rj, rl.transpose(1, 2))
             c = (_gram(lj, ll, oj, ol, rg.dtype) * rg).sum((1, 2))
             c = c if l == j else 2 * c
             total = c if total is None else total + c
     return total
+
+
+def _rows_finite(x: torch.Tensor) -> torch.Tensor:
+    """[B, ...] -> [B] bool, False when row b has a NaN or inf: a row's float32 sum is finite only
+    if every entry is (a NaN or ±inf makes any sum NaN or ±inf). One read of x, no bool copy; a
+    finite row whose sum overflows is reported too (it is dropped: a decision on its own data)."""
+    return torch.isfinite(x.reshape(x.shape[0], -1).sum(1, dtype=acc_dtype(x.dtype)))
 
 
 def row_sq_norms(u: torch.Tensor) -> torch.Tensor:
@@ -327,27 +375,36 @@ def supported(model: nn.Module) -> bool:
     return True
 
 
-def _root_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _root_outputs(outs: list) -> list:
     """The outputs whose autograd history contains no other output of `outs`. Every other output
-    depends on one of them, so a backward to these roots computes (and hooks see) all of them."""
-    fn = [o.grad_fn if isinstance(o, torch.Tensor) else o.node for o in outs]   # a tensor or a GradientEdge
-    marks = {f: i for i, f in enumerate(fn) if f is not None}
-    below: dict = {}  # node -> some output's node lies strictly below it (towards the inputs)
-    for f in fn:
-        if f is None or f in below:
-            continue
-        stack = [(f, False)]
-        while stack:  # iterative post-order: graphs of deep models overflow Python's recursion
-            node, done = stack.pop()
-            if node in below:
+    depends on one of them, so a backward to these roots computes (and hooks see) all of them.
+    `outs`: tensors, or autograd GradientEdges of them (`.node` is the tensor's grad_fn).
+
+    Each output's history is searched until another output's node turns up — a few nodes away for
+    all but the first layers — and subgraphs found to hold none are remembered; a walk of the whole
+    graph cost ~30 ms of host time a step at 22 layers × 14 LoRA matrices."""
+    def fn(o):
+        return o.node if isinstance(o, torch.autograd.graph.GradientEdge) else o.grad_fn
+
+    nodes = [fn(o) for o in outs]
+    marks = {n for n in nodes if n is not None}
+    clear: set = set()   # nodes with no output's node anywhere below them (searched to the end)
+
+    def has_output_below(start) -> bool:
+        stack = [c for c, _ in start.next_functions if c is not None]
+        seen: set = set()
+        while stack:   # iterative: graphs of deep models overflow Python's recursion
+            node = stack.pop()
+            if node in marks:
+                return True
+            if node in clear or node in seen:
                 continue
-            kids = [c for c, _ in node.next_functions if c is not None]
-            if done:
-                below[node] = any(c in marks or below[c] for c in kids)
-                continue
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if c not in below)
-    return [o for o, f in zip(outs, fn) if f is None or not below[f]]
+            seen.add(node)
+            stack.extend(c for c, _ in node.next_functions if c is not None)
+        clear.update(seen)
+        return False
+
+    return [o for o, n in zip(outs, nodes) if n is None or not has_output_below(n)]
 
 
 class _Tap(torch.autograd.Function):
@@ -367,8 +424,8 @@ class _Tap(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if ctx.sink is not None:
-            hp, module = ctx.sink
-            hp._consume(g, module, ctx.saved_tensors[0])
+            hp, ci = ctx.sink
+            hp._on_grad(ci, g, ctx.saved_tensors[0])
         return g, None, None
 
 
@@ -387,7 +444,9 @@ class HookPerRecord:
                 self.layers.append((m, own))
         self._acts: dict[int, list[torch.Tensor]] = {}
         self._grads: dict[int, list[torch.Tensor]] = {}
-        self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
+        # book-keeping mode: (layer, input, GradientEdge of its output) per call, in call order
+        self._calls: list[tuple[nn.Module, torch.Tensor | None, object]] | None = None
+        self._on_grad = None   # book-keeping mode: consumer of (call index, output gradient)
         self._handles = []
         self._active = False
         # fp16's static loss scale (precision.py): the backward runs on scale·loss and every output
@@ -395,7 +454,7 @@ class HookPerRecord:
         self.loss_scale = 1.0
         self._tap = False          # book-keeping under activation checkpointing: inputs go through _Tap
         self._replaying = False    # the book-kept backward, in which checkpointed layers rerun
-        self._consume = None
+        self._on_grad = None
         for m, _ in self.layers:
             self._handles.append(m.register_forward_hook(self._forward_hook))
 
@@ -409,12 +468,17 @@ class HookPerRecord:
             return
         if not self._active or not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
             return
-        if self._calls is not None:  # book-keeping mode: keep (layer, input, output) in call order
+        if self._calls is not None:  # book-keeping mode: keep (layer, input, output's edge) in call order
             if output.requires_grad:
-                if self._tap:   # the input rides in the graph; the output by its gradient edge only
+                ci = len(self._calls)
+                if self._tap:   # the input rides in the graph (recomputed by the checkpoint); the output by its edge
                     self._calls.append((module, None, torch.autograd.graph.get_gradient_edge(output)))
-                    return _Tap.apply(output, inputs[0].detach(), (self, module))
-                self._calls.append((module, inputs[0].detach(), output))
+                    return _Tap.apply(output, inputs[0].detach(), (self, ci))
+                # the output's GradientEdge (its grad_fn), not the output: holding every layer's
+                # output until the backward ends kept each LoRA B's float32 [B, L, out] output
+                # alive (12 GiB at 1B). The tensor hook stays on the grad_fn after the output is freed.
+                self._calls.append((module, inputs[0].detach(), torch.autograd.graph.get_gradient_edge(output)))
+                output.register_hook(lambda g, ci=ci: self._on_grad(ci, g))
             return
         key = id(module)
         self._acts.setdefault(key, []).append(inputs[0].detach())
@@ -468,6 +532,24 @@ class HookPerRecord:
         from components.training.model_prep import checkpointing_on
 
         self._tap = checkpointing_on(self.model)
+        # before the forward: its host sync (K) then waits for nothing, and the Python work between
+        # the forward and the backward below overlaps the device's forward
+        singletons = n_units == B
+        slots = None
+        K = 1
+        if not singletons:  # [U, K] record indices per unit, padded with B (a zero row)
+            own_h = owner.cpu()   # B integers: the one host sync this needs
+            counts = torch.bincount(own_h, minlength=n_units)
+            K = int(counts.max())
+            if n_units * K == B and bool((own_h == torch.arange(n_units).repeat_interleave(K)).all()):
+                slots = Contiguous(n_units, K)
+            else:
+                order = torch.argsort(own_h, stable=True)
+                starts = torch.cumsum(counts, 0) - counts
+                pos_in_unit = torch.arange(B) - starts[own_h[order]]
+                slots = torch.full((n_units, K), B, dtype=torch.long)
+                slots[own_h[order], pos_in_unit] = order
+                slots = slots.to(owner.device)
         self._calls = []
         self._active = True
         try:
@@ -477,17 +559,7 @@ class HookPerRecord:
         finally:
             self._active = False
             self._calls = None
-        singletons = n_units == B
-        slots = None
-        if not singletons:  # [U, K] record indices per unit, padded with B (a zero row)
-            counts = torch.bincount(owner, minlength=n_units)
-            K = int(counts.max())
-            order = torch.argsort(owner, stable=True)
-            starts = torch.cumsum(counts, 0) - counts
-            pos_in_unit = torch.arange(B, device=owner.device) - starts[owner[order]]
-            slots = torch.full((n_units, K), B, dtype=torch.long, device=owner.device)
-            slots[owner[order], pos_in_unit] = order
-        unit_len = ids.shape[1] * (1 if slots is None else slots.shape[1])
+        unit_len = ids.shape[1] * K
 
         # every use of each trainable parameter in this forward (a tied weight has several)
         uses: dict[str, list[tuple[int, str]]] = {}
@@ -515,7 +587,13 @@ class HookPerRecord:
         fresh: set[str] = set()
         sq_now: dict[str, torch.Tensor] = {}
 
-        def consume(g: torch.Tensor, m: nn.Module, a: torch.Tensor) -> None:
+        def consume(ci: int, g: torch.Tensor, a_tap: torch.Tensor | None = None) -> None:
+            m, a, edge = calls[ci]
+            if a_tap is not None:   # under checkpointing: the input the checkpoint recomputed (_Tap)
+                a = a_tap
+            # this call's input is let go here (the backward frees its own saved copy when it
+            # reaches the layer), not when the whole backward ends; a ghosted layer keeps it in _Use
+            calls[ci] = (m, None, edge)
             if g.shape[0] != B:
                 raise RuntimeError(f"{type(m).__name__}: output not batched per record "
                                    f"({tuple(g.shape)}); use per_record='vmap'")
@@ -540,69 +618,84 @@ class HookPerRecord:
                 else:
                     per_record[name] = per_record[name].add_(t) if name in fresh else per_record[name] + t
 
-        outs = [o for _, _, o in calls]
-        if self._tap:   # under checkpointing each use's _Tap calls consume (with the recomputed input)
-            self._consume = consume
-        else:
-            for m, a, o in calls:
-                o.register_hook(lambda g, m=m, a=a: consume(g, m, a))
+        roots = _root_outputs([e for _, _, e in calls])
+        self._on_grad = consume   # called by each output's tensor hook, or under checkpointing by its _Tap
         self._replaying = self._tap
         try:
-            torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, _root_outputs(outs),
+            torch.autograd.grad((losses * weights.to(losses.dtype)).sum() * self.loss_scale, roots,
                                 allow_unused=True)
         finally:
-            self._replaying, self._consume, self._tap = False, None, False
-        del outs, calls
+            self._on_grad = None
+            self._replaying, self._tap = False, False
+        del roots, calls
 
         sq = torch.zeros(n_units, dtype=torch.float64, device=ids.device)
         for us in ghost_uses.values():
             sq += ghost_norm_sq(us, slots).double()
         per_unit: dict[str, torch.Tensor] = {}
+        parts = []   # summed once: a GPU step pays each small op's launch (a 1B LoRA model has 308 tensors)
         for name, t in per_record.items():
             if singletons:
                 u = t
+            elif isinstance(slots, Contiguous):
+                u = t.reshape((n_units, slots.per_unit) + tuple(t.shape[1:])).sum(1)
             else:
                 u = t.new_zeros((n_units,) + tuple(t.shape[1:]))
                 u.index_add_(0, owner, t)
             per_unit[name] = u
-            sq += sq_now[name] if name in sq_now else row_sq_norms(u)
-        # A unit whose gradient is not finite (NaN/inf anywhere) contributes exactly zero — a zero
-        # vector has norm ≤ C, so the sensitivity is unchanged — instead of turning the whole sum
-        # into NaN, which would make the release distinguishable by that one unit. The decision
-        # reads that unit's own numbers only: its squared norm, which is non-finite whenever any
-        # entry of its gradient is (a sum of squares cannot cancel an inf or a NaN) and whenever a
-        # ghosted factor row is (the Gram diagonal a_t·a_t or g_t·g_t is then inf/NaN, and its
-        # product with the other Gram's diagonal is inf or NaN — inf·0 is NaN — never finite).
-        # Its rows are zeroed too, since 0 · NaN is NaN; in the usual all-finite case nothing is
-        # copied.
+            parts.append(sq_now[name] if name in sq_now else row_sq_norms(u))
+        if parts:
+            sq += torch.stack(parts).sum(0)
+        # A unit whose gradient is not finite (NaN/inf anywhere: its norm is then NaN/inf, and a
+        # ghosted factor is checked directly) contributes exactly zero — a zero vector has norm
+        # ≤ C, so the sensitivity is unchanged — instead of turning the whole sum into NaN, which
+        # would make the release distinguishable by that one unit. The decision reads that unit's
+        # own numbers only; its rows are zeroed too, since 0 · NaN is NaN.
         ok = torch.isfinite(sq)
-        n_bad = (~ok).sum()
-        self.last_nonfinite = n_bad
-        all_ok = not bool(n_bad)
+        rec_ok = torch.ones(B, dtype=torch.bool, device=ids.device)
+        for us in ghost_uses.values():
+            for u in us:
+                rec_ok &= _rows_finite(u.right)
+                if not u.onehot:
+                    rec_ok &= _rows_finite(u.left)
+        ok &= torch.zeros(n_units, dtype=torch.int64, device=ids.device).index_add_(
+            0, owner, (~rec_ok).long()) == 0
+        self.last_nonfinite = (~ok).sum()
+        # One host sync per micro-batch (not per layer): when every unit is finite — the usual
+        # case — nothing needs zeroing and the copies `torch.where` would make are skipped. The
+        # result is the same either way.
+        all_ok = bool(self.last_nonfinite == 0)
         factor = torch.where(ok, (clip_norm / sq.sqrt()).clamp(max=1.0), torch.zeros_like(sq))  # norm 0 -> inf -> 1
-        sums: dict[str, torch.Tensor] = {}
+        params = self.trainable()
+        sums: dict[str, torch.Tensor] = {}   # float32 for 16-bit weights (acc_dtype)
 
         def add(name: str, t: torch.Tensor) -> None:
-            t = t.to(acc_dtype(params[name].dtype))   # float32 for 16-bit weights
-            # the parameter's own layout (a transposed per-record sum would give .grad other strides)
-            sums[name] = sums[name].add_(t) if name in sums else t.contiguous()
+            t = t.to(acc_dtype(params[name].dtype))
+            sums[name] = sums[name] + t if name in sums else t
 
+        f_by_dtype: dict[torch.dtype, torch.Tensor] = {}
         for name, u in per_unit.items():
             if not all_ok:
                 u = torch.where(ok.view((-1,) + (1,) * (u.dim() - 1)), u, torch.zeros((), dtype=u.dtype, device=u.device))
-            add(name, _weighted_rows(factor.to(u.dtype), u))
-        f_rec = factor if singletons else factor[owner]
-        keep_rec = None if all_ok else ok[owner]
+            if u.dtype not in f_by_dtype:
+                f_by_dtype[u.dtype] = factor.to(u.dtype)
+            add(name, torch.tensordot(f_by_dtype[u.dtype], u, dims=1))
+        f_rec = factor[owner]
+        keep_rec = ok[owner]
         for name, us in ghost_uses.items():
             for u in us:
-                if keep_rec is not None:
+                if not all_ok:
                     u.drop_records(keep_rec)
-                add(name, u.weighted_sum(f_rec, params[name].shape))
-        for n in self.names:  # a trainable parameter this micro-batch never touched
+                add(name, u.clipped_sum(factor, f_rec, slots, params[name].shape))
+        for n in self.names:   # a trainable weight this micro-batch never touched
             if n not in sums:
-                # by shape: under FSDP a parameter is a sharded DTensor whose .shape is the whole weight's
-                sums[n] = torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=ids.device)
+                sums[n] = torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=params[n].device)
         return sums, losses.detach()
+
+    def trainable(self) -> dict[str, nn.Parameter]:
+        """{canonical name: the parameter now} for the sampled layers' trainable weights, read off
+        the layers (a model.named_parameters() walk costs ~10 ms a step at 1B on the host)."""
+        return {name: getattr(m, local) for m, own in self.layers for local, name in own.items()}
 
     def _unscale(self, g: torch.Tensor) -> torch.Tensor:
         """An output gradient of scale·loss back to the loss's, in float32 (÷ a power of two: exact)."""

@@ -160,12 +160,12 @@ class PerUnitGradients:
     def clipped_sum(self, units: list[Unit], ids_all: np.ndarray, lengths_all: np.ndarray,
                     clip_norm: float, device: torch.device) -> tuple[dict, float, int]:
         """Returns ({name: Σ clipped unit grads}, Σ record losses, records processed)."""
-        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        # the first group's sums are taken as they are (no zero-fill, no copy); float32 for 16-bit weights
-        total: dict[str, torch.Tensor] = {}
+        params = (self._hooks.trainable() if self._hooks is not None
+                  else {n: p for n, p in self.model.named_parameters() if p.requires_grad})
+        total: dict[str, torch.Tensor] = {}   # the clipped sum (of 16-bit weights' gradients: float32)
 
-        def _add(n: str, t: torch.Tensor) -> None:
-            total[n] = total[n].add_(t) if n in total else t
+        def add(n: str, t: torch.Tensor) -> None:   # no zeros-and-add per tensor for the usual one group
+            total[n] = total[n] + t if n in total else t
 
         loss_sum, n_rec = 0.0, 0
         bad = torch.zeros((), dtype=torch.int64, device=device)
@@ -185,7 +185,7 @@ class PerUnitGradients:
                     torch.as_tensor(w, device=device), torch.as_tensor(owner, device=device), len(group),
                     clip_norm, sequence_losses, ghost=self._ghost)
                 for n in self.names:
-                    _add(n, sums[n])
+                    add(n, sums[n])
                 bad = bad + self._hooks.last_nonfinite
                 loss_sum += float(losses.sum())
                 n_rec += len(recs)
@@ -201,10 +201,12 @@ class PerUnitGradients:
             for n in self.names:
                 g = unit_grads[n]
                 g = torch.where(ok.view((-1,) + (1,) * (g.dim() - 1)), g, torch.zeros((), dtype=g.dtype, device=g.device))
-                _add(n, torch.tensordot(factor.to(g.dtype), g, dims=1).to(acc_dtype(params[n].dtype)))
-        for n in self.names:  # no units (a noise-only step): zero sums
+                add(n, torch.tensordot(factor.to(g.dtype), g, dims=1))
+        for n in self.names:
             if n not in total:
-                total[n] = torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=device)
+                total[n] = torch.zeros(params[n].shape, dtype=acc_dtype(params[n].dtype), device=params[n].device)
+            elif total[n].dtype != acc_dtype(params[n].dtype):
+                total[n] = total[n].to(acc_dtype(params[n].dtype))
         self.nonfinite_units += int(bad)  # private: kept in the run folder's result only
         return total, loss_sum, n_rec
 

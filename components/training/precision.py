@@ -3,10 +3,13 @@
 What runs in 16 bits: the base model's weights, activations and output gradients (the forward and
 the backward through the network). What never does: every per-unit gradient the clipping reads and
 sums, each unit's norm, the clip factors, the clipped sum, the noise and the weights the optimizer
-updates. The layer samplers upcast a 16-bit layer's input and output gradient to float32 *before*
-forming the per-record gradient (outer product) or the ghost-norm Gram products, so a unit's norm is
-the float32 norm of exactly the vector that is then scaled and summed: the clipped vector has norm
-≤ C up to float32 rounding, as in an fp32 run. A norm taken in bf16 (8 mantissa bits) could be off by
+updates. The layer samplers multiply a 16-bit layer's input and output gradient with float32
+accumulation and result (`mm32`/`bmm32` below: exact products of 16-bit numbers, so the float32
+product of the upcasts up to addition order) when forming the per-record gradient (outer product),
+the ghost-norm Gram products and the book-kept clipped sum (on CUDA unit by unit, so nothing scaled is
+rounded back to 16 bits: grad_samplers._Use.clipped_sum), so a unit's norm is the float32 norm of the
+vector that is then scaled and summed: the clipped vector has norm ≤ C up to float32 rounding, as in
+an fp32 run. A norm taken in bf16 (8 mantissa bits) could be off by
 ~0.4 %, and the "clipped" contribution would then exceed C — a sensitivity, and so an ε, above what
 the certificate says.
 
@@ -129,3 +132,100 @@ def describe(precision: str, full_finetune: bool) -> str:
     weights = "fp32 master weights" if full_finetune else "fp32 LoRA weights"
     scale = f"static loss scale {FP16_LOSS_SCALE:g}; " if precision == "fp16" else ""
     return f"{precision} base ({scale}fp32 per-unit norms, clipping, clipped sum and noise; {weights})"
+
+
+# --- products of 16-bit factors with float32 accumulation and output --------------------------
+# The per-record gradients, ghost-norm Gram products and the book-kept clipped sum multiply a
+# layer's 16-bit input by its 16-bit output gradient. The product of two bf16 (8-bit significand)
+# or two fp16 (11-bit) numbers is exact in float32 (24 bits), so a GEMM that reads the 16-bit
+# factors and accumulates *and outputs* float32 equals the float32 product of their upcasts up to
+# the order of the float32 additions: what the norms and sums are defined as (module docstring),
+# without float32 copies of the factors and on the GPU's tensor cores (an H100 does ~60 TFLOP/s in
+# float32 SIMT, ~800 in bf16). torch ≥ 2.9 has it on CUDA (`torch.mm/bmm(..., out_dtype=float32)`);
+# CPU builds lack `aten::mm.dtype`, so there the factors are upcast first (same values). Which one
+# a device has is found once, by trying.
+_NATIVE_OUT_DTYPE: dict[str, bool] = {}
+_EMULATE_NATIVE = False   # tests: run the CUDA path's logic on CPU (see `emulate_out_dtype`)
+
+
+def native_products(device: torch.device | str) -> bool:
+    """True when 16-bit factors on `device` are multiplied by the fused float32-output GEMM (CUDA,
+    torch ≥ 2.9) — then the book-kept clipped sum is formed unit by unit (grad_samplers._Use)."""
+    kind = torch.device(device).type
+    if _EMULATE_NATIVE:
+        return True
+    if kind not in _NATIVE_OUT_DTYPE:
+        try:
+            x = torch.ones((1, 1), dtype=torch.bfloat16, device=device)
+            _NATIVE_OUT_DTYPE[kind] = torch.mm(x, x, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            _NATIVE_OUT_DTYPE[kind] = False
+    return _NATIVE_OUT_DTYPE[kind]
+
+
+class emulate_out_dtype:
+    """Context manager for tests: `native_products` answers True on any device and the fused
+    products are computed as float64 products of the upcasts rounded to float32 (the fused GEMM's
+    result up to float32 addition order), so the CUDA path's logic runs on a CPU."""
+
+    def __enter__(self):
+        global _EMULATE_NATIVE
+        self._old, _EMULATE_NATIVE = _EMULATE_NATIVE, True
+        return self
+
+    def __exit__(self, *exc):
+        global _EMULATE_NATIVE
+        _EMULATE_NATIVE = self._old
+
+
+def _fused(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """op(a, b) in one float32-output GEMM when both are the same 16-bit dtype and the device has
+    it; None otherwise."""
+    if a.dtype not in _HALF or a.dtype != b.dtype or not native_products(a.device):
+        return None
+    if _EMULATE_NATIVE and not _NATIVE_OUT_DTYPE.get(a.device.type, False):
+        return op(a.double(), b.double()).float()
+    try:
+        return op(a, b, out_dtype=torch.float32)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, NotImplementedError) as e:
+        # a layout the fused kernel refuses (checked when the op is dispatched, before it runs):
+        # contiguous copies, else the caller's upcast product — same values either way
+        _warn_once(f"float32-output {op.__name__} refused {tuple(a.shape)}·{tuple(b.shape)} "
+                   f"(strides {a.stride()}, {b.stride()}): {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        try:
+            return op(a.contiguous(), b.contiguous(), out_dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, NotImplementedError):
+            return None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        import warnings
+
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with float32 accumulation and result when either factor is 16-bit (unchanged otherwise)."""
+    out = _fused(torch.mm, a, b)
+    if out is not None:
+        return out
+    dt = torch.promote_types(acc_dtype(a.dtype), acc_dtype(b.dtype))
+    return torch.mm(a.to(dt), b.to(dt))
+
+
+def bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched a @ b, as `mm32`."""
+    out = _fused(torch.bmm, a, b)
+    if out is not None:
+        return out
+    dt = torch.promote_types(acc_dtype(a.dtype), acc_dtype(b.dtype))
+    return torch.bmm(a.to(dt), b.to(dt))

@@ -121,25 +121,32 @@ def test_16bit_update_matches_fp32(arch, lora, method, precision):
 @pytest.mark.parametrize("arch,lora", [("gpt2", False), ("llama", False), ("llama", True)])
 def test_a_units_norm_is_never_computed_in_16_bits(monkeypatch, arch, lora, method):
     """(b): every per-unit squared norm is taken of a float32 tensor, and every ghost-norm Gram product
-    (the only other way a norm is formed) multiplies float32 factors, on a bf16 base."""
+    (the only other way a norm is formed) is float32: float32 factors, or 16-bit factors multiplied by
+    precision.bmm32 (exact products, float32 accumulation and result), on a bf16 base."""
     seen = {"rows": 0, "gram": 0}
-    row_sq_norms, gram = grad_samplers.row_sq_norms, grad_samplers._gram
+    row_sq_norms, gram, bmm32 = grad_samplers.row_sq_norms, grad_samplers._gram, grad_samplers.bmm32
 
     def checked_rows(u):
         assert u.dtype == torch.float32, f"a unit's norm from a {u.dtype} tensor"
         seen["rows"] += 1
         return row_sq_norms(u)
 
+    def checked_bmm32(a, b):
+        out = bmm32(a, b)
+        assert out.dtype == torch.float32, f"a per-record or Gram product in {out.dtype}"
+        return out
+
     def checked_gram(x, y, x_onehot, y_onehot, dtype):
         assert dtype == torch.float32, f"a ghost-norm product in {dtype}"
-        for t, onehot in ((x, x_onehot), (y, y_onehot)):
-            assert onehot or t.dtype == torch.float32, f"a ghost-norm factor in {t.dtype}"
+        out = gram(x, y, x_onehot, y_onehot, dtype)
+        assert out.dtype == torch.float32, f"a ghost-norm Gram matrix in {out.dtype}"
         seen["gram"] += 1
-        return gram(x, y, x_onehot, y_onehot, dtype)
+        return out
 
     monkeypatch.setattr(grad_samplers, "row_sq_norms", checked_rows)
     monkeypatch.setattr(per_sample, "row_sq_norms", checked_rows)
     monkeypatch.setattr(grad_samplers, "_gram", checked_gram)
+    monkeypatch.setattr(grad_samplers, "bmm32", checked_bmm32)
     _update(arch, "bf16", lora, method, 1.0)
     assert seen["rows"] > 0 or seen["gram"] > 0
     if method == "ghost":
