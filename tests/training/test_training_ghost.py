@@ -114,3 +114,17 @@ def test_nonfinite_factor_makes_only_its_units_ghost_norm_nonfinite(kind, bad, s
     bad_unit = int(own[2])
     assert not torch.isfinite(got[bad_unit])
     assert torch.isfinite(torch.cat([got[:bad_unit], got[bad_unit + 1:]])).all()
+
+
+def test_on_a_gpu_large_weights_take_the_ghost_path():
+    """At 1B scale on a GPU every instantiated per-record gradient is held to the end of the
+    backward (B copies of each weight: 111.6 GiB measured on an H200 with the CPU rule); there only
+    narrow weights (GQA's k/v projections, LoRA's rank-r matrices) instantiate."""
+    from components.training.grad_samplers import ghost_pays
+
+    L = 1024   # a unit: 2 records × 512 tokens
+    assert ghost_pays([(2048, 5632, False)], L, 64, "cuda")      # MLP
+    assert ghost_pays([(2048, 2048, False)], L, 64, "cuda")      # q/o projection
+    assert not ghost_pays([(2048, 256, False)], L, 64, "cuda")   # GQA k/v projection
+    assert not ghost_pays([(2048, 16, False)], L, 64, "cuda")    # LoRA A
+    assert not ghost_pays([(2048, 2048, False)], L, 64, "cpu")   # the CPU rule instantiates it
