@@ -588,6 +588,9 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     from components.planning.data import train_rows
     from components.training import TrainSpec, train as run_training
 
+    # the operator's device, checked first and before any charge: a missing GPU is an error, not a
+    # CPU fallback
+    device = resolve_device(settings.device)
     plan_doc = load_plan(plan_path).to_dict()
     # the spec (and so a bad precision) is checked before any charge
     spec = TrainSpec.from_plan(plan_doc, **({"precision": precision} if precision is not None else {}))
@@ -596,8 +599,6 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     if not release and out_dir is None:
         raise VeilError("a tuning run (not a release) needs its own out_dir")
     out_dir = Path(out_dir) if out_dir is not None else settings.runs_dir / plan_doc["sha256"][:16]
-    # the operator's device, checked before any charge: a missing GPU is an error, not a CPU fallback
-    device = resolve_device(settings.device)
     # One trainer per run folder for the whole training (RunLock); the ledger's one release per plan
     # covers trainers on other machines.
     # (under torchrun, the job's local rank 0 holds it for the ranks on its machine)

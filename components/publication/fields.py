@@ -680,3 +680,6 @@ declare(
           "and the step's name), or null when no private area was found"),
 )
 # --- end of h-nb ---
+# --- issue 24: the training precision as a flow parameter ----------------------------------------------------
+declare(Field("prefect", "parameters.precision", P, "the operator's training precision override (fp32, bf16, "
+              "fp16 or null: a public setting, recorded on the certificate too)"))
