@@ -49,11 +49,17 @@ def prefect_harness():
         yield
 
 
-@pytest.fixture(autouse=True)
-def _pinned_plan_key(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _pinned_plan_key():
     """New planner keys are a fixed 32 bytes in tests: the population estimate N̂ is a keyed Laplace
     draw, and on the suite's small orgs a fresh random key would now and then put N̂ below the batch
-    (a correct refusal, but a flaky test). Production keys come from os.urandom."""
+    (a correct refusal, but a flaky test). Production keys come from os.urandom. Session-scoped, so
+    that module-scoped fixtures which plan (they are set up before any function-scoped fixture) get
+    the pinned key too: a function-scoped pin left test_planning_plan's module plan on a random key,
+    refused about one run in eleven."""
     from components.planning import annex
 
-    monkeypatch.setattr(annex, "_new_key", lambda n: b"\x05" * n)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(annex, "_new_key", lambda n: b"\x05" * n)
+    yield
+    mp.undo()
