@@ -103,7 +103,7 @@ def test_two_runs_at_once_run_one_after_the_other(prefect_server, veil_home, tmp
     assert_quiet((tmp_path / "worker.log").read_text(errors="replace"), "the worker's output")
     # a run is COMPLETED before its process has sent its last buffered log lines (Prefect's log
     # worker flushes at exit): wait for them rather than race them
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240   # a loaded fresh-clone run still lacked them at 90 s (delivery lag: the worker had printed them)
     while True:
         log = prefect_log_text(prefect_server.api, since)
         if ("step: trained" in log and "skipped:" in log) or time.monotonic() > deadline:
