@@ -62,6 +62,16 @@ def test_two_runs_at_once_run_one_after_the_other(prefect_server, veil_home, tmp
             time.sleep(1)
         log = (tmp_path / "worker.log").read_text(errors="replace")
         assert set(states.values()) == {"COMPLETED"}, f"{states}\n{log[-4000:]}"
+        # A run is COMPLETED before its process has sent its last buffered log lines (Prefect's log
+        # worker flushes at exit): wait for them here, before the worker's process group is signalled
+        # below — a signal that reaches a run's process while it flushes loses those lines (seen on a
+        # loaded fresh-clone run: the worker's terminal had printed them, Prefect never got them).
+        flush_deadline = time.monotonic() + 120
+        while True:
+            plog = prefect_log_text(prefect_server.api, since)
+            if ("step: trained" in plog and "skipped:" in plog) or time.monotonic() > flush_deadline:
+                break
+            time.sleep(2)
     finally:
         os.killpg(worker.pid, signal.SIGINT)
         try:
@@ -101,13 +111,6 @@ def test_two_runs_at_once_run_one_after_the_other(prefect_server, veil_home, tmp
     # the worker's terminal (its flow-run processes write there) and the runs' Prefect log: Veil's
     # lines only, no third-party warning, bar or traceback (issue 26)
     assert_quiet((tmp_path / "worker.log").read_text(errors="replace"), "the worker's output")
-    # a run is COMPLETED before its process has sent its last buffered log lines (Prefect's log
-    # worker flushes at exit): wait for them rather than race them
-    deadline = time.monotonic() + 240   # a loaded fresh-clone run still lacked them at 90 s (delivery lag: the worker had printed them)
-    while True:
-        log = prefect_log_text(prefect_server.api, since)
-        if ("step: trained" in log and "skipped:" in log) or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    log = plog
     assert_quiet(log, "the deployment runs' Prefect log")
     assert "step: trained" in log and "skipped:" in log, log[-3000:]
