@@ -213,19 +213,21 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b with float32 accumulation and result when either factor is 16-bit (unchanged otherwise)."""
-    out = _fused(torch.mm, a, b)
+def _product32(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """op(a, b) (torch.mm or torch.bmm) with float32 accumulation and result when either factor is
+    16-bit: the fused GEMM where the device has it, else on upcast factors (unchanged for float32)."""
+    out = _fused(op, a, b)
     if out is not None:
         return out
     dt = torch.promote_types(acc_dtype(a.dtype), acc_dtype(b.dtype))
-    return torch.mm(a.to(dt), b.to(dt))
+    return op(a.to(dt), b.to(dt))
+
+
+def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with float32 accumulation and result when either factor is 16-bit (unchanged otherwise)."""
+    return _product32(torch.mm, a, b)
 
 
 def bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Batched a @ b, as `mm32`."""
-    out = _fused(torch.bmm, a, b)
-    if out is not None:
-        return out
-    dt = torch.promote_types(acc_dtype(a.dtype), acc_dtype(b.dtype))
-    return torch.bmm(a.to(dt), b.to(dt))
+    return _product32(torch.bmm, a, b)
