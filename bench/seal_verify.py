@@ -94,7 +94,7 @@ def main() -> None:
     from components.certificate.seal import trusted_keys
     from components.certificate.verify import recheck_guarantee, verify_package
     from components.registry import load_model, verify_model
-    from components.registry.verification import _run_json, package_artifacts
+    from components.registry.artifacts import package_artifacts, run_json
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -106,7 +106,7 @@ def main() -> None:
         assert verify_model(reg.model_uri, settings).valid
         rows = [
             ("baseline", "hash only (pre-seal)", _time(lambda: verify_certificate(
-                _run_json(client, mv.run_id, "certificate.json"),
+                run_json(client, mv.run_id, "certificate.json"),
                 expected_sha256=mv.tags["privacy.certificate_sha256"]), args.repeat)),
             ("ours", "ε recomputed", _time(lambda: recheck_guarantee(cert), args.repeat)),
             ("ours", "package checks", _time(lambda: verify_package(arts, trusted), args.repeat)),

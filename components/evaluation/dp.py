@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +47,21 @@ from components.core.errors import VeilError
 MECHANISM = "evaluation"          # the ledger's mechanism name for these releases
 DEFINITION = ("person-weighted: mean over the counted evaluation people of each person's own mean NLL "
               "(clipped to [0, nll_clip]) and accuracy, from DP sums over a DP count; perplexity = exp(mean NLL)")
+
+
+@dataclass(frozen=True)
+class PublishedEvaluation:
+    """What one evaluation release puts on the model's run: DP metrics and public tags. `counted` (how
+    many people the release counted) is exact and private: the operator's terminal only.
+
+    Made by `components.evaluation.release.publish_evaluation`; the only thing
+    `components.registry.record_evaluation` logs (it sits here, under both, so neither imports the other)."""
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    release_id: int
+    release_name: str
+    reused: bool
+    counted: int = field(default=0, repr=False)
 
 
 # --- per-person scoring (shared with private selection's score) -----------------------------------

@@ -23,22 +23,10 @@ release of it honest over the life of an organization:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from components.core.errors import VeilError
 from components.evaluation import dp
-
-
-@dataclass(frozen=True)
-class PublishedEvaluation:
-    """What one evaluation release puts on the model's run: DP metrics and public tags. `counted` (how
-    many people the release counted) is exact and private: the operator's terminal only."""
-    metrics: dict[str, float]
-    tags: dict[str, str]
-    release_id: int
-    release_name: str
-    reused: bool
-    counted: int = field(default=0, repr=False)
+from components.evaluation.dp import PublishedEvaluation
 
 
 CAVEAT = ("differentially private: Gaussian noise on per-person clipped metrics of the evaluation people (reserved "

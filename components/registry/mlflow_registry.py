@@ -14,16 +14,15 @@ from components.core.hashing import sha256_json
 from components.core.settings import Settings
 from components.publication import publish
 from components.mechanisms import get as get_mechanism
-from components.registry.verification import CERT_ARTIFACT, PLAN_ARTIFACT, SEAL_ARTIFACT
+from components.registry.artifacts import (  # noqa: F401 (privacy_tags, PLAN_TAG: this module's names too)
+    CERT_ARTIFACT, PLAN_ARTIFACT, PLAN_TAG, SEAL_ARTIFACT, privacy_tags, run_json,
+)
 
 # What the pyfunc needs at load time, pinned to the versions that registered it (`veil` itself is
 # not on an index: its `components` package travels inside the model as `code_paths`).
 RUNTIME_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors", "accelerate", "numpy",
                         "scipy", "pandas", "pyyaml", "dp-accounting", "cryptography")
 INPUT_EXAMPLE_PROMPT = "The weekly report"
-# The run's tag naming the plan it registers (public: the plan and its sha256 are): a registration
-# killed after MLflow registered its version is found by it instead of registered twice.
-PLAN_TAG = "veil.plan_sha256"
 
 
 MLFLOW_RESTORE = ("restore it from a backup (it holds the registered models, their runs and aliases); do not "
@@ -116,42 +115,6 @@ def _experiment(settings: Settings, name: str) -> str:
     if not settings.mlflow_tracking_uri.startswith(("http:", "https:", "databricks")):
         location = (settings.mlflow_artifacts_dir / name).as_uri()
     return mlflow.create_experiment(name, artifact_location=location)
-
-
-def privacy_tags(cert: Mapping[str, Any]) -> dict[str, str]:
-    tags = {
-        "privacy.certificate_sha256": cert["sha256"],
-        "privacy.schema": cert["schema"],
-        "privacy.unit": cert["privacy_unit"],
-        "privacy.neighbouring": cert["neighbouring"],
-        "privacy.mechanism": cert["mechanism"],
-        "privacy.noise_multiplier": repr(float(cert["noise_multiplier"])),
-        "privacy.sampling_rate": repr(float(cert["sampling_rate"])),
-        "privacy.steps": str(cert["steps"]),
-        "privacy.clip_norm": repr(float(cert["clip_norm"])),
-        "privacy.accountant": cert["accountant"]["name"],
-        "privacy.policy_sha256": cert["policy"]["sha256"],
-    }
-    ds = cert.get("dataset") or {}
-    if ds.get("snapshot_commitment"):
-        tags["privacy.snapshot_commitment"] = ds["snapshot_commitment"]
-    elif ds.get("snapshot_id"):
-        # a certificate from before issue 22 was registered with its snapshot id: expected as it was
-        # (verification of already-registered models); the gate refuses publishing it anew
-        tags["privacy.snapshot_id"] = ds["snapshot_id"]
-    if cert["epsilon"] is not None:
-        tags["privacy.epsilon"] = repr(float(cert["epsilon"]))
-        tags["privacy.delta"] = repr(float(cert["delta"]))
-    for cls, c in (cert.get("secrets") or {}).items():
-        tags[f"privacy.secret.{cls}.max_gamma"] = repr(float(c["max_gamma"]))
-        tags[f"privacy.secret.{cls}.kappa"] = repr(float(c["kappa"]))
-    audit = cert.get("audit") or {}
-    for key in ("auroc", "auroc_ceiling", "passed", "verdict"):
-        if key in audit:
-            tags[f"audit.{key}"] = str(audit[key])
-    if "covered_by_certificate" in audit:   # the audit's public section says it is not covered
-        tags["audit.covered_by_certificate"] = str(bool(audit["covered_by_certificate"])).lower()
-    return tags
 
 
 @dataclass(frozen=True)
@@ -594,13 +557,13 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
 
 
 def record_evaluation(settings: Settings, run_id: str, published) -> dict:
-    """Log one DP evaluation release (`components.evaluation.release.PublishedEvaluation`: noisy
+    """Log one DP evaluation release (`components.evaluation.dp.PublishedEvaluation`: noisy
     `eval_*` metrics and the `evaluation.*` tags) on the model's run, each through the publication gate.
 
     Anything else is refused: exact evaluation figures are a near-exact function of every evaluation
     person's text (issue 22, case 4), so the registry takes them only as a release that the ledger
     charged. Never on the version's tags, and never counts of the evaluation people or records."""
-    from components.evaluation.release import PublishedEvaluation
+    from components.evaluation.dp import PublishedEvaluation
     from components.publication import publish
 
     if not isinstance(published, PublishedEvaluation):
@@ -644,7 +607,7 @@ def _interrupted_audit(client, mv, package: str, settings: Settings, v) -> bool:
     audit amendment of it: what `record_audit` then writes comes from the package alone."""
     from components.certificate.seal import trusted_keys
     from components.certificate.verify import check_amendment, verify_package
-    from components.registry.verification import _run_json, package_artifacts
+    from components.registry.verification import package_artifacts
 
     if not v.checks.get("weights", True) or not v.checks.get("plan", True):
         return False
@@ -652,7 +615,7 @@ def _interrupted_audit(client, mv, package: str, settings: Settings, v) -> bool:
     if not alone.valid or embedded is None:
         return False
     try:
-        run_cert = _run_json(client, mv.run_id, CERT_ARTIFACT)
+        run_cert = run_json(client, mv.run_id, CERT_ARTIFACT)
         if run_cert.get("sha256") != embedded["sha256"]:
             check_amendment(verify_certificate(run_cert).to_dict(), embedded)
     except VeilError:

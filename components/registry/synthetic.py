@@ -45,10 +45,10 @@ def model_release(settings: Settings, model_uri: str):
     """The consumer load of a registered model (every check of `load_model`) and the run's seal for the
     certificate it loaded: (LoadedModel, seal). A model that does not verify is refused in one line."""
     from components.registry.mlflow_registry import _client, load_model
-    from components.registry.verification import SEAL_ARTIFACT, _run_json
+    from components.registry.artifacts import SEAL_ARTIFACT, run_json
 
     loaded = load_model(model_uri, settings)
-    seal = _run_json(_client(settings), loaded.run_id, SEAL_ARTIFACT)
+    seal = run_json(_client(settings), loaded.run_id, SEAL_ARTIFACT)
     if seal.get("certificate_sha256") != loaded.certificate.get("sha256"):
         raise VeilError(f"model {model_uri}: the run's seal is not for the certificate just verified (changed "
                         "while loading?): refused")
@@ -130,9 +130,9 @@ def _check_run(client, run_id: str, cert: Mapping[str, Any], model_cert: Mapping
         return
     # A re-audit after sampling amends the model's certificate (audit section only, `supersedes` the
     # embedded one): the same release when both documents amend, or are, one embedded certificate.
-    from components.registry.verification import CERT_ARTIFACT, _run_json
+    from components.registry.artifacts import CERT_ARTIFACT, run_json
 
-    now = _run_json(client, mv.run_id, CERT_ARTIFACT)
+    now = run_json(client, mv.run_id, CERT_ARTIFACT)
     ours = model_cert
     base_now = now.get("supersedes") or now.get("sha256")
     base_ours = ours.get("supersedes") or ours.get("sha256")

@@ -23,42 +23,16 @@ from components.certificate.verify import (
 )
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+from components.registry.artifacts import (  # noqa: F401 (package_artifacts, the names: this module's too)
+    CERT_ARTIFACT, NOT_CERTIFICATE_TAGS, PLAN_ARTIFACT, SEAL_ARTIFACT, package_artifacts, privacy_tags, run_json,
+)
+from components.registry.gate import GATED_ALIASES, alias_gate
 
 # Set by `load_model` around its own load of the package, which it verified a moment before (registry
 # side included, and the alias its URI names): the package's `load_context` then checks the package
 # only. Lets the audit load by version a version someone moved a gated alias onto, and a release an
 # audit left halfway (components.registry.mlflow_registry._interrupted_audit), to audit it.
 REGISTRY_CHECKED_BY_CALLER: ContextVar[bool] = ContextVar("veil_registry_checked", default=False)
-
-CERT_ARTIFACT = "certificate.json"
-SEAL_ARTIFACT = "seal.json"
-PLAN_ARTIFACT = "plan.json"
-NOT_CERTIFICATE_TAGS = ("privacy.lifetime_", "privacy.ledger", "privacy.signing_key")
-
-
-def package_artifacts(package_dir: str | Path) -> dict[str, str]:
-    """The pyfunc's artifact name -> local path, read from the package's MLmodel."""
-    from mlflow.models import Model
-
-    root = Path(package_dir)
-    try:
-        flavor = Model.load(str(root / "MLmodel")).flavors["python_function"]
-    except Exception:  # noqa: BLE001 - any unreadable package is named for the user
-        raise VeilError(f"{root}: not an MLflow pyfunc model package") from None
-    return {name: str(root / a["path"]) for name, a in (flavor.get("artifacts") or {}).items()}
-
-
-def _run_json(client, run_id: str, name: str) -> Any:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = client.download_artifacts(run_id, name, tmp)
-        except Exception:  # noqa: BLE001 - a missing artifact is a failed check, not a crash
-            raise VeilError(f"run {run_id[:8]}: no {name} artifact") from None
-        try:
-            return json.loads(Path(path).read_text())
-        except ValueError:
-            raise VeilError(f"run {run_id[:8]}: {name} is not JSON") from None
-
 
 def _same_number(a: Any, b: Any) -> bool:
     try:
@@ -69,8 +43,6 @@ def _same_number(a: Any, b: Any) -> bool:
 
 
 def _check_tags(where: str, tags: Mapping[str, str], cert: Mapping[str, Any]) -> None:
-    from components.registry.mlflow_registry import privacy_tags
-
     from components.audit.public import public_tags
 
     expected = privacy_tags(cert)
@@ -112,8 +84,8 @@ def check_registry_side(client, run_id: str, versions: list, embedded: dict | No
     from components.certificate.seal import check_seal
 
     run = client.get_run(run_id)
-    registered = v.run("hash", lambda: verify_certificate(_run_json(client, run_id, CERT_ARTIFACT)).to_dict())
-    seal = v.run("signature", _run_json, client, run_id, SEAL_ARTIFACT)
+    registered = v.run("hash", lambda: verify_certificate(run_json(client, run_id, CERT_ARTIFACT)).to_dict())
+    seal = v.run("signature", run_json, client, run_id, SEAL_ARTIFACT)
     if seal is not None:
         v.run("signature", check_seal, seal, trusted)
         if registered is not None:
@@ -122,7 +94,7 @@ def check_registry_side(client, run_id: str, versions: list, embedded: dict | No
         if embedded_seal is not None:
             v.record("signature", seal.get("bindings") == embedded_seal.get("bindings"),
                      "the run's seal binds other files than the model package's seal")
-    plan = v.run("plan", _run_json, client, run_id, PLAN_ARTIFACT)
+    plan = v.run("plan", run_json, client, run_id, PLAN_ARTIFACT)
     if plan is not None:
         sealed_plan = ((embedded_seal or {}).get("bindings") or {}).get("plan")
         v.record("plan", sha256_json(plan) == sealed_plan, "the run's plan.json is not the sealed plan")
@@ -233,14 +205,12 @@ def check_alias_gates(client, mv, v: Verification, aliases: list[str] | None = N
     promotion gate allows on it, whoever moved it. Read from the verified registered certificate (its
     audit section), the sealed plan (the policy's release rules) and the version's approval tags. Runs
     only on a release whose other checks passed (an invalid one is refused already)."""
-    from components.registry.gate import GATED_ALIASES, alias_gate
-
     if aliases is None:
         aliases = [a for a in (getattr(mv, "aliases", None) or []) if a in GATED_ALIASES]
     aliases = [a for a in aliases if a in GATED_ALIASES]
     if not aliases or not v.valid:
         return
-    plan = v.run("promotion_gate", _run_json, client, mv.run_id, PLAN_ARTIFACT)
+    plan = v.run("promotion_gate", run_json, client, mv.run_id, PLAN_ARTIFACT)
     if plan is None:
         return
     for alias in aliases:

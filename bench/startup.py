@@ -1,0 +1,133 @@
+"""How long `veil` takes to start, in fresh processes: this tree against a baseline tree.
+
+Three commands, each run --repeat times in a new Python process (imports and all, as a user pays them):
+
+    veil --help                      the light path every command shares
+    veil policy check <policy>       a command that reads one YAML file
+    veil verify models:/bench/1      a registered release: seal, hashes, ε recomputed, registry checks
+
+The release is built once, in a temporary VEIL_HOME, by this tree (tests/privacy/_sealed_release: a
+tiny base, a tiny LoRA adapter, a real sealed certificate); both trees verify the same one. The
+baseline is a `git worktree` of --baseline (default d1cd1fb, before issue 23) in a temporary folder,
+removed afterwards, run with the same interpreter and PYTHONPATH pointed at it.
+
+    python bench/startup.py [--repeat 5] [--baseline REV] [--json]
+
+Targets (issue 23): `veil --help` ≤ 0.5 s, `veil policy check` ≤ 1 s, `veil verify` ≥ 3× faster than
+the baseline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = "policies/demo.yaml"
+MODEL_URI = "models:/bench/1"
+
+# `from flows.cli import main` with argv set, as the `veil` console script does (the script itself
+# is installed for one tree only; this runs whichever tree is first on PYTHONPATH)
+VEIL = "import sys; from flows.cli import main; sys.argv = ['veil'] + sys.argv[1:]; main()"
+
+BUILD = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT / 'tests' / 'privacy')!r})
+from _sealed_release import build_adapter, build_base, plan_and_certificate
+from components.core.settings import load_settings
+from components.registry import register_model
+tmp = Path(sys.argv[1])
+settings = load_settings(tmp / 'home').ensure()
+base = build_base(tmp / 'base')
+adapter = build_adapter(base, tmp / 'adapter')
+plan, cert = plan_and_certificate(adapter, base)
+register_model(settings, name='bench', certificate=cert, plan=plan, base_model_dir=base, adapter_dir=adapter,
+               policy_max_epsilon=8.0)
+"""
+
+
+def _env(tree: Path, home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VEIL_", "MLFLOW_", "PREFECT_API"))}
+    env.update(PYTHONPATH=str(tree), VEIL_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def _run(argv: list[str], tree: Path, home: Path, expect: int = 0) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", VEIL, *argv], cwd=tree, env=_env(tree, home),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - t0
+    if p.returncode != expect:
+        raise SystemExit(f"bench: `veil {' '.join(argv)}` in {tree} exited {p.returncode}:\n{p.stderr[-2000:]}")
+    return seconds
+
+
+def _compile(tree: Path) -> None:
+    """Byte-compile once, so that no timed run pays for writing a tree's .pyc files."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "catalog", "components", "flows"], cwd=tree,
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--baseline", default="d1cd1fb", help="git revision to compare against (default: before issue 23)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.repeat < 1:
+        raise SystemExit("bench: --repeat must be at least 1")
+    commands = {"veil --help": (["--help"], 0),
+                "veil policy check": (["policy", "check", POLICY], 0),
+                "veil verify": (["verify", MODEL_URI, "--json"], 0)}
+    with tempfile.TemporaryDirectory(prefix="veil-startup-") as d:
+        tmp = Path(d)
+        base_tree = tmp / "baseline"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base_tree), args.baseline],
+                       check=True)
+        try:
+            trees = {"baseline": base_tree, "this tree": ROOT}
+            for tree in trees.values():
+                _compile(tree)
+            home = tmp / "home"
+            subprocess.run([sys.executable, "-c", BUILD, str(tmp)], cwd=ROOT, env=_env(ROOT, home), check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            times: dict[str, dict[str, list[float]]] = {c: {t: [] for t in trees} for c in commands}
+            for name, tree in trees.items():     # one untimed run each: the OS's file cache, MLflow's first open
+                for argv, expect in commands.values():
+                    _run(argv, tree, home, expect)
+            for _ in range(args.repeat):         # interleaved, so that machine load falls on both trees alike
+                for cmd, (argv, expect) in commands.items():
+                    for name, tree in trees.items():
+                        times[cmd][name].append(_run(argv, tree, home, expect))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False)
+            shutil.rmtree(base_tree, ignore_errors=True)
+    rows = []
+    for cmd in commands:
+        b, o = times[cmd]["baseline"], times[cmd]["this tree"]
+        rows.append({"command": cmd, "baseline_median_s": round(statistics.median(b), 3),
+                     "baseline_min_s": round(min(b), 3), "median_s": round(statistics.median(o), 3),
+                     "min_s": round(min(o), 3), "speedup": round(statistics.median(b) / statistics.median(o), 2)})
+    doc = {"baseline": args.baseline, "repeat": args.repeat, "python": sys.version.split()[0],
+           "cpus": os.cpu_count(), "rows": rows}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"fresh-process start-up, {args.repeat} runs each (baseline {args.baseline}):")
+    print(f"{'command':<20} {'baseline med':>12} {'min':>7} {'this tree med':>14} {'min':>7} {'speed-up':>9}")
+    for r in rows:
+        print(f"{r['command']:<20} {r['baseline_median_s']:>12.3f} {r['baseline_min_s']:>7.3f} "
+              f"{r['median_s']:>14.3f} {r['min_s']:>7.3f} {r['speedup']:>8.2f}×")
+
+
+if __name__ == "__main__":
+    main()
