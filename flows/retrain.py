@@ -31,8 +31,8 @@ from components.publication import publish
 from flows import stages
 from flows.prefect_boundary import original_error, prefect_safe
 from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)
-from flows.pipeline import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
-                            log_plan, log_step, plan_task, register_task)
+from flows.tasks import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
+                         log_plan, log_step, plan_task, register_task)
 
 PRODUCTION = "production"
 LATEST = "latest-certified"
