@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from catalog import snapshots
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.core.settings import Settings
@@ -60,14 +61,14 @@ def _runner(kind: str, cluster_kwargs: dict | None = None):
 def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path | None = None,
           snapshot_id: str | None = None, name: str | None = None, use_prefect: bool = True,
           progress: bool = False) -> dict:
-    from catalog.snapshots import load_snapshot
     from components.prediction import mechanism as mech
     from components.prediction import partition as part
     from components.prediction.ensemble import ShardTraining, dir_sha256
-    from components.prediction.policy import load_prediction_policy
+    from components.policy import load_prediction_policy
     from components.planning.annex import plan_key, snapshot_commitment
-    from components.prediction.release import (commitment, make_certificate, manifest_of, private_root,
-                                               register_ensemble)
+    from components.prediction import release as prel
+    from components.prediction.pyfunc import register_ensemble
+    from components.prediction.release import commitment, manifest_of, private_root
     from components.core.quiet import quiet_third_party
     from flows import stages
 
@@ -82,7 +83,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
         base_dir = stages.base_model(settings, public_corpus=demo_public, progress=progress)
     else:
         base_dir = stages.base_model(settings, base_model_dir=base_dir)
-    snap = load_snapshot(settings, snapshot_id)
+    snap = snapshots.load_snapshot(settings, snapshot_id)   # through the module: tests stand a snapshot in
     recs = snap.records
     people_public = None
     from components.planning.people import canonical_records, plan_accounts
@@ -132,7 +133,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
                                                      "retired": len(retired), "facts": facts}, default=str))
     os.chmod(root / "partition.json", 0o600)
     commits = [commitment(settings, f["sha256"]) for f in facts]
-    cert = make_certificate(params=params, target=spec.target.model_dump(), policy_name=pol.metadata.name,
+    cert = prel.make_certificate(params=params, target=spec.target.model_dump(), policy_name=pol.metadata.name,
                             policy_sha256=policy_sha, snapshot_commitment=snapshot_commitment(plan_key(settings.private_dir),
                                                                        snap.snapshot_id, snap.sha256)[1],
                             base_sha256=base_sha, commitments=commits, when_exhausted=spec.when_exhausted,
@@ -164,7 +165,7 @@ def plan(policy_path: str | Path, *, keys: int | None = None) -> dict:
     """`veil pmixed plan`: what the policy's token budget buys (requests, keys) and its ε/radius trade, from policy
     values alone — nothing is read from the data, so it is safe to show anyone before a build."""
     from components.prediction import sizing
-    from components.prediction.policy import load_prediction_policy
+    from components.policy import load_prediction_policy
     from components.publication import publish
 
     pol, raw = load_prediction_policy(policy_path)

@@ -4,7 +4,14 @@
     policy.sha256            # of the file's bytes; goes into every plan and certificate
     policy.tagging_rules()   # what the catalog tags as secrets
 """
-from components.policy.loader import PolicyError, PolicyProblem, check_policy, load_policy, parse_policy
+from components.policy.loader import (
+    PolicyError,
+    PolicyProblem,
+    check_policy,
+    load_policy,
+    load_prediction_policy,
+    parse_policy,
+)
 from components.policy.model import (
     API_VERSION,
     BUILTIN_DETECTORS,
@@ -26,6 +33,7 @@ __all__ = [
     "Protection",
     "check_policy",
     "load_policy",
+    "load_prediction_policy",
     "parse_policy",
     "policy_json_schema",
     "write_schema",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.policy.model import Policy
+from components.policy.prediction import PredictionPolicy
 
 
 @dataclass(frozen=True)
@@ -273,12 +274,6 @@ def _explain(err: dict, root: type[BaseModel] = Policy) -> tuple[tuple, str]:
     return loc, msg
 
 
-def _prediction_model() -> type[BaseModel]:
-    from components.prediction.policy import PredictionPolicy  # imported late: it imports this package
-
-    return PredictionPolicy
-
-
 def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tuple[list[PolicyProblem], BaseModel | None]:
     """`any_kind`: validate a PredictionPolicy (PMixED) by its own schema too (`veil policy check`);
     loading a training policy accepts only kind PrivacyPolicy."""
@@ -329,7 +324,7 @@ def _problems_from_text(raw: bytes, path: str, *, any_kind: bool = False) -> tup
         return [PolicyProblem(path, _locate(root, loc), _dotted(loc), msg)], None
     model: type[BaseModel] = Policy
     if any_kind and data.get("kind") == "PredictionPolicy":
-        model = _prediction_model()
+        model = PredictionPolicy
     try:
         policy = model.model_validate(data)
     except ValidationError as e:
@@ -453,3 +448,24 @@ def parse_policy(text: str, name: str = "<policy>") -> Policy:
     policy._sha256 = sha256_bytes(raw)
     policy._path = name
     return policy
+
+
+def load_prediction_policy(path: str | Path) -> tuple[PredictionPolicy, bytes]:
+    """A PMixED endpoint's policy (components.policy.prediction) and the file's bytes (their sha256 is the
+    policy's identity in the certificate and the ledger); bad input is one VeilError naming the field."""
+    p = Path(path)
+    if not p.is_file():
+        raise VeilError(f"{p}: no such policy file")
+    raw = p.read_bytes()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise VeilError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    try:
+        return PredictionPolicy.model_validate(data), raw
+    except ValidationError as e:
+        # the training policy's wording: a cross-field rule's "@field.path@ message" names its field
+        # (never shown as such: issue 26 saw `@aliases.0@` on screen)
+        err = e.errors(include_url=False)[0]
+        loc, msg = _explain(err) if err["type"] == "value_error" else (tuple(err["loc"]), err["msg"])
+        raise VeilError(f"{p}: {_dotted(loc) or '(document)'}: {msg}") from None

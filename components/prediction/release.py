@@ -20,7 +20,6 @@ from pathlib import Path
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.prediction import mechanism as mech
-from components.publication import publish
 
 SCHEMA = "veil.certificate.pmixed/v1"
 MECHANISM = "pmixed-pointwise/v1"
@@ -103,49 +102,6 @@ def verify_certificate(cert: Mapping) -> dict:
     if abs(p.epsilon() - float(c["epsilon"])) > 1e-9:
         raise VeilError("pmixed certificate: its ε does not follow from its parameters")
     return dict(cert)
-
-
-def register_ensemble(settings, *, name: str, certificate: Mapping, manifest: Mapping, base_dir: str | Path,
-                      experiment: str = "veil-pmixed") -> dict:
-    import mlflow
-
-    from components.prediction.pyfunc import PMixEDEnsemble
-    from components.registry.mlflow_registry import _client, _experiment
-
-    cert = verify_certificate(certificate)
-    client = _client(settings)
-    exp = _experiment(settings, experiment)
-    tags = {"privacy.schema": SCHEMA, "privacy.mechanism": MECHANISM, "privacy.unit": "user",
-            "privacy.epsilon": repr(cert["epsilon"]), "privacy.delta": repr(cert["delta"]),
-            "privacy.token_budget": str(cert["token_budget"]), "privacy.certificate_sha256": cert["sha256"],
-            "privacy.threat_model": "black-box sampled tokens; adapters not released"}
-    publish("pmixed.release", {"certificate": dict(cert), "manifest": dict(manifest)}, subject=cert["sha256"])
-    publish("registry.tag", tags, subject=cert["sha256"])
-    with tempfile.TemporaryDirectory() as tmp:
-        cp, mp = Path(tmp) / "certificate.json", Path(tmp) / "manifest.json"
-        cp.write_text(json.dumps(cert, indent=2, sort_keys=True))
-        mp.write_text(json.dumps(dict(manifest), indent=2, sort_keys=True))
-        with mlflow.start_run(experiment_id=exp, run_name=f"{name}-{cert['sha256'][:8]}") as run:
-            mlflow.log_params(publish("registry.param", {
-                "mechanism": MECHANISM, "shards": cert["ensemble"]["shards"],
-                "subsample_rate": cert["ensemble"]["subsample_rate"], "radius": cert["ensemble"]["radius"],
-                "token_budget": cert["token_budget"], "delta": cert["delta"]}, subject=cert["sha256"]))
-            mlflow.log_metrics(publish("registry.metric", {"privacy_epsilon": float(cert["epsilon"])},
-                                       subject=cert["sha256"]))
-            mlflow.set_tags(tags)
-            mlflow.log_artifact(str(cp))
-            mlflow.log_artifact(str(mp))
-            info = mlflow.pyfunc.log_model(name="model", python_model=PMixEDEnsemble(),
-                                           artifacts={"certificate": str(cp), "manifest": str(mp),
-                                                      "base_model": str(base_dir)},
-                                           pip_requirements=["veil"])
-            run_id = run.info.run_id
-    mv = mlflow.register_model(info.model_uri, name, tags=tags)
-    client.set_registered_model_alias(name, "latest-certified", mv.version)
-    # MLflow copies the public base with its source's mode (shutil.copy2: typically 0644 outside VEIL_HOME);
-    # the registry is private like the rest of the home (issue 28), as flows.stages.register does for models
-    settings.make_private(settings.mlflow_artifacts_dir)
-    return {"model_uri": f"models:/{name}/{mv.version}", "run_id": run_id, "version": str(mv.version)}
 
 
 def resolve(settings, model_uri: str) -> dict:

@@ -20,7 +20,7 @@ def _training(people: str):
 
 
 def _prediction(tmp_path, people: str):
-    from components.prediction.policy import load_prediction_policy
+    from components.policy import load_prediction_policy
 
     p = tmp_path / "p.yaml"
     p.write_text(PMIXED.rstrip("\n") + "\n  people:\n" + people)

@@ -14,7 +14,7 @@ from components.policy.schema import DEFAULT_PATH, schema_text
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 # Training policies (kind: PrivacyPolicy). PMixED's `kind: PredictionPolicy` files have their own loader
-# (components/prediction/policy.py) and are checked in tests/prediction.
+# (components/policy/prediction.py) and are checked in tests/prediction.
 TRAINING = sorted(p for p in POLICIES.glob("*.yaml") if "kind: PredictionPolicy" not in p.read_text())
 
 MINIMAL = """\

@@ -108,7 +108,7 @@ def test_removing_one_person_changes_only_their_shard(settings):
 
 
 def test_bad_policy_is_one_line(tmp_path):
-    from components.prediction.policy import load_prediction_policy
+    from components.policy import load_prediction_policy
 
     p = tmp_path / "bad.yaml"
     p.write_text(POLICY.replace("WHEN", "public_only").replace("shards: 3", "shards: 0"))
@@ -118,7 +118,7 @@ def test_bad_policy_is_one_line(tmp_path):
 
 def test_shipped_demo_prediction_policy_is_valid():
     from components.prediction import mechanism as mech
-    from components.prediction.policy import load_prediction_policy
+    from components.policy import load_prediction_policy
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     pol, _ = load_prediction_policy(root / "policies" / "demo-pmixed.yaml")

@@ -82,7 +82,7 @@ def test_without_aliases_each_address_is_partitioned_on_its_own(settings, tmp_pa
 
 
 def test_prediction_policy_refuses_all_participants(tmp_path):
-    from components.prediction.policy import load_prediction_policy
+    from components.policy import load_prediction_policy
 
     p = tmp_path / "p.yaml"
     p.write_text(POLICY.replace("PEOPLE", "  people: {ownership: all-participants}\n"))

@@ -1,16 +1,14 @@
 """The prediction policy (kind: PredictionPolicy): what governance fixes for a PMixED endpoint.
 
 Strict like the training policy (unknown keys, coercions and NaN are errors; one line naming the field).
+Loaded by `components.policy.load_prediction_policy`; used by components.prediction and flows.pmixed.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.errors import VeilError
 from components.policy.model import People
 
 
@@ -88,24 +86,3 @@ class PredictionPolicy(_Strict):
     kind: Literal["PredictionPolicy"]
     metadata: Metadata
     spec: Spec
-
-
-def load_prediction_policy(path: str | Path) -> tuple[PredictionPolicy, bytes]:
-    p = Path(path)
-    if not p.is_file():
-        raise VeilError(f"{p}: no such policy file")
-    raw = p.read_bytes()
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise VeilError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    try:
-        return PredictionPolicy.model_validate(data), raw
-    except ValidationError as e:
-        # the training policy's wording: a cross-field rule's "@field.path@ message" names its field
-        # (never shown as such: issue 26 saw `@aliases.0@` on screen)
-        from components.policy.loader import _dotted, _explain
-
-        err = e.errors(include_url=False)[0]
-        loc, msg = _explain(err) if err["type"] == "value_error" else (tuple(err["loc"]), err["msg"])
-        raise VeilError(f"{p}: {_dotted(loc) or '(document)'}: {msg}") from None
