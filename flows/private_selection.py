@@ -35,6 +35,7 @@ import numpy as np
 
 from components.core.errors import VeilError
 from components.core.settings import Settings
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 
 DEFAULTS = {"distribution": "truncated-negative-binomial", "eta": 0.0, "gamma": 0.3, "mu": None,
             "score_clip": 8.0, "score_noise": 2.0, "score_records_per_person": 8}
@@ -122,13 +123,12 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
     records push other people's out of the score, and the sum's sensitivity would no longer be B."""
     import hashlib
 
-    from catalog.snapshots import load_snapshot
     from components.planning import evaluation_records
     from components.planning.annex import load_annex
     from flows.stages import plan_snapshot_id
 
     annex = load_annex(settings.private_dir, plan_doc)
-    t = evaluation_records(plan_doc, annex, load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex)).records)
+    t = evaluation_records(plan_doc, annex, snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex)).records)
     by: dict[str, list[str]] = {}
     for u, x in zip(t.column("user_id").to_pylist(), t.column("text").to_pylist()):
         if u not in excluded:
@@ -159,14 +159,13 @@ def plan_points(settings: Settings, policy: str | Path, grid, out: Path, base_di
     draws: each plan's N̂ counts them, so the floor is the sum of the points' ε_N (`stages.exhausted_people`;
     one person's answer reads only their ledger row and public policy values). The same people are left
     out of every point. Returns (plan docs, plan paths, `stages.plan`'s results)."""
-    from catalog.snapshots import load_snapshot
     from components.policy import load_policy
     from flows import stages
     from flows.study_grid import point_policy
 
     paths = [point_policy(policy, pt, grid.training, out / "policies" / f"{pt.key}.yaml") for pt in grid.points]
     pols = [load_policy(pp) for pp in paths]
-    records = load_snapshot(settings, None, verify=False).records
+    records = snapshots.load_snapshot(settings, None, verify=False).records
     users = set(records.column("user_id").to_pylist())
     if "owners" in records.column_names:
         users |= {str(o) for os_ in records.column("owners").to_pylist() for o in (os_ or ())}

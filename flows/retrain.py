@@ -24,6 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.input import RunInput
 
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 from components.core.errors import VeilError
 from components.core.faults import kill_point
 from components.core.settings import Settings, load_settings, private_umask
@@ -69,9 +70,8 @@ def save_state(settings: Settings, key: str, doc: dict) -> None:
 
 def training_content(settings: Settings, snapshot_id: str) -> str:
     """The snapshot's content hash (its records and secret spans, not its date or lineage)."""
-    from catalog.snapshots import load_snapshot
 
-    return load_snapshot(settings, snapshot_id, verify=False).manifest["content_sha256"]
+    return snapshots.load_snapshot(settings, snapshot_id, verify=False).manifest["content_sha256"]
 
 
 def base_content(base_dir: str) -> str:
@@ -204,13 +204,12 @@ def planning_exclusions(settings: Settings, key: str, pol, snapshot_id: str, con
     decided once per (snapshot content, base) and kept privately: a run killed after its reservation
     (which charged the same people) plans again with the same exclusions, so the same plan, and
     resumes instead of retiring the people it is training."""
-    from catalog.snapshots import load_snapshot
 
     name = f"{key}.planning"
     saved = load_state(settings, name)
     if saved and saved.get("snapshot_content_sha256") == content and saved.get("base_sha256") == base_sha:
         return list(saved["excluded"])
-    users = load_snapshot(settings, snapshot_id, verify=False).records.column("user_id").to_pylist()
+    users = snapshots.load_snapshot(settings, snapshot_id, verify=False).records.column("user_id").to_pylist()
     excluded = sorted(stages.exhausted_people(settings, pol, users))
     save_state(settings, name, {"snapshot_content_sha256": content, "base_sha256": base_sha, "excluded": excluded})
     return excluded

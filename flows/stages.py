@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 from components.core.errors import VeilError
 from components.core.faults import kill_point
 from components.core.hashing import sha256_file
@@ -190,9 +191,8 @@ def plan(settings: Settings, policy: str | Path, *, snapshot_id: str | None = No
     """Plan a release, leaving `exclude_people` (ids; retraining passes `exhausted_people`) out of
     the snapshot the planner sees. Returns {"plan_path", "plan", "excluded_people"} (that count is
     exact and private: never logged or published)."""
-    from catalog.snapshots import load_snapshot
 
-    return plan_snapshot(settings, policy, load_snapshot(settings, snapshot_id), base_dir=base_dir,
+    return plan_snapshot(settings, policy, snapshots.load_snapshot(settings, snapshot_id), base_dir=base_dir,
                          progress=progress, exclude_people=exclude_people)
 
 
@@ -525,11 +525,10 @@ def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
     """Every record the snapshot tags with one of these secrets (all of a dropped secret's records go)."""
     import pyarrow.compute as pc
 
-    from catalog.snapshots import load_snapshot
 
     if not secret_ids:
         return []
-    spans = load_snapshot(settings, plan_snapshot_id(settings, plan_doc)).secret_spans
+    spans = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc)).secret_spans
     hit = spans.filter(pc.is_in(spans["secret_id"], pa.array(sorted(set(secret_ids)), spans["secret_id"].type)))
     return sorted({str(r) for r in hit.column("record_id").to_pylist()})
 
@@ -665,11 +664,10 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
 
 def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
     """The largest rate of a training record holding no protected secret (None: none is trained on)."""
-    from catalog.snapshots import load_snapshot
     from components.planning.data import train_rows
     from components.planning.secret_plan import untagged_max_rate
 
-    snap = load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
+    snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
     return untagged_max_rate(train_rows(_annex(settings, plan_doc)), snap.secret_spans, plan_doc["target"]["secrets"])
 
 
@@ -747,13 +745,12 @@ class PipelineResult:
 def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = None,
           truth: str | Path | None = None, progress: bool = True) -> dict:
     """Audit a registered model; aggregates go into its certificate, per-user scores stay private."""
-    from catalog.snapshots import load_snapshot
     from components.audit import run_audit
     from components.policy import load_policy
     from components.registry import load_model, record_audit
 
     loaded = load_model(model_uri, settings, interrupted_audit_ok=True)   # a killed audit is done again
-    snap = load_snapshot(settings, plan_snapshot_id(settings, loaded.plan))
+    snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, loaded.plan))
     thresholds = load_policy(policy).spec.audit if policy else None
     truth_doc = json.loads(Path(truth).read_text()) if truth else None
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
@@ -916,11 +913,10 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
 def snapshot_commitment_of(settings: Settings, snapshot_id: str) -> str:
     """The salted commitment a plan of this snapshot publishes (`data.snapshot_commitment`): how logs that
     leave the private area (Prefect) name a snapshot. Keyed by this home's plan key."""
-    from catalog.snapshots import load_snapshot
     from components.planning.annex import plan_key, snapshot_commitment
 
     return snapshot_commitment(plan_key(settings.private_dir), snapshot_id,
-                               load_snapshot(settings, snapshot_id, verify=False).sha256)[1]
+                               snapshots.load_snapshot(settings, snapshot_id, verify=False).sha256)[1]
 
 
 def plan_snapshot_id(settings: Settings, plan_doc: dict, annex: dict | None = None) -> str:
@@ -928,10 +924,9 @@ def plan_snapshot_id(settings: Settings, plan_doc: dict, annex: dict | None = No
 
 
 def _plan_snapshot(settings: Settings, plan_doc: dict, annex: dict | None = None):
-    from catalog.snapshots import load_snapshot
 
     sid, sha = plan_snapshot_ref(settings, plan_doc, annex)
-    snap = load_snapshot(settings, sid)
+    snap = snapshots.load_snapshot(settings, sid)
     if snap.sha256 != sha:
         raise VeilError(f"snapshot {sid} changed since planning (sha256 differs)")
     return snap

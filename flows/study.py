@@ -31,6 +31,7 @@ from pathlib import Path
 from components.core.errors import VeilError
 from components.core.settings import Settings
 from flows.study_grid import Grid, Point, parse_grid, point_policy
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 
 CAVEAT = ("Tuning on private data is not covered by any certificate: these scores are measured on private "
           "evaluation people and any choice made from them leaks information about them and about the "
@@ -62,14 +63,13 @@ def nonprivate_adjust(spec, data):
 def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[list[str], list[str]]:
     """(user ids, texts) of the plan's evaluation people, at most `max_records` of them: a stable
     subset (by a hash of each record), so every point of a study scores the same texts."""
-    from catalog.snapshots import load_snapshot
     from components.planning import evaluation_records
     from components.planning.annex import load_annex
 
     from flows.stages import plan_snapshot_id
 
     annex = load_annex(settings.private_dir, plan_doc)
-    snap = load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))
+    snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))
     t = evaluation_records(plan_doc, annex, snap.records)
     rows = list(zip(t.column("user_id").to_pylist(), t.column("text").to_pylist()))
     rows.sort(key=lambda r: hashlib.sha256((r[0] + "\x1f" + r[1]).encode()).hexdigest())

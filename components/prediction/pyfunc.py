@@ -49,7 +49,7 @@ class PMixEDEnsemble(mlflow.pyfunc.PythonModel):
 
 def register_ensemble(settings, *, name: str, certificate: Mapping, manifest: Mapping, base_dir: str | Path,
                       experiment: str = "veil-pmixed") -> dict:
-    from components.registry.mlflow_registry import _client, _experiment  # startup
+    from components.registry.mlflow_registry import _client, _experiment
 
     cert = verify_certificate(certificate)
     client = _client(settings)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from components.core.errors import VeilError
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 
 err = Console(stderr=True)
 
@@ -109,7 +110,6 @@ def audit_cmd(
     VEIL_HOME/private/audit/ only; the certificate, the MLflow run and this output carry the public
     section: verdicts and coarsely quantized aggregates, not covered by the certificate.
     """
-    from catalog.snapshots import load_snapshot
     from components.audit import run_audit
     from components.core.settings import load_settings
     from components.registry import load_model
@@ -130,7 +130,7 @@ def audit_cmd(
             raise VeilError(f"{truth}: cannot read truth file ({e})") from None
     loaded = load_model(model_uri, settings)
     plan = loaded.plan
-    snap = load_snapshot(settings, plan_snapshot_id(settings, plan))
+    snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan))
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
                        secret_spans=None if truth_doc is not None else snap.secret_spans,
                        n_candidates=candidates, max_secrets_per_class=per_class, bootstrap=bootstrap,

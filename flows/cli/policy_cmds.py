@@ -10,6 +10,7 @@ from rich.table import Table
 
 from components.core.errors import VeilError
 from flows.cli.common import err, out, print_json as _print_json, quiet_third_party, settings as _settings
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 
 
 policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",
@@ -114,13 +115,12 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split;
     and what the per-person ledger says about releasing it: how many releases of it a person can still
     take, and how many people its release would retire."""
-    from catalog.snapshots import load_snapshot
     from components.policy import load_policy
 
     quiet_third_party()   # the utility forecast loads the base model (transformers' FutureWarning, issue 26)
     pol = load_policy(policy)
     s = _settings()
-    snap = load_snapshot(s, snapshot)
+    snap = snapshots.load_snapshot(s, snapshot)
     if sweep_c:
         _sweep(pol, snap, c_values, json_out)
         return

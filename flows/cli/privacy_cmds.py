@@ -10,6 +10,7 @@ from rich.table import Table
 
 from components.core.errors import VeilError
 from flows.cli.common import out, print_json as _print_json
+from catalog import snapshots  # its module, not the function: tests stand a snapshot in
 
 
 privacy = typer.Typer(help="Privacy accounting: ε for a mechanism, σ for a target, secrets' posterior bounds.",
@@ -132,9 +133,8 @@ def secrets_cmd(
             raise VeilError(f"--spans: {spans} does not exist")
         span_tbl = pq.read_table(spans)
     else:
-        from catalog.snapshots import load_snapshot
 
-        span_tbl = load_snapshot(load_settings(), plan_snapshot_ref(plan, annex)[0]).secret_spans
+        span_tbl = snapshots.load_snapshot(load_settings(), plan_snapshot_ref(plan, annex)[0]).secret_spans
     from components.mechanisms import get as get_mechanism
 
     per_user = get_mechanism(plan["mechanism"]).samples_users
