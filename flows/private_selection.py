@@ -211,7 +211,7 @@ def run_private_selection(settings: Settings, policy: str | Path, grid_path: str
     from components.policy import load_policy
     from components.publication.gate import publish
     from flows import stages
-    from flows.study import CAVEAT, new_study_dir
+    from flows import study
     from flows.study_grid import parse_grid
 
     grid = parse_grid(grid_path)
@@ -233,7 +233,7 @@ def run_private_selection(settings: Settings, policy: str | Path, grid_path: str
         raise VeilError("veil study: pass --base-model DIR (a public base)")
     base_dir = stages.base_model(settings, base_model_dir=base_dir)
     delta = float(pol.spec.target.delta) if pol.spec.target else 1e-5
-    sid, out = new_study_dir(settings, grid)
+    sid, out = study.new_study_dir(settings, grid)   # through its module: tests stand a folder in
     started = time.time()
     # Everything that depends on K (the trials' runs, their scores, K itself) lives in the private area:
     # a trial folder in the study's directory would publish K by its count.
@@ -330,7 +330,7 @@ def run_private_selection(settings: Settings, policy: str | Path, grid_path: str
                                "depends on K. The selected weights are covered by this ledger charge but get no "
                                "certificate.")},
         "covered_by_certificate": False,
-        "caveat": CAVEAT.replace("Use --private-selection for an accounted choice (Papernot & Steinke 2022).",
+        "caveat": study.CAVEAT.replace("Use --private-selection for an accounted choice (Papernot & Steinke 2022).",
                                  "This choice is accounted in the per-person ledger (above), not by a certificate."),
         "dir": str(out),
     }

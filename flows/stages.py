@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components import modeling  # modeling.load_base through its module, likewise (tests/flows/test_device.py)
 from components.core.errors import VeilError
 from components.core.faults import kill_point
 from components.core.hashing import sha256_file
@@ -60,11 +61,11 @@ def base_model(settings: Settings, *, public_corpus: str | Path | None = None,
     The built base is cached by the corpus' sha256 (and the config, when not the default), so re-runs reuse it.
     """
     from components.core.hashing import sha256_json
-    from components.modeling import build_base_model, load_base
+    from components.modeling import build_base_model
     from components.modeling.public_text import read_corpus
 
     if base_model_dir is not None:
-        load_base(base_model_dir)  # fail early and clearly on a bad directory
+        modeling.load_base(base_model_dir)  # fail early and clearly on a bad directory
         return str(Path(base_model_dir).resolve())
     if public_corpus is None:
         raise VeilError("no base model: pass --base-model PATH or a public corpus to pretrain one")
@@ -96,15 +97,13 @@ def planning_aids(pol, base_dir: str | Path | None):
         if base_dir is None:
             raise VeilError(f"selection '{pol.spec.contribution.selection}' scores records with the public base "
                             "model: pass --base-model DIR")
-        from components.modeling import load_base, perplexity_scores
+        from components.modeling import perplexity_scores
 
-        model, tok = load_base(base_dir)
+        model, tok = modeling.load_base(base_dir)
         seq_len = pol.spec.training.seq_len
         scorer = lambda texts: perplexity_scores(model, tok, texts, seq_len=seq_len)  # noqa: E731
     if pol.spec.mechanism == "auto" and pol.spec.privacy_unit == "user" and base_dir is not None:
-        from components.modeling import load_base
-
-        compute = {"base_model": load_base(base_dir)}
+        compute = {"base_model": modeling.load_base(base_dir)}
     if base_dir is not None:
         # d for the utility forecast: a fact of the public architecture and the policy's LoRA config
         from components.modeling.lora import count_trainable_parameters
@@ -581,7 +580,6 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     import pyarrow.compute as pc
 
     from components.core.device import resolve_device
-    from components.modeling import load_base
     from components.planning import load_plan
     from components.planning.annex import commitment
     from components.planning.data import train_rows
@@ -622,7 +620,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
             data = data.replace_schema_metadata(meta)
         from components.training.precision import dtype_of
 
-        model, tokenizer = load_base(base_dir, device=device, dtype=dtype_of(spec.precision))
+        model, tokenizer = modeling.load_base(base_dir, device=device, dtype=dtype_of(spec.precision))
         if adjust is not None:
             spec = adjust(spec, data)
         try:
@@ -781,9 +779,7 @@ def _reference_model(settings: Settings, reference: str, base):
         from peft import PeftModel
 
         return PeftModel.from_pretrained(copy.deepcopy(base[0]), str(p)).eval(), base[1], identity
-    from components.modeling import load_base
-
-    return (*load_base(p), identity)
+    return (*modeling.load_base(p), identity)
 
 
 def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
