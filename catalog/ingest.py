@@ -42,6 +42,16 @@ from catalog.tagging import Tagger
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 from components.core.settings import Settings
+from catalog.connectors.addresses import mailboxes
+from catalog.connectors.debian import DebianChangelogSource
+from catalog.connectors.git import GitSource
+from catalog.connectors.jsonl import JsonlSource
+from catalog.connectors.mail import MailSource
+from catalog.connectors.tabular import CsvSource, ParquetSource
+from catalog.dates import parse_timestamp
+from catalog.ner import load_ner
+from catalog.people import likely_duplicates, unsettled_by_policy, write_likely_duplicates
+from components.core.identity import person_id_or_empty
 
 FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git", "debian-changelog")
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
@@ -86,28 +96,16 @@ class IngestReport:
 
 def _connector(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int):
     if fmt == "jsonl":
-        from catalog.connectors.jsonl import JsonlSource
-
         return JsonlSource(source, fields, max_line_bytes=max(4 * max_record_bytes, 1 << 16))
     if fmt == "csv":
-        from catalog.connectors.tabular import CsvSource
-
         return CsvSource(source, fields, max_field_bytes=max(4 * max_record_bytes, 1 << 16))
     if fmt == "parquet":
-        from catalog.connectors.tabular import ParquetSource
-
         return ParquetSource(source, fields)
     if fmt in ("mbox", "maildir"):
-        from catalog.connectors.mail import MailSource
-
         return MailSource(source, fmt)
     if fmt == "git":
-        from catalog.connectors.git import GitSource
-
         return GitSource(source)
     if fmt == "debian-changelog":
-        from catalog.connectors.debian import DebianChangelogSource
-
         return DebianChangelogSource(source)
     raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
 
@@ -219,7 +217,6 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         raise VeilError(f"{source}: {fmt} source must be a directory")
     fields = FieldMap(user=user_field, text=text_field, id=id_field, time=time_field, source=source_field,
                       path=path_field, metadata=tuple(metadata_fields))
-    from catalog.ner import load_ner
 
     ner_plugin, ner_status = load_ner(ner)
     tagger = Tagger(rules, ner=ner_plugin)
@@ -292,12 +289,9 @@ def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, 
 def _report_likely_duplicates(report: IngestReport, settings: Settings, rules, source: Path) -> None:
     """Likely duplicates, for the operator only (names in a private file, counts on their screen):
     names under several ids (sources that carry names), spellings the identity rule merged (all)."""
-    from catalog.people import likely_duplicates, write_likely_duplicates
-
     found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
     if isinstance(rules, (str, Path)):
         # ingested under a policy: names its people.aliases already merge are settled, not news
-        from catalog.people import unsettled_by_policy
 
         found = unsettled_by_policy(found, rules)
     report.likely_duplicate_people = len(found)
@@ -493,8 +487,6 @@ def _recipient_list(raw: str, field: str) -> tuple[str | None, str | None]:
     (None, why the record is quarantined). A JSON array of strings, or one string; each entry is a
     mailbox list (`a@x, "B" <b@y>`) read by the mail connector's rule (an address-like display name
     that differs is ambiguous), or a plain account name (a chat handle) kept as it is."""
-    from catalog.connectors.addresses import mailboxes
-
     s = raw.strip()
     items: list = [raw]
     if s[:1] in ("[", "{"):
@@ -571,7 +563,6 @@ def _person_ids(batch: pa.Table) -> tuple[pa.Table, pa.Array | None]:
     users = batch.column("user")
     if pa.types.is_null(users.type) or users.null_count == len(users):
         return batch, None
-    from components.core.identity import person_id_or_empty
 
     changed: dict[str, tuple[str, str]] = {}
     ambiguous: dict[str, str] = {}
@@ -605,7 +596,6 @@ def _display_conflict(raw: str, person: str) -> str | None:
 
     if "<" not in (raw if raw.isascii() else unicodedata.normalize("NFKC", raw)):
         return None
-    from catalog.connectors.addresses import mailboxes
 
     boxes, why = mailboxes(raw)
     return f"ambiguous user: {why}" if why else None
@@ -710,7 +700,6 @@ class _Normalizer:
             self.con.unregister("tsb")
         if not bad:
             return batch
-        from catalog.dates import parse_timestamp
 
         vals = ts.to_pylist()
         for i in bad:

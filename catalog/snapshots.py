@@ -32,6 +32,7 @@ from catalog.schemas import RECORDS, SECRET_SPANS
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file
 from components.core.settings import Settings
+from catalog import recipients
 
 SCHEMA = "veil.snapshot/v1"
 _BATCH = 65_536
@@ -188,8 +189,6 @@ class SnapshotBuilder:
     def _rewrite_patched(self, path: Path) -> dict:
         """Rewrite the records file with the patched records' metadata (rare: only when a dropped copy
         of a record named recipients its kept copy lacks). Same row groups, same order."""
-        from catalog import recipients
-
         out = path.with_name("records.patched.parquet")
         w = RowGroupWriter(out, RECORDS)
         for b in pq.ParquetFile(path).iter_batches(_BATCH):

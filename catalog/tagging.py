@@ -31,6 +31,8 @@ from catalog import detectors as _det
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+from catalog import ner as _ner
+from components.policy import load_policy
 
 RULE_KINDS = ("literal", "keyword", "regex", "path_glob", "detector")
 # Long or multi-line values (private-key blocks) are named by their hash: ids stay one short line.
@@ -266,8 +268,6 @@ def load_rules(rules: Sequence[dict] | str | Path | None) -> list[dict]:
     if rules is None:
         return [dict(r) for r in DEFAULT_RULES]
     if isinstance(rules, (str, Path)):
-        from components.policy import load_policy
-
         return load_policy(rules).tagging_rules()
     return [dict(r) for r in rules]
 
@@ -577,8 +577,6 @@ class Tagger:
         return out
 
     def _ner_spans(self, texts: pa.Array) -> list[Span]:
-        from catalog import ner as _ner
-
         vals = texts.to_pylist()
         rows = [i for i, t in enumerate(vals) if t]
         spans: list[Span] = []

@@ -14,21 +14,28 @@ from catalog import snapshots
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.core.settings import Settings
+from components.core.quiet import quiet_third_party
+from components.mechanisms import get as get_mechanism
+from components.policy import load_prediction_policy
+from components.prediction import partition as part
+from components.prediction.ensemble import dir_sha256, ShardTraining, train_shard
+from components.publication import publish
+from flows import stages
+from flows.prefect_boundary import prefect_safe
 
 
 def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str, int], policy_sha: str):
     """Charge every person the whole token budget's curve in the per-person ledger (issue 13), when present.
     Returns (retired person ids, public reservation facts)."""
-    from components.ledger import Budget, Ledger
+    from components.ledger import Budget, Ledger  # startup
 
     curve = params.budget_rdp()
     led = Ledger.open(settings)
     try:
-        from components.prediction.mechanism import ORDERS
+        from components.prediction.mechanism import ORDERS  # startup
 
         if tuple(led.orders) != tuple(float(a) for a in ORDERS):
             raise VeilError("pmixed: the ledger's order grid differs from the mechanism's; cannot charge it")
-        from components.mechanisms import get as get_mechanism
 
         costs = get_mechanism("pmixed").ledger_costs(
             {"budget_rdp": curve, "sampling_rate": float(spec.subsample_rate)},
@@ -61,16 +68,11 @@ def _runner(kind: str, cluster_kwargs: dict | None = None):
 def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path | None = None,
           snapshot_id: str | None = None, name: str | None = None, use_prefect: bool = True,
           progress: bool = False) -> dict:
-    from components.prediction import mechanism as mech
-    from components.prediction import partition as part
-    from components.prediction.ensemble import ShardTraining, dir_sha256
-    from components.policy import load_prediction_policy
-    from components.planning.annex import plan_key, snapshot_commitment
-    from components.prediction import release as prel
-    from components.prediction.pyfunc import register_ensemble
-    from components.prediction.release import commitment, manifest_of, private_root
-    from components.core.quiet import quiet_third_party
-    from flows import stages
+    from components.prediction import mechanism as mech  # startup
+    from components.planning.annex import plan_key, snapshot_commitment  # startup
+    from components.prediction import release as prel  # startup
+    from components.prediction.pyfunc import register_ensemble  # startup
+    from components.prediction.release import commitment, manifest_of, private_root  # startup
 
     quiet_third_party(prefect=use_prefect)   # its shards train in threads or dask workers: same quiet there
     pol, raw = load_prediction_policy(policy_path)
@@ -86,14 +88,14 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     snap = snapshots.load_snapshot(settings, snapshot_id)   # through the module: tests stand a snapshot in
     recs = snap.records
     people_public = None
-    from components.planning.people import canonical_records, plan_accounts
+    from components.planning.people import canonical_records, plan_accounts  # startup
 
     # earlier pseudonyms of every account count for its person before the reservation (stages.link_identities)
     stages.link_identities(settings, recs, spec.people.model_dump(),
                            plan_accounts(recs, spec.people.model_dump())[0])
     if spec.people.exclude or spec.people.aliases:
         # one id per person before anything is counted or partitioned (components/planning/people.py)
-        from components.planning.people import people_for_plan
+        from components.planning.people import people_for_plan  # startup
 
         recs, people_public, _annex = people_for_plan(recs, spec.people.model_dump())
     else:
@@ -138,7 +140,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
                                                                        snap.snapshot_id, snap.sha256)[1],
                             base_sha256=base_sha, commitments=commits, when_exhausted=spec.when_exhausted,
                             ledger=ledger_facts, ensemble_id=ensemble_id, people=people_public)
-    from components.prediction.budget import TokenBudget
+    from components.prediction.budget import TokenBudget  # startup
 
     tb = TokenBudget.open(settings)
     try:
@@ -155,7 +157,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
 
 
 def sizing_of(spec, keys: int | None = None) -> dict:
-    from components.prediction.sizing import sizing
+    from components.prediction.sizing import sizing  # startup
 
     return sizing(token_budget=spec.token_budget, max_tokens_per_request=spec.max_tokens_per_request,
                   key_quota_tokens=spec.key_quota_tokens, keys=keys)
@@ -164,9 +166,7 @@ def sizing_of(spec, keys: int | None = None) -> dict:
 def plan(policy_path: str | Path, *, keys: int | None = None) -> dict:
     """`veil pmixed plan`: what the policy's token budget buys (requests, keys) and its ε/radius trade, from policy
     values alone — nothing is read from the data, so it is safe to show anyone before a build."""
-    from components.prediction import sizing
-    from components.policy import load_prediction_policy
-    from components.publication import publish
+    from components.prediction import sizing  # startup
 
     pol, raw = load_prediction_policy(policy_path)
     if keys is not None and keys < 1:
@@ -177,14 +177,11 @@ def plan(policy_path: str | Path, *, keys: int | None = None) -> dict:
 
 def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread", use_prefect: bool = True,
                  cluster_kwargs: dict | None = None):
-    from components.prediction.ensemble import train_shard
-
     if not use_prefect:
         return [train_shard(base_dir, tx, cfg, o) for tx, o in zip(shard_texts, outs)]
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
-    from flows.prefect_boundary import prefect_safe
 
     @task(name="pmixed-train-shard", cache_policy=NO_CACHE, retries=0, persist_result=False)  # facts: private
     @prefect_safe("pmixed-train-shard")

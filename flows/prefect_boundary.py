@@ -25,6 +25,7 @@ from pathlib import Path
 
 from components.core.errors import VeilError
 from components.publication import publish
+from components.core.settings import load_settings, Settings
 
 FAILURES_DIR = "failures"
 
@@ -63,8 +64,6 @@ def _passes_through(e: BaseException) -> bool:
 def _private_dir(args, kwargs) -> Path | None:
     """The private area of the VEIL_HOME the task or flow works on (its `home`/`settings` argument, the
     first positional one of a task, or VEIL_HOME), or None when none can be found."""
-    from components.core.settings import Settings, load_settings
-
     for cand in (kwargs.get("settings"), kwargs.get("home"), *(args[:1])):
         if isinstance(cand, Settings):
             return Path(cand.private_dir)

@@ -36,14 +36,24 @@ import numpy as np
 from components.core.errors import VeilError
 from components.core.settings import Settings
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.core.hashing import sha256_json
+from components.evaluation.dp import clip_nll, person_means
+from components.mechanisms import get as get_mechanism
+from components.modeling.base import load_finetuned
+from components.modeling.scoring import token_statistics
+from components.policy import load_policy
+from components.publication.gate import publish
+from flows import stages, study
+from flows.stages import plan_snapshot_id
+from flows.study_grid import parse_grid, point_policy
 
 DEFAULTS = {"distribution": "truncated-negative-binomial", "eta": 0.0, "gamma": 0.3, "mu": None,
             "score_clip": 8.0, "score_noise": 2.0, "score_records_per_person": 8}
 
 
 def _rows_table(settings: Settings, plan_doc: dict):
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.planning.annex import load_annex  # startup
+    from components.planning.data import train_rows  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     return annex, train_rows(annex)
@@ -52,8 +62,7 @@ def _rows_table(settings: Settings, plan_doc: dict):
 def population_curves(plan_doc: dict, rows, orders) -> dict[str, np.ndarray]:
     """person → the Rényi curve of this plan's N̂ for that person: everyone the plan counts (its
     training people) pays ε_N × (how many units of N they are), pure DP (`release.pure_dp_rdp`)."""
-    from components.ledger.release import _population_epsilon, person_rates, pure_dp_rdp
-    from components.mechanisms import get as get_mechanism
+    from components.ledger.release import _population_epsilon, person_rates, pure_dp_rdp  # startup
 
     eps_n = _population_epsilon(plan_doc)
     if eps_n <= 0:
@@ -68,9 +77,9 @@ def person_curves(settings: Settings, plans: list[dict], score_noise: float, ord
     population estimate N̂ is not part of Q: it is released, and charged, once per plan before any
     trial — docs/privacy/private-selection.md) and, for evaluation people, the score's Gaussian curve;
     also the training and evaluation people."""
-    from components.accounting.private_selection import gaussian_rdp
+    from components.accounting.private_selection import gaussian_rdp  # startup
     # the release's training part alone: its N̂ share is charged with the plan (population_curves)
-    from components.ledger.release import _release_costs
+    from components.ledger.release import _release_costs  # startup
 
     curves: dict[str, np.ndarray] = {}
     trained: set[str] = set()
@@ -93,8 +102,8 @@ def worst_person_curves(plans: list[dict], score_noise: float, orders) -> tuple[
     in every one of them at once: k rows in each (the plan's public records_per_user; one user for
     ULS) and an evaluation person too. A function of the public plans only, so the published ε is
     public by construction; every real person's charge is checked to be at most this (pessimistic)."""
-    from components.accounting.private_selection import gaussian_rdp
-    from components.ledger.release import _release_costs
+    from components.accounting.private_selection import gaussian_rdp  # startup
+    from components.ledger.release import _release_costs  # startup
 
     q = gaussian_rdp(orders, score_noise)
     pops = []
@@ -111,8 +120,6 @@ def noisy_score(users: list[str], sums: np.ndarray, counts: np.ndarray, clip: fl
     """Σ_person clip(mean NLL of the person's scored tokens, 0, B) + N(0, (σ_s·B)²): one person moves
     the sum by at most B (add/remove), so it is the Gaussian mechanism with noise multiplier σ_s.
     Lower is better. The per-person means are the evaluation release's (components.evaluation.dp)."""
-    from components.evaluation.dp import clip_nll, person_means
-
     total = sum(clip_nll(nll, clip) for nll, _, _ in person_means(users, sums, counts).values())
     return float(total + rng.normal(0.0, noise * clip))
 
@@ -123,9 +130,8 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
     records push other people's out of the score, and the sum's sensitivity would no longer be B."""
     import hashlib
 
-    from components.planning import evaluation_records
-    from components.planning.annex import load_annex
-    from flows.stages import plan_snapshot_id
+    from components.planning import evaluation_records  # startup
+    from components.planning.annex import load_annex  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     t = evaluation_records(plan_doc, annex, snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex)).records)
@@ -143,9 +149,6 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
 
 def score_trial(settings: Settings, plan_doc: dict, base_dir: str, train_result: dict, ps: dict,
                 excluded: set[str]) -> float:
-    from components.modeling.base import load_finetuned
-    from components.modeling.scoring import token_statistics
-
     users, texts = score_texts(settings, plan_doc, int(ps["score_records_per_person"]), excluded)
     model, tok = load_finetuned(base_dir, adapter_dir=train_result.get("adapter_dir"),
                                 model_dir=train_result.get("model_dir"))
@@ -159,10 +162,6 @@ def plan_points(settings: Settings, policy: str | Path, grid, out: Path, base_di
     draws: each plan's N̂ counts them, so the floor is the sum of the points' ε_N (`stages.exhausted_people`;
     one person's answer reads only their ledger row and public policy values). The same people are left
     out of every point. Returns (plan docs, plan paths, `stages.plan`'s results)."""
-    from components.policy import load_policy
-    from flows import stages
-    from flows.study_grid import point_policy
-
     paths = [point_policy(policy, pt, grid.training, out / "policies" / f"{pt.key}.yaml") for pt in grid.points]
     pols = [load_policy(pp) for pp in paths]
     records = snapshots.load_snapshot(settings, None, verify=False).records
@@ -180,7 +179,7 @@ def charge_populations(settings: Settings, led, plans: list[dict], planned: list
     `population_release_id`: a ledger release of kind 'population', ε_N per counted person, retired or
     not, once per distinct N̂); say how, as the composition's entries. Plans sharing one population
     release share one N̂: counted once."""
-    from components.ledger.release import _population_epsilon
+    from components.ledger.release import _population_epsilon  # startup
 
     del led, orders, budget     # the charge is the planner's; nothing is charged here
     out, seen = [], set()
@@ -203,16 +202,9 @@ def charge_populations(settings: Settings, led, plans: list[dict], planned: list
 
 def run_private_selection(settings: Settings, policy: str | Path, grid_path: str | Path, *,
                           base_dir: str | Path | None, rng=None) -> dict:
-    from components.accounting.private_selection import (draw_trials, expected_trials, rdp_to_epsilon,
+    from components.accounting.private_selection import (draw_trials, expected_trials, rdp_to_epsilon,  # startup
                                                          selection_rdp)
-    from components.core.hashing import sha256_json
-    from components.ledger import Budget, Ledger, PersonCost
-    from components.mechanisms import get as get_mechanism
-    from components.policy import load_policy
-    from components.publication.gate import publish
-    from flows import stages
-    from flows import study
-    from flows.study_grid import parse_grid
+    from components.ledger import Budget, Ledger, PersonCost  # startup
 
     grid = parse_grid(grid_path)
     ps = {**DEFAULTS, **(grid.private_selection or {})}

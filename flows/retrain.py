@@ -34,6 +34,14 @@ from flows.prefect_boundary import original_error, prefect_safe
 from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)
 from flows.tasks import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
                          log_plan, log_step, plan_task, register_task)
+from components.certificate.seal import trusted_keys
+from components.core.device import resolve_device
+from components.core.fingerprints import directory_fingerprint
+from components.planning import load_plan
+from components.planning.annex import load_annex
+from components.policy import load_policy
+from components.registry.mlflow_registry import _client, _resolve_version
+from components.registry.verification import verify_version
 
 PRODUCTION = "production"
 LATEST = "latest-certified"
@@ -76,8 +84,6 @@ def training_content(settings: Settings, snapshot_id: str) -> str:
 
 def base_content(base_dir: str) -> str:
     """The base model directory's content hash (every file; the certificate's `run.base_model`)."""
-    from components.core.fingerprints import directory_fingerprint
-
     return directory_fingerprint(base_dir)["sha256"]
 
 
@@ -156,8 +162,6 @@ def promote_task(home: str, model_uri: str, cert: dict, audit_summary: dict | No
                  alias: str, approval: dict | None = None, require: str | None = None) -> dict:
     """Move `alias` when the gates pass and (when asked for) a promoter approved; tag the version with
     the decision and, when there was one, who approved or rejected it and when."""
-    from components.registry.mlflow_registry import _client
-
     settings = load_settings(home)
     ok, why = promotion_gate(cert, audit_summary, required, require)
     if ok and approval is not None and not approval["approved"]:
@@ -221,7 +225,6 @@ def _people(settings: Settings, plan_doc: dict, reg: dict) -> tuple[int | None, 
     life = reg.get("lifetime")
     if life:
         return int(life["admitted"]), int(life["retired"])
-    from components.planning.annex import load_annex
 
     counts = load_annex(settings.private_dir, plan_doc).get("counts") or {}
     return counts.get("n_train_users"), 0
@@ -245,14 +248,11 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     evaluation people, or for a resumed or skipped run) (approval: who approved or rejected it and when,
     None when nobody was asked); the people counts and the evaluation's exact figures are private: they
     are returned to the caller, never logged."""
-    from components.policy import load_policy
-
     private_umask()
     settings = load_settings(home).ensure()
     home = str(settings.home)
     log = get_run_logger()
     # a work pool's worker with VEIL_DEVICE naming a GPU it lacks: said at the run's start, not after ingest
-    from components.core.device import resolve_device
 
     resolve_device(settings.device)
     pol = load_policy(policy)
@@ -322,10 +322,6 @@ def unfinished(settings: Settings, model_uri: str) -> str | None:
     """What a registered release of a retraining still lacks: "audit" (no audit section in a certificate
     that verifies — never audited, or an audit killed halfway), "promotion" (audited; the decision, which
     `promote_task` tags last, not taken), or None (finished)."""
-    from components.certificate.seal import trusted_keys
-    from components.registry.mlflow_registry import _client, _resolve_version
-    from components.registry.verification import verify_version
-
     client = _client(settings)
     try:
         mv = _resolve_version(client, model_uri)
@@ -342,8 +338,6 @@ def unfinished(settings: Settings, model_uri: str) -> str | None:
 
 
 def _saved_plan(settings: Settings, state: dict) -> dict:
-    from components.planning import load_plan
-
     return load_plan(settings.plans_dir / f"{state['plan_sha256']}.json").to_dict()
 
 
@@ -352,10 +346,6 @@ def _finish(settings: Settings, home: str, log, pol, policy: str, truth: str | N
             audit_needed: bool, resumed: bool) -> dict:
     """Audit (unless the release is audited already), then decide the promotion: the tail of a
     retraining, and what a run killed there resumes."""
-    from components.registry.mlflow_registry import _client, _resolve_version
-    from components.registry.verification import verify_version
-    from components.certificate.seal import trusted_keys
-
     if audit_needed:
         aud = audit_task(home, model_uri, policy, truth)
         log_step(log, "audited")

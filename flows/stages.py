@@ -22,6 +22,23 @@ from components.core.faults import kill_point
 from components.core.hashing import sha256_file
 from components.core.settings import Settings
 from components.mechanisms import get as get_mechanism
+from catalog.demo import write_demo_org
+from components.certificate import build_certificate
+from components.core.device import resolve_device
+from components.core.fingerprints import directory_fingerprint, weights_fingerprint
+from components.core.hashing import sha256_json
+from components.core.progress import step
+from components.evaluation import evaluate_texts_per_text
+from components.evaluation.bottleneck import diagnose
+from components.evaluation.dp import person_means
+from components.evaluation.release import CAVEAT, publish_evaluation
+from components.mechanisms.auto import default_for
+from components.mechanisms.gaussian import PopulationRefusal
+from components.modeling import build_base_model, perplexity_scores
+from components.modeling.lora import count_trainable_parameters
+from components.modeling.public_text import read_corpus
+from components.policy import load_policy
+from components.policy.model import Evaluation
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.yaml"
 # How the demo organization's JSONL maps onto catalog records (user and text use the defaults).
@@ -29,8 +46,6 @@ DEMO_MAPPING = {"id_field": "id", "time_field": "ts", "metadata_fields": ["team"
 
 
 def demo_data(settings: Settings, out_dir: Path | None = None, seed: int = 0) -> dict:
-    from catalog.demo import write_demo_org
-
     out = Path(out_dir) if out_dir else settings.home / "demo-org"
     org = write_demo_org(out, seed=seed)
     return {"dir": str(out), "messages": str(out / "org" / "messages.jsonl"),
@@ -40,12 +55,10 @@ def demo_data(settings: Settings, out_dir: Path | None = None, seed: int = 0) ->
 
 def ingest(settings: Settings, source: str | Path, fmt: str, *, policy: str | Path | None = None,
            progress: bool = False, **mapping: Any) -> dict:
-    from catalog.ingest import ingest_source
+    from catalog.ingest import ingest_source  # startup
 
     rules = None
     if policy is not None:
-        from components.policy import load_policy
-
         rules = load_policy(policy).tagging_rules()
     report = ingest_source(Path(source), fmt, settings=settings, rules=rules, progress=progress, **mapping)
     return report.to_dict()
@@ -60,10 +73,6 @@ def base_model(settings: Settings, *, public_corpus: str | Path | None = None,
     file, a directory, `system`). `config`: `build_base_model` options (n_layer, n_embd, n_head, steps, …).
     The built base is cached by the corpus' sha256 (and the config, when not the default), so re-runs reuse it.
     """
-    from components.core.hashing import sha256_json
-    from components.modeling import build_base_model
-    from components.modeling.public_text import read_corpus
-
     if base_model_dir is not None:
         modeling.load_base(base_model_dir)  # fail early and clearly on a bad directory
         return str(Path(base_model_dir).resolve())
@@ -97,7 +106,6 @@ def planning_aids(pol, base_dir: str | Path | None):
         if base_dir is None:
             raise VeilError(f"selection '{pol.spec.contribution.selection}' scores records with the public base "
                             "model: pass --base-model DIR")
-        from components.modeling import perplexity_scores
 
         model, tok = modeling.load_base(base_dir)
         seq_len = pol.spec.training.seq_len
@@ -106,7 +114,6 @@ def planning_aids(pol, base_dir: str | Path | None):
         compute = {"base_model": modeling.load_base(base_dir)}
     if base_dir is not None:
         # d for the utility forecast: a fact of the public architecture and the policy's LoRA config
-        from components.modeling.lora import count_trainable_parameters
 
         lora = pol.spec.training.lora
         compute = {**(compute or {}), "trainable_parameters": count_trainable_parameters(
@@ -117,8 +124,6 @@ def planning_aids(pol, base_dir: str | Path | None):
 def planned_population_epsilon(pol) -> float:
     """ε_N of the population estimate N̂ a plan of this policy will release (target ε × the policy's
     population.epsilon_fraction, both public), 0 when its mechanism publishes N under its relation."""
-    from components.mechanisms.auto import default_for
-
     spec = pol.spec
     mech = default_for(spec.privacy_unit) if spec.mechanism == "auto" else get_mechanism(spec.mechanism)
     if spec.people.ownership == "all-participants" and mech.owners_variant:
@@ -142,9 +147,9 @@ def exhausted_people(settings: Settings, pol, user_ids, *, population_epsilons=N
     (public). Empty when there is no lifetime budget or no population estimate to price."""
     import numpy as np
 
-    from components.ledger import Ledger
-    from components.ledger.ledger import Budget
-    from components.ledger.release import pure_dp_rdp
+    from components.ledger import Ledger  # startup
+    from components.ledger.ledger import Budget  # startup
+    from components.ledger.release import pure_dp_rdp  # startup
 
     eps = [planned_population_epsilon(pol)] if population_epsilons is None else [float(e) for e in population_epsilons]
     eps = [e for e in eps if e > 0]
@@ -199,11 +204,9 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
                   progress=None, exclude_people=None, compute: dict | None = None) -> dict:
     """`plan` on a loaded snapshot (anything with snapshot_id, sha256, records, secret_spans and
     manifest): people rules, exclusions, the plan, N̂ charged, the plan written."""
-    from components.mechanisms.gaussian import PopulationRefusal
-    from components.planning import make_plan, save_plan
-    from components.policy import load_policy
+    from components.planning import make_plan, save_plan  # startup
 
-    from components.planning.people import canonical_records, plan_accounts
+    from components.planning.people import canonical_records, plan_accounts  # startup
 
     pol = load_policy(policy)
     people = pol.spec.people
@@ -215,7 +218,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     if people.exclude or people.aliases or people.ownership == "all-participants":
         # Bots out, a person's identities merged into one user id, before any per-person decision:
         # otherwise a person with two addresses is two units and gets twice the contribution.
-        from components.planning.people import people_for_plan
+        from components.planning.people import people_for_plan  # startup
 
         records, people_public, people_annex = people_for_plan(snap.records, pol.people())
         people_sections = (people_public, people_annex)
@@ -234,7 +237,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     ledger_filter = None
     if pol.spec.schedule is not None:
         # the schedule is fitted under this ledger's own grid and conversion (an old ledger's are stricter)
-        from components.ledger import Ledger
+        from components.ledger import Ledger  # startup
 
         led = Ledger.open(settings)
         try:
@@ -282,9 +285,9 @@ def link_identities(settings: Settings, records, people, accounts: dict | None =
     the spellings ingest kept (`metadata.account`), ids of records ingested before the identity rule,
     `people.aliases` entries. Nothing to do — and no ledger opened — when the ledger was never used (no
     key) or no account has another pseudonym. Returns the links added (private)."""
-    from components.ledger import Ledger
-    from components.ledger import keys as ledger_keys
-    from components.planning.people import person_accounts
+    from components.ledger import Ledger  # startup
+    from components.ledger import keys as ledger_keys  # startup
+    from components.planning.people import person_accounts  # startup
 
     if not ledger_keys.key_path(settings.private_dir).exists():
         return 0
@@ -301,8 +304,8 @@ def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | No
     and 2): retired later or not, they were counted. Returns (the ledger release that holds the charge —
     an earlier one when the same N̂ was charged before; None when N is public —, the ids who could not
     afford it: nothing was charged then)."""
-    from components.ledger import charge_population
-    from components.planning.data import train_rows
+    from components.ledger import charge_population  # startup
+    from components.planning.data import train_rows  # startup
 
     annex = _annex(settings, plan_doc)
     res = charge_population(settings, plan_doc, train_rows(annex),
@@ -314,7 +317,7 @@ def charge_refused_population(settings: Settings, refusal) -> tuple[str, ...]:
     """Charge the N̂ a plan refused on (`PopulationRefusal`) to everyone it counted, once per distinct N̂
     (its release key). Returns the ids who could not afford it (nothing was charged then: the caller
     plans again without them, which draws fresh noise)."""
-    from components.ledger import charge_population
+    from components.ledger import charge_population  # startup
 
     if refusal.persons is None or refusal.plan_like is None:
         raise VeilError("plan: a population refusal without the people it counted (a bug: report it)")
@@ -323,7 +326,7 @@ def charge_refused_population(settings: Settings, refusal) -> tuple[str, ...]:
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:
-    from components.planning.annex import load_annex
+    from components.planning.annex import load_annex  # startup
 
     return load_annex(settings.private_dir, plan_doc)
 
@@ -332,7 +335,7 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
                   drop_records=()) -> pa.Table:
     """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
     private annex (checked against the plan's commitment), less the records in `drop_records`."""
-    from components.planning.data import training_records
+    from components.planning.data import training_records  # startup
 
     annex = _annex(settings, plan_doc) if annex is None else annex
     snap = _plan_snapshot(settings, plan_doc, annex)
@@ -396,8 +399,8 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
     transaction; the records holding a secret that has no KL budget left are dropped from the release.
     Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
     mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
-    from components.ledger import Ledger, PlanAlreadyReleased, reserve_release
-    from components.planning.data import train_rows
+    from components.ledger import Ledger, PlanAlreadyReleased, reserve_release  # startup
+    from components.planning.data import train_rows  # startup
 
     path = out_dir / RESERVATION_FILE
     sha = plan_doc["sha256"]
@@ -501,7 +504,7 @@ class RunLock:
         if not self.plan_sha256:
             return ""
         try:
-            from components.ledger import Ledger
+            from components.ledger import Ledger  # startup
 
             led = Ledger.open(self.settings)
             try:
@@ -536,9 +539,9 @@ def finished_training(settings: Settings, plan_path: str | Path) -> dict | None:
     """The public train result of PLAN's run when it already finished (its ledger release is past
     `reserved`/`crashed` and train_result.json is there), else None. Lets a retraining that stopped
     after training (before registration) go on without training — or charging — again."""
-    from components.ledger import Ledger
-    from components.planning import load_plan
-    from components.training.spec import PRIVATE_FIELDS
+    from components.ledger import Ledger  # startup
+    from components.planning import load_plan  # startup
+    from components.training.spec import PRIVATE_FIELDS  # startup
 
     plan_doc = load_plan(plan_path).to_dict()
     out_dir = settings.runs_dir / plan_doc["sha256"][:16]
@@ -559,7 +562,7 @@ def finished_training(settings: Settings, plan_path: str | Path) -> dict | None:
 def _ledger_event(settings: Settings, reservation: dict | None, status: str, **detail) -> None:
     if reservation is None:
         return
-    from components.ledger import Ledger
+    from components.ledger import Ledger  # startup
 
     led = Ledger.open(settings)
     try:
@@ -579,11 +582,10 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     the base model is loaded in that dtype; the certificate records what ran."""
     import pyarrow.compute as pc
 
-    from components.core.device import resolve_device
-    from components.planning import load_plan
-    from components.planning.annex import commitment
-    from components.planning.data import train_rows
-    from components.training import TrainSpec, train as run_training
+    from components.planning import load_plan  # startup
+    from components.planning.annex import commitment  # startup
+    from components.planning.data import train_rows  # startup
+    from components.training import TrainSpec, train as run_training  # startup
 
     # the operator's device, checked first and before any charge: a missing GPU is an error, not a
     # CPU fallback
@@ -618,7 +620,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
             meta = data.schema.metadata
             data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
             data = data.replace_schema_metadata(meta)
-        from components.training.precision import dtype_of
+        from components.training.precision import dtype_of  # startup
 
         model, tokenizer = modeling.load_base(base_dir, device=device, dtype=dtype_of(spec.precision))
         if adjust is not None:
@@ -650,8 +652,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
 
 
 def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> dict:
-    from components.certificate import build_certificate
-    from components.planning import load_plan
+    from components.planning import load_plan  # startup
 
     plan_doc = load_plan(plan_path).to_dict()
     if not get_mechanism(plan_doc["mechanism"]).secret_targets:
@@ -662,8 +663,8 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
 
 def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
     """The largest rate of a training record holding no protected secret (None: none is trained on)."""
-    from components.planning.data import train_rows
-    from components.planning.secret_plan import untagged_max_rate
+    from components.planning.data import train_rows  # startup
+    from components.planning.secret_plan import untagged_max_rate  # startup
 
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
     return untagged_max_rate(train_rows(_annex(settings, plan_doc)), snap.secret_spans, plan_doc["target"]["secrets"])
@@ -671,9 +672,9 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
 
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
-    from components.accounting.secrets import secret_targets as targets_for
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.accounting.secrets import secret_targets as targets_for  # startup
+    from components.planning.annex import load_annex  # startup
+    from components.planning.data import train_rows  # startup
 
     snap = _plan_snapshot(settings, plan_doc)
     return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
@@ -682,13 +683,12 @@ def secret_targets(settings: Settings, plan_doc: dict) -> list:
 
 def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,
              adapter_dir: str | Path | None, alias: str | None = "latest-certified") -> dict:
-    from components.planning import load_plan
-    from components.registry import register_model
+    from components.planning import load_plan  # startup
+    from components.registry import register_model  # startup
 
     plan_doc = load_plan(plan_path).to_dict()
     _check_certified_weights(certificate, adapter_dir)
     target_eps = plan_doc["target"].get("epsilon")
-    from components.core.progress import step
 
     with step(f"register {name}"):   # sealing, packaging and copying the model into MLflow
         reg = register_model(settings, name=name, certificate=certificate, plan=plan_doc, base_model_dir=base_dir,
@@ -704,8 +704,8 @@ def settle_latest(settings: Settings, model_uri: str, audit_summary: dict | None
     components.registry.gate): registration set it before the audit; a failed audit takes it off."""
     if (audit_summary or {}).get("verdict") != "failed":
         return
-    from components.registry.gate import LATEST
-    from components.registry.mlflow_registry import _client
+    from components.registry.gate import LATEST  # startup
+    from components.registry.mlflow_registry import _client  # startup
 
     name, version = model_uri[len("models:/"):].split("/", 1)
     client = _client(settings)
@@ -719,8 +719,6 @@ def settle_latest(settings: Settings, model_uri: str, audit_summary: dict | None
 
 def _check_certified_weights(certificate: dict, weights_dir: str | Path | None) -> None:
     """The weights being registered are the ones the certificate names (nothing swapped since)."""
-    from components.core.fingerprints import weights_fingerprint
-
     want = ((certificate.get("run") or {}).get("weights") or {}).get("sha256")
     if want is None:
         raise VeilError("certificate names no trained weights (made by an older Veil): certify the run again")
@@ -743,9 +741,8 @@ class PipelineResult:
 def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = None,
           truth: str | Path | None = None, progress: bool = True) -> dict:
     """Audit a registered model; aggregates go into its certificate, per-user scores stay private."""
-    from components.audit import run_audit
-    from components.policy import load_policy
-    from components.registry import load_model, record_audit
+    from components.audit import run_audit  # startup
+    from components.registry import load_model, record_audit  # startup
 
     loaded = load_model(model_uri, settings, interrupted_audit_ok=True)   # a killed audit is done again
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, loaded.plan))
@@ -763,14 +760,13 @@ def _reference_model(settings: Settings, reference: str, base):
     directory (on the evaluated model's base), or a Hugging Face causal-LM directory. The identity (its
     run, or its files' hash) names it in the evaluation release."""
     if reference.startswith("models:/"):
-        from components.registry import load_model
+        from components.registry import load_model  # startup
 
         ref = load_model(reference, settings)
         return ref.model, ref.tokenizer, "run:" + str(ref.run_id)
     p = Path(reference).expanduser()
     if not p.is_dir():
         raise VeilError(f"--reference {reference}: neither a models:/ URI nor a model directory")
-    from components.core.fingerprints import directory_fingerprint
 
     identity = "files:" + directory_fingerprint(p)["sha256"]
     if (p / "adapter_config.json").is_file():
@@ -785,9 +781,6 @@ def _reference_model(settings: Settings, reference: str, base):
 def evaluation_params(plan_doc: dict, policy: str | Path | None = None):
     """The public (ε, δ, nll_clip) of an evaluation release: the given policy's `evaluation`, else the
     plan's own policy file when it is still there unchanged (sha256), else the documented defaults."""
-    from components.policy import load_policy
-    from components.policy.model import Evaluation
-
     if policy is not None:
         return load_policy(policy).spec.evaluation
     ref = plan_doc.get("policy") or {}
@@ -814,10 +807,8 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     `evaluation.epsilon`), charged in the ledger to every evaluation person it counts; that part is
     returned under `published`. `missing_ok` (pipelines): None instead of an error when the plan
     reserved no evaluation people."""
-    from components.evaluation import evaluate_texts_per_text
-    from components.evaluation.dp import person_means
-    from components.planning.data import evaluation_records
-    from components.registry import load_model
+    from components.planning.data import evaluation_records  # startup
+    from components.registry import load_model  # startup
 
     loaded = load_model(model_uri, settings, with_base=True)
     plan = dict(loaded.plan)
@@ -842,7 +833,6 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size,
                                          progress="evaluate: base" if progress else None)
     # the base is fixed by the model's certificate (its fingerprint); the run names the fine-tuned weights
-    from components.core.hashing import sha256_json
 
     identities = {"model": "run:" + str(loaded.run_id),
                   "base": "base:" + sha256_json((loaded.certificate or {}).get("base_model") or {})}
@@ -868,13 +858,10 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
            (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity),
            "published": None}
     # base or privacy? from the exact figures: the operator's, like them (never logged)
-    from components.evaluation.bottleneck import diagnose
 
     out["utility_limit"] = diagnose(out, (loaded.certificate or {}).get("utility_forecast") or plan.get("utility_forecast"),
                                     loaded.extra.get("base_facts"))
     if log:
-        from components.evaluation.release import CAVEAT, publish_evaluation
-
         per_model = {name: person_means(users, *st) for name, st in stats.items()}
         rel = publish_evaluation(settings, plan=plan, run_id=str(loaded.run_id), models=identities,
                                  per_model=per_model, epsilon=float(params.epsilon), delta=float(params.delta),
@@ -893,7 +880,7 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
     """(snapshot_id, snapshot_sha256) of the plan's snapshot. The public plan carries only a salted
     commitment to them (issue 22); they are read from the plan's private annex (loaded here when not
     given). A plan from before the commitment still names them in its public data section."""
-    from components.planning.annex import plan_snapshot_ref as ref
+    from components.planning.annex import plan_snapshot_ref as ref  # startup
 
     data = plan_doc.get("data") or {}
     if annex is None:
@@ -909,7 +896,7 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
 def snapshot_commitment_of(settings: Settings, snapshot_id: str) -> str:
     """The salted commitment a plan of this snapshot publishes (`data.snapshot_commitment`): how logs that
     leave the private area (Prefect) name a snapshot. Keyed by this home's plan key."""
-    from components.planning.annex import plan_key, snapshot_commitment
+    from components.planning.annex import plan_key, snapshot_commitment  # startup
 
     return snapshot_commitment(plan_key(settings.private_dir), snapshot_id,
                                snapshots.load_snapshot(settings, snapshot_id, verify=False).sha256)[1]

@@ -32,6 +32,16 @@ from components.core.errors import VeilError
 from components.core.settings import Settings
 from flows.study_grid import Grid, Point, parse_grid, point_policy
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.core.quiet import quiet_third_party
+from components.evaluation import evaluate_texts
+from components.modeling import load_base
+from components.modeling.base import load_finetuned
+from components.policy import load_policy
+from flows import stages
+from flows.pmixed import _runner as pmixed_runner
+from flows.prefect_boundary import prefect_safe
+from flows.stages import plan_snapshot_id
+from flows.study_report import gap_closing, log_study, plot_study, write_tables
 
 CAVEAT = ("Tuning on private data is not covered by any certificate: these scores are measured on private "
           "evaluation people and any choice made from them leaks information about them and about the "
@@ -63,10 +73,9 @@ def nonprivate_adjust(spec, data):
 def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[list[str], list[str]]:
     """(user ids, texts) of the plan's evaluation people, at most `max_records` of them: a stable
     subset (by a hash of each record), so every point of a study scores the same texts."""
-    from components.planning import evaluation_records
-    from components.planning.annex import load_annex
+    from components.planning import evaluation_records  # startup
+    from components.planning.annex import load_annex  # startup
 
-    from flows.stages import plan_snapshot_id
 
     annex = load_annex(settings.private_dir, plan_doc)
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))
@@ -87,11 +96,7 @@ def texts_sha(texts: list[str]) -> str:
 def run_point(settings: Settings, point: dict, plan_path: str, base_dir: str, run_dir: str,
               eval_max: int, drop_users: tuple = ()) -> dict:
     """train (a tuning run) → evaluate, for one planned grid point. Returns its results row."""
-    from components.evaluation import evaluate_texts
-    from components.modeling import load_base
-    from components.modeling.base import load_finetuned
-    from components.planning import load_plan
-    from flows import stages
+    from components.planning import load_plan  # startup
 
     t0 = time.perf_counter()
     pt = Point(**{k: point[k] for k in ("mechanism", "epsilon", "selection", "k", "lora")})
@@ -141,7 +146,6 @@ def _runner(kind: str, workers: int, processes: bool = True):
         return ThreadPoolTaskRunner(max_workers=max(1, int(workers)))
     if kind != "dask":
         raise VeilError(f"--task-runner: {kind!r} is not one of thread, dask")
-    from flows.pmixed import _runner as pmixed_runner
 
     return pmixed_runner("dask", {"n_workers": max(1, int(workers)), "threads_per_worker": 1,
                                   "processes": processes})
@@ -155,7 +159,6 @@ def map_points(settings: Settings, jobs: list[dict], *, task_runner: str = "thre
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
-    from flows.prefect_boundary import prefect_safe
 
     @task(name="study-point", cache_policy=NO_CACHE, retries=0, persist_result=False)
     @prefect_safe("study-point")
@@ -184,11 +187,6 @@ def new_study_dir(settings: Settings, grid: Grid) -> tuple[str, Path]:
 def run_study(settings: Settings, policy: str | Path, grid_path: str | Path, *, base_dir: str | Path | None,
               task_runner: str = "thread", workers: int = 1, use_prefect: bool = True,
               log_mlflow: bool = True, dask_processes: bool = True) -> dict:
-    from components.core.quiet import quiet_third_party
-    from components.policy import load_policy
-    from flows import stages
-    from flows.study_report import gap_closing, log_study, plot_study, write_tables
-
     quiet_third_party(prefect=use_prefect)  # its points' threads or dask workers log into Prefect's run log
     grid = parse_grid(grid_path)
     pol = load_policy(policy)

@@ -37,6 +37,7 @@ import yaml
 from components.core.errors import VeilError
 from components.mechanisms import get as get_mechanism
 from components.mechanisms import names as mechanism_names
+from components.policy import load_policy
 
 NON_PRIVATE = "non-private"   # a grid keyword: the ULS plan trained with the `nonprivate` mechanism
 # Registered mechanisms a study can compare on perplexity against ε: an (ε, δ) guarantee of clipped
@@ -209,7 +210,7 @@ PS_KEYS = ("distribution", "eta", "gamma", "mu", "score_clip", "score_noise", "s
 
 
 def _private_selection(ps, p: Path) -> dict:
-    from components.accounting.private_selection import expected_trials
+    from components.accounting.private_selection import expected_trials  # startup
 
     if not isinstance(ps, dict):
         raise VeilError(f"{p}: private_selection: a mapping of {', '.join(PS_KEYS)}")
@@ -240,8 +241,6 @@ def point_policy(base_policy: str | Path, point: Point, training: dict, out_path
     """Write the policy POINT trains under: the base policy with the point's mechanism, ε, selection,
     k and LoRA/full and the grid's training overrides. A non-private point plans as ULS at the base
     policy's ε (the same people are trained and evaluated); its training then drops noise and clipping."""
-    from components.policy import load_policy
-
     src = Path(base_policy)
     doc = yaml.safe_load(src.read_bytes())
     spec = copy.deepcopy(doc.get("spec") or {})

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from components.core.settings import Settings
+from components.publication import publish
 
 COLUMNS = ("key", "mechanism", "privacy_unit", "epsilon", "plan_epsilon", "selection", "k", "lora",
            "noise_multiplier", "sampling_rate", "steps", "perplexity", "next_token_accuracy", "base_perplexity",
@@ -126,8 +127,7 @@ def log_study(settings: Settings, doc: dict, out: Path) -> dict:
     the plot) is computed exactly on the evaluation people's private text: it stays in the study's
     folder and on the operator's terminal, never in the registry (issue 22: MLflow readers would get a
     near-exact NLL of every evaluation person). Everything logged passes the publication gate."""
-    from components.publication import publish
-    from components.registry.mlflow_registry import _client, _experiment
+    from components.registry.mlflow_registry import _client, _experiment  # startup
 
     client = _client(settings)
     exp = _experiment(settings, "veil-studies")

@@ -18,6 +18,13 @@ from typing import Any
 
 from components.core.errors import VeilError
 from components.core.settings import Settings
+from catalog.tagging import Tagger
+from components.certificate import code_version
+from components.certificate.seal import load_signing_key
+from components.core.progress import progress as bar, step
+from components.publication import publish
+from components.synthetic import generate_records, load_prompts, Sampling
+from components.synthetic.corpus import build_certificate, seal_corpus, write_records
 
 # Every detector the catalog ships, each its own class, except `high_entropy` (opt-in at ingest too:
 # its false positives on ordinary text would drown the count).
@@ -38,7 +45,6 @@ def scan_records(records: list[dict], rules: Any = None, *, tagger=None) -> tupl
     however many spans of that class it holds."""
     import pyarrow as pa
 
-    from catalog.tagging import Tagger
 
     tagger = tagger or Tagger(SCAN_RULES if rules is None else rules)
     classes = sorted({r["secret_class"] for r in tagger.rules})
@@ -67,14 +73,8 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
                policy: str | Path | None = None, register: bool = True, progress: bool = True) -> dict:
     """Generate, scan, certify and seal, record in the ledger, register. Returns the operator's document
     (`public`: what `--json` prints, through the gate; `private`: the scan file's path)."""
-    from components.certificate import code_version
-    from components.certificate.seal import load_signing_key
-    from components.core.progress import progress as bar, step
-    from components.ledger import Ledger
-    from components.publication import publish
-    from components.registry.synthetic import model_release, register_synthetic
-    from components.synthetic import Sampling, generate_records, load_prompts
-    from components.synthetic.corpus import build_certificate, seal_corpus, write_records
+    from components.ledger import Ledger  # startup
+    from components.registry.synthetic import model_release, register_synthetic  # startup
 
     # Every input is checked before the model is loaded (one line, exit 2): prompts, settings, rules.
     prompts = load_prompts(prompts_path) if prompts_path else None
@@ -83,7 +83,6 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
     sampling.check()
     if policy is not None and not Path(policy).is_file():
         raise VeilError(f"--policy {policy}: no such policy file")
-    from catalog.tagging import Tagger
 
     tagger = Tagger(SCAN_RULES if policy is None else str(policy))
 
@@ -156,6 +155,6 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
 
 
 def _model_run_tags(settings: Settings, run_id: str) -> dict:
-    from components.registry.mlflow_registry import _client
+    from components.registry.mlflow_registry import _client  # startup
 
     return dict(_client(settings).get_run(run_id).data.tags)

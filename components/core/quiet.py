@@ -22,6 +22,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
+from components.core.errors import VeilError
 
 # env var → value; `setdefault`: an operator who wants a library's output back can still set it
 ENVIRONMENT = {
@@ -123,8 +124,6 @@ class _VeilConsole(logging.Filter):
     OURS = tuple(str(Path(__file__).resolve().parents[2] / d) + "/" for d in ("flows", "components", "catalog"))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from components.core.errors import VeilError
-
         exc = record.exc_info[1] if record.exc_info else None
         try:
             text = record.getMessage()

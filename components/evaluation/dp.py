@@ -160,7 +160,7 @@ class EvaluationMechanism:
 
     def rdp(self, orders) -> np.ndarray:
         """Each counted person's Rényi curve: the Gaussian mechanism at multiplier m, α/(2m²)."""
-        from components.accounting.private_selection import gaussian_rdp
+        from components.accounting.private_selection import gaussian_rdp  # startup
 
         return gaussian_rdp(orders, self.multiplier)
 

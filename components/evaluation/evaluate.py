@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from components.core.errors import VeilError
+from components.modeling.scoring import token_statistics
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,6 @@ def evaluate_texts_per_text(model, tokenizer, texts: Sequence[str], *, max_lengt
                             progress: str | None = None) -> tuple[EvalResult, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """`evaluate_texts` and its per-text statistics (Σ log p, scored tokens, argmax hits): the DP
     release (components.evaluation.dp) groups the latter by person."""
-    from components.modeling.scoring import token_statistics
-
     texts = list(texts)
     if not texts:
         raise VeilError("evaluation: no texts to evaluate")

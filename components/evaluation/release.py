@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from components.core.errors import VeilError
 from components.evaluation import dp
 from components.evaluation.dp import PublishedEvaluation
+from components.core.hashing import sha256_json
 
 
 CAVEAT = ("differentially private: Gaussian noise on per-person clipped metrics of the evaluation people (reserved "
@@ -36,8 +37,6 @@ CAVEAT = ("differentially private: Gaussian noise on per-person clipped metrics 
 
 def _release_name(plan: Mapping, run_id: str, models: Mapping[str, str], mech: dp.EvaluationMechanism,
                   people_commitment: str) -> str:
-    from components.core.hashing import sha256_json
-
     return sha256_json({"release": dp.MECHANISM, "plan_sha256": plan.get("sha256"), "run_id": run_id,
                         "models": dict(models), "epsilon": float(mech.epsilon), "delta": float(mech.delta),
                         "nll_clip": float(mech.nll_clip), "candidates": people_commitment})
@@ -59,9 +58,9 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
     'base', optionally 'reference') from per-person statistics (`dp.person_means` per model), charge it
     to the counted people and log it on `run_id`. A caller that does not log calls nothing here: the
     exact figures alone are shown, and nobody is charged."""
-    from components.ledger import Budget, Ledger, PersonCost
-    from components.planning.annex import plan_key, prf, prf_seed
-    from components.registry import record_evaluation
+    from components.ledger import Budget, Ledger, PersonCost  # startup
+    from components.planning.annex import plan_key, prf, prf_seed  # startup
+    from components.registry import record_evaluation  # startup
 
     names = tuple(models)
     if set(names) != set(per_model) or "model" not in names:
@@ -100,7 +99,6 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
             # with the snapshot's content hash when a person who is not counted leaves), either of which let a
             # person the release does not count move the draw (issue 22's neighbour harness, scenario
             # `evaluation_retired`); a different counted set still gets a fresh draw
-            from components.core.hashing import sha256_json
 
             public_name = sha256_json({"release": dp.MECHANISM, "run_id": run_id, "models": dict(models),
                                        "epsilon": float(mech.epsilon), "delta": float(mech.delta),

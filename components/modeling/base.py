@@ -18,6 +18,9 @@ from pathlib import Path
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 from components.core.progress import progress as _progress
+from components.core.device import resolve_device as _resolve
+from components.core.progress import step as _step
+from components.modeling.tokenizer import train_tokenizer
 
 FACTS_FILE = "veil_base.json"
 _LOAD_LOCK = threading.RLock()
@@ -112,7 +115,6 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from components.modeling.tokenizer import train_tokenizer
 
     cfg = BaseModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
                           n_positions=n_positions, steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
@@ -130,7 +132,6 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     eval_texts = [texts[i] for i in sorted(perm[:n_eval])]
     train_texts = [texts[i] for i in sorted(perm[n_eval:])]
 
-    from components.core.progress import step as _step
 
     with _step(f"base model: tokenizer on {len(train_texts)} public texts", on=progress):
         tokenizer = train_tokenizer(train_texts, vocab_size=cfg.vocab_size, model_max_length=cfg.n_positions)
@@ -225,8 +226,6 @@ def read_base_facts(path: str | Path) -> dict | None:
 
 def resolve_device(device: str | None) -> str:
     """The torch device for `device` (auto/cpu/cuda/cuda:N/mps); a named device that is missing is an error."""
-    from components.core.device import resolve_device as _resolve
-
     return _resolve(device, where="device")
 
 

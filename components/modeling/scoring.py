@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from components.core.errors import VeilError
+from components.core.progress import progress as _progress
 
 
 def _encode(tokenizer, texts: Sequence[str], seq_len: int) -> list[list[int]]:
@@ -60,7 +61,6 @@ def token_statistics(model, tokenizer, texts: Sequence[str], seq_len: int,
     texts and `max_batch_tokens` padded tokens; `progress`: a label for a progress bar (texts done)."""
     import torch
 
-    from components.core.progress import progress as _progress
 
     if batch_size < 1:
         raise VeilError(f"batch_size: must be at least 1, got {batch_size}")

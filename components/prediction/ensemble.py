@@ -22,6 +22,8 @@ import numpy as np
 
 from components.core.errors import VeilError
 from components.prediction import mixing
+from components.modeling import attach_lora, load_base, lora_config
+from components.prediction.batched_lora import BatchedLoRAModel
 
 # transformers' from_pretrained initialises on the meta device through process-global state: two threads
 # loading at once (a threaded Prefect/Dask runner) break each other. Loading is serialized; training is not.
@@ -58,7 +60,6 @@ def train_shard(base_dir: str | Path, texts: Sequence[str], cfg: ShardTraining, 
     and fixed."""
     import torch
 
-    from components.modeling import attach_lora, load_base, lora_config
 
     if cfg.lora_dropout:
         raise VeilError("pmixed: LoRA dropout must be 0 (it would draw from the RNG concurrent shards share)")
@@ -128,9 +129,6 @@ class Ensemble:
 
     def __init__(self, base_dir: str | Path, adapter_dirs: Sequence[str | Path], *, radius: float, q: float,
                  temperature: float = 1.0, device: str = "cpu", expected_sha256: Sequence[str] | None = None):
-        from components.modeling import load_base
-        from components.prediction.batched_lora import BatchedLoRAModel
-
         if expected_sha256 is not None:
             for d, want in zip(adapter_dirs, expected_sha256):
                 if dir_sha256(d) != want:

@@ -14,6 +14,7 @@ from components.core.settings import load_settings, repair_loaded_package
 from components.prediction.budget import TokenBudget
 from components.prediction.release import MECHANISM, SCHEMA, open_ensemble, verify_certificate
 from components.publication import publish
+from components.registry.mlflow_registry import _client, _experiment
 
 
 class PMixEDEnsemble(mlflow.pyfunc.PythonModel):
@@ -49,8 +50,6 @@ class PMixEDEnsemble(mlflow.pyfunc.PythonModel):
 
 def register_ensemble(settings, *, name: str, certificate: Mapping, manifest: Mapping, base_dir: str | Path,
                       experiment: str = "veil-pmixed") -> dict:
-    from components.registry.mlflow_registry import _client, _experiment
-
     cert = verify_certificate(certificate)
     client = _client(settings)
     exp = _experiment(settings, experiment)

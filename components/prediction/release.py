@@ -20,6 +20,9 @@ from pathlib import Path
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.prediction import mechanism as mech
+from components.prediction.ensemble import dir_sha256, Ensemble
+from components.prediction.partition import secret_file
+from components.registry.mlflow_registry import _client, _resolve_version
 
 SCHEMA = "veil.certificate.pmixed/v1"
 MECHANISM = "pmixed-pointwise/v1"
@@ -33,8 +36,6 @@ def private_root(settings) -> Path:
 
 
 def _salt(settings) -> bytes:
-    from components.prediction.partition import secret_file
-
     return secret_file(private_root(settings) / SALT_FILE)
 
 
@@ -106,8 +107,6 @@ def verify_certificate(cert: Mapping) -> dict:
 
 def resolve(settings, model_uri: str) -> dict:
     """model_uri → {certificate, manifest, base_dir}: what a server needs (adapters come from the private area)."""
-    from components.registry.mlflow_registry import _client, _resolve_version
-
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
     dst = Path(tempfile.mkdtemp(prefix="veil-pmixed-"))
@@ -133,8 +132,6 @@ def resolve(settings, model_uri: str) -> dict:
 
 def open_ensemble(settings, resolved: Mapping, device: str = "cpu"):
     """Load the adapters from the private area, checking each against the certificate's commitments."""
-    from components.prediction.ensemble import Ensemble, dir_sha256
-
     cert, man = resolved["certificate"], resolved["manifest"]
     root = private_root(settings) / cert["ensemble_id"]
     dirs = [root / f"shard-{i:04d}" for i in range(cert["ensemble"]["shards"])]

@@ -11,6 +11,7 @@ rules and `audit.require`) and, when the plan names promoters, the version's app
 from __future__ import annotations
 
 from typing import Mapping
+from components.audit.verdict import gate_decision
 
 PRODUCTION = "production"
 LATEST = "latest-certified"
@@ -56,8 +57,6 @@ def promotion_gate(cert: dict, audit_summary: dict | None, required: list[str],
     """(promote?, why). An audit that meets the policy's `audit.require` (`passed`, or `not_failed` for an
     organization too small for a passing audit; stated on the certificate's audit section) and a
     certificate with every required field promote. `require` defaults to the audit section's own."""
-    from components.audit.verdict import gate_decision
-
     missing = [f for f in required if _field(cert, f) is None]
     if audit_summary is None:
         return False, "not audited"

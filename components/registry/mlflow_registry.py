@@ -17,6 +17,23 @@ from components.mechanisms import get as get_mechanism
 from components.registry.artifacts import (  # noqa: F401 (privacy_tags, PLAN_TAG: this module's names too)
     CERT_ARTIFACT, PLAN_ARTIFACT, PLAN_TAG, SEAL_ARTIFACT, privacy_tags, run_json,
 )
+from components.audit.public import public_metrics, public_tags, SECTION_SCHEMA
+from components.certificate import attach_audit
+from components.certificate.seal import load_signing_key, make_seal, public_key_pem, trusted_keys
+from components.certificate.verify import (
+    artifact_bindings, certified_artifacts_mismatch, check_amendment, recheck_guarantee, verify_package,
+)
+from components.core.quiet import quiet_third_party
+from components.core.sqlite_files import check_existing
+from components.evaluation.dp import PublishedEvaluation
+from components.modeling import load_base
+from components.modeling.base import read_base_facts
+from components.planning.annex import load_annex
+from components.planning.data import train_rows
+from components.planning.plan import assert_public
+from components.registry.verification import (
+    check_alias_gates, check_registry_side, package_artifacts, REGISTRY_CHECKED_BY_CALLER, verify_version,
+)
 
 # What the pyfunc needs at load time, pinned to the versions that registered it (`veil` itself is
 # not on an index: its `components` package travels inside the model as `code_paths`).
@@ -33,8 +50,6 @@ def check_store(settings: Settings) -> None:
     """An SQLite tracking/registry store that exists but is empty, truncated or garbled is refused in one
     line (components.core.sqlite_files): MLflow would otherwise migrate a fresh schema into an empty
     file — a registry that lists no models, exit 0 — or die with a long traceback on a damaged one."""
-    from components.core.sqlite_files import check_existing
-
     for uri in {settings.mlflow_tracking_uri, settings.mlflow_registry_uri}:
         if uri and uri.startswith("sqlite:///"):
             path = Path(uri[len("sqlite:///"):])
@@ -171,9 +186,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     import mlflow
     import pandas as pd
 
-    from components.certificate.seal import load_signing_key, make_seal
-    from components.certificate.verify import artifact_bindings, certified_artifacts_mismatch, recheck_guarantee
-    from components.registry.pyfunc_model import VeilCausalLM
+    from components.registry.pyfunc_model import VeilCausalLM  # startup
 
     cert = verify_certificate(certificate).to_dict()
     recheck_guarantee(cert)   # never sign a certificate whose numbers its own parameters contradict
@@ -183,7 +196,6 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         raise VeilError(f"certificate does not meet its policy's target ({describe(cert)}): not registered")
     if plan.get("sha256") != cert["plan_sha256"]:
         raise VeilError("certificate and plan do not match (plan sha256 differs)")
-    from components.planning.plan import assert_public
 
     # Only the public part of a plan is ever logged or embedded; its annex names people.
     assert_public(dict(plan), "plan to register")
@@ -226,7 +238,6 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
         cert_path.write_text(json.dumps(cert, indent=2, sort_keys=True))
         plan_path.write_text(json.dumps(dict(plan), indent=2, sort_keys=True))
         seal_path.write_text(json.dumps(seal, indent=2, sort_keys=True))
-        from components.certificate.seal import public_key_pem
 
         pub_path.write_text(public_key_pem(key.public_key()))
         artifacts = {"certificate": str(cert_path), "seal": str(seal_path), "plan": str(plan_path),
@@ -286,7 +297,7 @@ def _record_registered(settings: Settings, lifetime: dict | None, certificate_sh
     that finds it there already does not add a second)."""
     if not lifetime or lifetime.get("ledger_release_id") is None:
         return
-    from components.ledger import Ledger
+    from components.ledger import Ledger  # startup
 
     led = Ledger.open(settings)
     try:
@@ -301,9 +312,6 @@ def _registered_for_plan(client, settings: Settings, exp_id: str, name: str, pla
     """The version of `name` already registered for this plan (its run tagged PLAN_TAG and the
     release verifying), or None. A run killed before its version was registered is left as it is:
     it has no version, and nothing loads a run."""
-    from components.certificate.seal import trusted_keys
-    from components.registry.verification import verify_version
-
     runs = client.search_runs([exp_id], filter_string=f"tags.`{PLAN_TAG}` = '{plan_sha256}'")
     for run in runs:
         for mv in client.search_model_versions(f"run_id='{run.info.run_id}'"):
@@ -322,10 +330,6 @@ def _verify_logged(client, model_uri: str, run_id: str, settings: Settings) -> N
     """Verify what was just logged, as a consumer will, before it becomes a registered version
     (a package that does not verify — e.g. the signing key is not in this installation's trust
     store — is never registered)."""
-    from components.certificate.seal import trusted_keys
-    from components.certificate.verify import verify_package
-    from components.registry.verification import check_registry_side, package_artifacts
-
     trusted = trusted_keys(settings)
     with tempfile.TemporaryDirectory() as tmp:
         import mlflow
@@ -347,7 +351,7 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
     plan's training rows (a model on disk is a release) and refused if the filter retires anyone, since
     they are in the model already. `register_model` appends the `registered` event once MLflow holds the version; the charge never moves,
     whatever happens to the version afterwards. Returns aggregates only (counts, ε of the budget)."""
-    from components.ledger import Ledger, reserve_release
+    from components.ledger import Ledger, reserve_release  # startup
 
     led = Ledger.open(settings)
     try:
@@ -358,8 +362,6 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
         late = False
         if rid is None:
             try:
-                from components.planning.annex import load_annex
-                from components.planning.data import train_rows
                 rows = train_rows(load_annex(settings.private_dir, dict(plan)))
             except (VeilError, KeyError, TypeError):
                 if plan.get("lifetime_budget") is None and led.budget() is None:
@@ -377,7 +379,7 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
                                 "people have no budget left for it: not registered (their charge for the others stays)")
         from sqlalchemy import select
 
-        from components.ledger import store as st
+        from components.ledger import store as st  # startup
         with st.read_only(led.engine) as conn:
             row = conn.execute(select(st.releases).where(st.releases.c.id == int(rid))).first()
         if row is None:
@@ -432,10 +434,6 @@ def _download_package(mv, dst: str) -> str:
 def verify_model(model_uri: str, settings: Settings):
     """Every check for a registered version (`veil verify`): a Verification, never an exception for
     an invalid release (a bad URI is still a VeilError)."""
-    from components.certificate.seal import trusted_keys
-    from components.registry.verification import verify_version
-
-    from components.registry.verification import check_alias_gates
 
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
@@ -472,9 +470,6 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False,
 
     import mlflow
 
-    from components.certificate.seal import trusted_keys
-    from components.core.quiet import quiet_third_party
-    from components.registry.verification import REGISTRY_CHECKED_BY_CALLER, check_alias_gates, verify_version
 
     # before the download: MLflow's "Downloading artifacts" bars and library notices stay off the
     # consumer's screen (Prefect's console is configured only in a process that already uses it)
@@ -496,13 +491,10 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False,
             REGISTRY_CHECKED_BY_CALLER.reset(token)
         extra: dict = {"verification": v.to_dict()}
         if with_base:
-            from components.modeling import load_base
-
             base_dir = getattr(inner, "base_model_dir", None)
             if base_dir is None:  # a package whose own code predates it
                 raise VeilError(f"model {model_uri}: its package does not expose its base model; re-register it")
             extra["base_model"] = load_base(base_dir)
-            from components.modeling.base import read_base_facts
 
             extra["base_facts"] = read_base_facts(base_dir)   # public: size, steps, loss on its public text
     return LoadedModel(name=mv.name, version=str(mv.version), run_id=mv.run_id, model=inner.model,
@@ -524,10 +516,6 @@ def record_audit(settings: Settings, model_uri: str, audit: Mapping[str, Any], *
     nothing else differs), sealed with the same bindings, in the run and the version's tags. A
     re-audit replaces the audit section; the chain is always one link long.
     """
-    from components.audit.public import SECTION_SCHEMA, public_metrics, public_tags
-    from components.certificate import attach_audit
-    from components.certificate.seal import load_signing_key, make_seal
-
     if audit.get("schema") != SECTION_SCHEMA or audit.get("covered_by_certificate") is not False:
         raise VeilError(f"audit: record_audit takes the public audit section ({SECTION_SCHEMA}, "
                         "covered_by_certificate: false), not the private report")
@@ -563,9 +551,6 @@ def record_evaluation(settings: Settings, run_id: str, published) -> dict:
     Anything else is refused: exact evaluation figures are a near-exact function of every evaluation
     person's text (issue 22, case 4), so the registry takes them only as a release that the ledger
     charged. Never on the version's tags, and never counts of the evaluation people or records."""
-    from components.evaluation.dp import PublishedEvaluation
-    from components.publication import publish
-
     if not isinstance(published, PublishedEvaluation):
         raise VeilError("evaluation: refusing to log metrics that are not a DP evaluation release "
                         "(components.evaluation.release.publish_evaluation)")
@@ -585,9 +570,6 @@ def record_evaluation(settings: Settings, run_id: str, published) -> dict:
 
 def _verified_embedded(client, mv, settings: Settings, model_uri: str) -> tuple[dict, dict]:
     """The model package's embedded (pre-audit) certificate and seal, after the whole release verified."""
-    from components.certificate.seal import trusted_keys
-    from components.registry.verification import package_artifacts, verify_version
-
     with tempfile.TemporaryDirectory() as tmp:
         package = _download_package(mv, tmp)
         v = verify_version(client, mv, trusted_keys(settings), package_dir=package)
@@ -605,10 +587,6 @@ def _interrupted_audit(client, mv, package: str, settings: Settings, v) -> bool:
     every later audit refused it, so it stayed unaudited). True only when the sealed package verifies
     on its own, the run's plan is the sealed one, and the run's certificate is the package's or an
     audit amendment of it: what `record_audit` then writes comes from the package alone."""
-    from components.certificate.seal import trusted_keys
-    from components.certificate.verify import check_amendment, verify_package
-    from components.registry.verification import package_artifacts
-
     if not v.checks.get("weights", True) or not v.checks.get("plan", True):
         return False
     alone, embedded, _ = verify_package(package_artifacts(package), trusted_keys(settings))
@@ -626,9 +604,6 @@ def _interrupted_audit(client, mv, package: str, settings: Settings, v) -> bool:
 def list_models(settings: Settings) -> list[dict]:
     """Every registered version with its certificate, newest first; `verified` only when every
     check passes (components.registry.verification), else `INVALID: <check>: <why>`."""
-    from components.certificate.seal import trusted_keys
-    from components.registry.verification import check_alias_gates, verify_version
-
     client = _client(settings)
     trusted = trusted_keys(settings)
     out = []

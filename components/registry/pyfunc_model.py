@@ -10,6 +10,10 @@ import json
 from pathlib import Path
 
 import mlflow.pyfunc
+from components.core.quiet import quiet_third_party
+from components.core.settings import repair_loaded_package
+from components.modeling import load_finetuned
+from components.registry.verification import verify_loaded_package
 
 
 class VeilCausalLM(mlflow.pyfunc.PythonModel):
@@ -33,14 +37,10 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         import sys
 
-        from components.core.quiet import quiet_third_party
 
         # A consumer's plain `mlflow.pyfunc.load_model` enters Veil here: no library notices or progress
         # bars on their screen either (Prefect is configured only when the process already uses it).
         quiet_third_party(prefect="prefect" in sys.modules)
-        from components.core.settings import repair_loaded_package
-        from components.modeling import load_finetuned
-        from components.registry.verification import verify_loaded_package
 
         arts = context.artifacts
         repair_loaded_package(arts["plan"])  # MLflow's registered_model_meta, written with the caller's umask

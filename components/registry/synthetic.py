@@ -22,6 +22,12 @@ from typing import Any, Mapping
 from components.core.errors import VeilError
 from components.core.settings import Settings
 from components.publication import publish
+from components.certificate.seal import trusted_keys
+from components.core.quiet import quiet_third_party
+from components.core.settings import load_settings
+from components.registry.artifacts import CERT_ARTIFACT, run_json, SEAL_ARTIFACT
+from components.registry.mlflow_registry import _client, _experiment, load_model
+from components.synthetic.corpus import FILES, verify_corpus_dir
 
 EXPERIMENT = "veil-synthetic"
 ARTIFACT_PATH = "synthetic"
@@ -44,9 +50,6 @@ class SyntheticCorpus:
 def model_release(settings: Settings, model_uri: str):
     """The consumer load of a registered model (every check of `load_model`) and the run's seal for the
     certificate it loaded: (LoadedModel, seal). A model that does not verify is refused in one line."""
-    from components.registry.mlflow_registry import _client, load_model
-    from components.registry.artifacts import SEAL_ARTIFACT, run_json
-
     loaded = load_model(model_uri, settings)
     seal = run_json(_client(settings), loaded.run_id, SEAL_ARTIFACT)
     if seal.get("certificate_sha256") != loaded.certificate.get("sha256"):
@@ -72,9 +75,6 @@ def register_synthetic(settings: Settings, corpus_dir: str | Path, *, scan: Mapp
     the corpus, published as `synthetic.scan.<class>` tags). Refuses a folder that does not verify."""
     import mlflow
 
-    from components.certificate.seal import trusted_keys
-    from components.registry.mlflow_registry import _client, _experiment
-    from components.synthetic.corpus import FILES, verify_corpus_dir
 
     v, cert, _ = verify_corpus_dir(corpus_dir, trusted_keys(settings))
     v.raise_if_invalid(f"corpus {corpus_dir}")
@@ -130,7 +130,6 @@ def _check_run(client, run_id: str, cert: Mapping[str, Any], model_cert: Mapping
         return
     # A re-audit after sampling amends the model's certificate (audit section only, `supersedes` the
     # embedded one): the same release when both documents amend, or are, one embedded certificate.
-    from components.registry.artifacts import CERT_ARTIFACT, run_json
 
     now = run_json(client, mv.run_id, CERT_ARTIFACT)
     ours = model_cert
@@ -148,10 +147,6 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
     folder (offline: the folder's own sealed chain — corpus, certificate, model certificate and seal)."""
     import sys
 
-    from components.certificate.seal import trusted_keys
-    from components.core.quiet import quiet_third_party
-    from components.core.settings import load_settings
-    from components.synthetic.corpus import FILES, verify_corpus_dir
 
     settings = settings or load_settings()
     trusted = trusted_keys(settings)
@@ -162,7 +157,6 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
         return SyntheticCorpus(table=table, certificate=cert, verification=v.to_dict(), uri=text)
     import mlflow
 
-    from components.registry.mlflow_registry import _client
 
     quiet_third_party(prefect="prefect" in sys.modules)
     run_id = text[len("runs:/"):].strip("/").split("/", 1)[0]

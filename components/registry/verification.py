@@ -27,6 +27,10 @@ from components.registry.artifacts import (  # noqa: F401 (package_artifacts, th
     CERT_ARTIFACT, NOT_CERTIFICATE_TAGS, PLAN_ARTIFACT, SEAL_ARTIFACT, package_artifacts, privacy_tags, run_json,
 )
 from components.registry.gate import GATED_ALIASES, alias_gate
+from components.audit.public import public_metrics, public_tags
+from components.certificate.document import verify_certificate
+from components.certificate.seal import check_seal, trusted_keys
+from components.core.settings import load_settings
 
 # Set by `load_model` around its own load of the package, which it verified a moment before (registry
 # side included, and the alias its URI names): the package's `load_context` then checks the package
@@ -43,8 +47,6 @@ def _same_number(a: Any, b: Any) -> bool:
 
 
 def _check_tags(where: str, tags: Mapping[str, str], cert: Mapping[str, Any]) -> None:
-    from components.audit.public import public_tags
-
     expected = privacy_tags(cert)
     if isinstance(cert.get("audit"), dict):
         # record_audit tags the audit's gate (require, met, reason) and one-run bound from the public
@@ -68,7 +70,6 @@ def _check_metrics(metrics: Mapping[str, float], cert: Mapping[str, Any]) -> Non
         expected[f"privacy_secret_max_gamma_{cls}"] = float(c["max_gamma"])
     if cert.get("audit"):
         # record_audit logs exactly the public section's metrics (bucket edges, ceilings, verdict)
-        from components.audit.public import public_metrics
 
         expected.update(public_metrics(cert["audit"]))
     wrong = sorted(k for k, val in expected.items() if not _same_number(metrics.get(k), val))
@@ -80,9 +81,6 @@ def check_registry_side(client, run_id: str, versions: list, embedded: dict | No
                         trusted: Mapping[str, Any], v: Verification) -> dict | None:
     """Add the registry's checks for `run_id` (and its registered `versions`) to `v`; return the
     registered certificate when it verifies."""
-    from components.certificate.document import verify_certificate
-    from components.certificate.seal import check_seal
-
     run = client.get_run(run_id)
     registered = v.run("hash", lambda: verify_certificate(run_json(client, run_id, CERT_ARTIFACT)).to_dict())
     seal = v.run("signature", run_json, client, run_id, SEAL_ARTIFACT)
@@ -151,9 +149,6 @@ def verify_loaded_package(artifacts: Mapping[str, str]) -> tuple[Verification, d
     edited. A package read away from its registry has only its own (sealed) certificate to show.
     Returns (verification, embedded certificate, registered certificate or None).
     """
-    from components.certificate.seal import trusted_keys
-    from components.core.settings import load_settings
-
     trusted = trusted_keys(load_settings())
     v, embedded, embedded_seal = verify_package(artifacts, trusted)
     if REGISTRY_CHECKED_BY_CALLER.get():

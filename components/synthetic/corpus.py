@@ -25,6 +25,9 @@ from typing import Any, Mapping
 
 from components.core.errors import VeilError
 from components.core.hashing import canonical_json, sha256_file, sha256_json
+from components.certificate.document import verify_certificate
+from components.certificate.seal import check_seal, make_seal
+from components.publication import publish
 
 CERT_SCHEMA = "veil.certificate.synthetic/v1"
 FILES = {"jsonl": "records.jsonl", "parquet": "records.parquet", "certificate": "certificate.json",
@@ -90,8 +93,6 @@ def _guarantee(inh: Mapping[str, Any]) -> str:
 def build_certificate(*, model: Mapping[str, Any], model_cert: Mapping[str, Any], generation: Mapping[str, Any],
                       corpus: Mapping[str, Any], code_version: str, created_at: str | None = None) -> dict:
     """The corpus' certificate section (self-hashed). `model`: name, version, run_id, uri, ledger release."""
-    from components.publication import publish
-
     inh = inherited(model_cert)
     prompted = generation.get("prompts") is not None
     body = {
@@ -133,8 +134,6 @@ def bindings(corpus: Mapping[str, Any], model_cert: Mapping[str, Any], model_sea
 def seal_corpus(out: Path, cert: Mapping[str, Any], model_cert: Mapping[str, Any], model_seal: Mapping[str, Any],
                 signing_key) -> dict:
     """Sign the certificate with the corpus files and the model release; write the four documents (0600)."""
-    from components.certificate.seal import make_seal
-
     prompts = (cert["generation"].get("prompts") or {}).get("sha256")
     seal = make_seal(cert, bindings(cert["corpus"], model_cert, model_seal, prompts), signing_key, kind="synthetic")
     for name, doc in (("certificate", cert), ("seal", seal), ("model_certificate", model_cert),
@@ -176,9 +175,6 @@ def _check_files(root: Path, cert: Mapping[str, Any], seal_b: Mapping[str, Any])
 
 
 def _check_model(root: Path, cert: Mapping[str, Any], seal_b: Mapping[str, Any], trusted) -> dict:
-    from components.certificate.document import verify_certificate
-    from components.certificate.seal import check_seal
-
     mc = verify_certificate(_read_json(root / FILES["model_certificate"], "model certificate")).to_dict()
     ms = _read_json(root / FILES["model_seal"], "model seal")
     check_seal(ms, trusted)
@@ -199,8 +195,7 @@ def verify_corpus_dir(root: str | Path, trusted: Mapping[str, Any]):
     `model_certificate` (the model certificate and seal beside it verify and are the sealed ones),
     `epsilon_recomputed` (the model's ε or γ recomputed from its own parameters), `inherits` (the
     corpus states exactly the model's guarantee), `prompts` (the sealed prompts hash is the stated one)."""
-    from components.certificate.seal import check_seal
-    from components.certificate.verify import Verification, recheck_guarantee
+    from components.certificate.verify import Verification, recheck_guarantee  # startup
 
     root = Path(root)
     v = Verification()

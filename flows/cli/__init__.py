@@ -13,6 +13,7 @@ from typer.core import TyperGroup
 from components.core.errors import VeilError
 from components.core.quiet import quiet_environment
 from components.core.settings import private_umask
+from flows.prefect_boundary import original_error
 
 # Before any command imports Prefect, transformers or MLflow: some of their switches are read once, at import.
 quiet_environment()
@@ -63,8 +64,6 @@ def _for_the_operator(e: VeilError) -> VeilError:
     """What Prefect saw of a failed task or flow is a `StepFailed` that names the step only
     (flows.prefect_boundary); this terminal is the operator's: show the original error — re-raised with its
     traceback when it is a bug, as before."""
-    from flows.prefect_boundary import original_error
-
     orig = original_error(e)
     if orig is e or isinstance(orig, VeilError):
         return orig

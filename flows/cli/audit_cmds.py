@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from components.core.errors import VeilError
-from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.core.settings import load_settings
 
 err = Console(stderr=True)
 
@@ -110,16 +110,16 @@ def audit_cmd(
     VEIL_HOME/private/audit/ only; the certificate, the MLflow run and this output carry the public
     section: verdicts and coarsely quantized aggregates, not covered by the certificate.
     """
-    from components.audit import run_audit
-    from components.core.settings import load_settings
-    from components.registry import load_model
-    from flows.stages import plan_snapshot_id
+    from catalog.snapshots import load_snapshot  # startup
+    from components.audit import run_audit  # startup
+    from components.registry import load_model  # startup
+    from flows.stages import plan_snapshot_id  # startup
 
     settings = load_settings().ensure()
     settings.apply_environment()
     thresholds = None
     if policy is not None:
-        from components.policy import load_policy
+        from components.policy import load_policy  # startup
 
         thresholds = load_policy(policy).spec.audit
     truth_doc = None
@@ -130,13 +130,13 @@ def audit_cmd(
             raise VeilError(f"{truth}: cannot read truth file ({e})") from None
     loaded = load_model(model_uri, settings)
     plan = loaded.plan
-    snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan))
+    snap = load_snapshot(settings, plan_snapshot_id(settings, plan))
     result = run_audit(loaded, snap.records, policy_thresholds=thresholds, settings=settings, truth=truth_doc,
                        secret_spans=None if truth_doc is not None else snap.secret_spans,
                        n_candidates=candidates, max_secrets_per_class=per_class, bootstrap=bootstrap,
                        progress=True)
     if record:
-        from components.registry import record_audit
+        from components.registry import record_audit  # startup
 
         record_audit(settings, model_uri, result.summary(), plot_path=result.plot_path)
     doc = result.to_json()

@@ -29,7 +29,7 @@ def ingest(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Ingest a source into the catalog: users, secrets, quarantine, and a new immutable snapshot."""
-    from catalog.ingest import FORMATS, ingest_source
+    from catalog.ingest import FORMATS, ingest_source  # startup
 
     if fmt not in FORMATS:
         raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -82,7 +82,7 @@ def secrets(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """List tagged secrets with the number of records and users each appears in."""
-    from catalog.stats import list_secrets
+    from catalog.stats import list_secrets  # startup
 
     rows = list_secrets(_settings(), snapshot, secret_class=secret_class, limit=limit)
     if json_out:
@@ -104,7 +104,7 @@ def stats(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Users, records, per-user record counts (min/median/p90/p99/max), secrets and tagged records."""
-    from catalog.stats import catalog_stats
+    from catalog.stats import catalog_stats  # startup
 
     d = catalog_stats(_settings(), snapshot)
     if json_out:
@@ -130,7 +130,7 @@ def stats(
 @catalog_app.command("snapshots")
 def snapshots(json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
     """Every snapshot on disk, newest first."""
-    from catalog.snapshots import list_snapshots
+    from catalog.snapshots import list_snapshots  # startup
 
     rows = list_snapshots(_settings())
     if json_out:
@@ -151,7 +151,7 @@ def retag_cmd(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Re-tag every record under a policy's rules: spans replaced, records untouched, a new snapshot."""
-    from catalog.retag import retag
+    from catalog.retag import retag  # startup
 
     if not policy.is_file():
         raise VeilError(f"--policy: {policy}: no such file")
@@ -170,7 +170,7 @@ def quarantine(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Quarantined input: source, position, reason (raw bytes stay in the catalog)."""
-    from catalog.store import read_quarantine
+    from catalog.store import read_quarantine  # startup
 
     rows = read_quarantine(_settings(), limit=limit)
     if json_out:
@@ -192,8 +192,8 @@ def people(
 ) -> None:
     """Who is a person under a policy: accounts excluded (bots, service users) and merged (aliases), as
     counts; names under several ids go to the private folder, never to this output."""
-    from catalog.people import apply_people, likely_duplicates, load_people, write_likely_duplicates
-    from catalog.snapshots import load_snapshot
+    from catalog.people import apply_people, likely_duplicates, load_people, write_likely_duplicates  # startup
+    from catalog.snapshots import load_snapshot  # startup
 
     s = _settings()
     snap = load_snapshot(s, snapshot)

@@ -6,6 +6,7 @@ import json
 from rich.console import Console
 
 from components.core.settings import Settings, load_settings
+from components.core.device import resolve_device
 
 out = Console()
 err = Console(stderr=True)  # progress and messages: stdout stays one JSON document with --json
@@ -27,8 +28,6 @@ def settings_with_device() -> Settings:
 
 
 def check_device_now(s: Settings) -> str:
-    from components.core.device import resolve_device
-
     src = (s.sources or {}).get("device", "$VEIL_DEVICE")
     return resolve_device(s.device, "VEIL_DEVICE" if src == "$VEIL_DEVICE" else f"device in {src}")
 

@@ -9,10 +9,13 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from components.certificate import describe
 from components.core.errors import VeilError
 from components.publication import publish
 from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings, settings_with_device
+from flows.cli.audit_cmds import verdict_word
+from flows.cli.common import err
+from flows.cli.evaluate_cmds import limit_line, summary_line
+from flows.cli.synthetic_cmds import summary_line as synthetic_line
 
 
 def _ceiling(aud: dict) -> str:
@@ -27,8 +30,6 @@ def _ceiling(aud: dict) -> str:
 def _audit_line(aud: dict, short: bool = False) -> str:
     """One line for an audit section: its verdict first (INCONCLUSIVE says what it needs), then the
     quantized AUROC against the ceiling. Old (v1) sections had an exact AUROC and a pass flag."""
-    from flows.cli.audit_cmds import verdict_word
-
     word = verdict_word(aud)
     if aud.get("schema") != "veil.audit/v2":
         return f"{word} · AUROC {aud['auroc']:.3f} ≤ {_ceiling(aud)} (v1 section)"
@@ -54,6 +55,8 @@ def _audit_line(aud: dict, short: bool = False) -> str:
 
 
 def _summary_table(result: dict, seconds: float) -> Table:
+    from components.certificate import describe  # startup
+
     cert, reg, ing, tr = result["certificate"], result["registration"], result["ingest"], result["train"]
     t = Table(title="Veil run", show_header=True, header_style="bold")
     t.add_column("stage")
@@ -80,18 +83,14 @@ def _summary_table(result: dict, seconds: float) -> Table:
     if aud:
         t.add_row("audit", _audit_line(aud))
     if result.get("evaluation"):
-        from flows.cli.evaluate_cmds import limit_line, summary_line
-
         t.add_row("evaluation", summary_line(result["evaluation"]))
         if limit_line(result["evaluation"]):
             t.add_row("utility limit", limit_line(result["evaluation"]))
     if result.get("synthetic"):
-        from flows.cli.synthetic_cmds import summary_line as synthetic_line
-
         t.add_row("synthetic", synthetic_line(result["synthetic"]) + f" · {result['synthetic']['seconds']:.0f} s")
     fc = (result["plan"].get("utility_forecast") or {})
     if fc.get("verdict") not in (None, "unknown"):
-        from components.planning.forecast import describe as describe_forecast
+        from components.planning.forecast import describe as describe_forecast  # startup
 
         t.add_row("forecast", describe_forecast(fc))
     t.add_row("time", f"{seconds:.0f} s")
@@ -106,11 +105,11 @@ def demo(json_out: bool = typer.Option(False, "--json", help="print the run's re
     s = settings_with_device()
     t0 = time.time()
     if prefect:
-        from flows.pipeline import demo_flow
+        from flows.pipeline import demo_flow  # startup
 
         result = demo_flow(home=str(s.home), audit=audit)
     else:
-        from flows import stages
+        from flows import stages  # startup
 
         org = stages.demo_data(s)
         result = run_stages(s, str(stages.DEMO_POLICY), org["messages"], "jsonl", public_corpus=org["public"],
@@ -128,7 +127,7 @@ DEMO_SYNTHETIC_RECORDS = 200
 def _demo_synthetic(s, model_uri: str, quiet: bool) -> dict:
     """A few hundred synthetic records from the demo's model (issue 25: `veil synthesize`): measured 6 s
     for 200 records of a demo-sized model in a process that has already loaded the libraries."""
-    from flows.synthetic import synthesize
+    from flows.synthetic import synthesize  # startup
 
     t0 = time.time()
     doc = synthesize(s, model_uri, records=DEMO_SYNTHETIC_RECORDS, seed=0, progress=not quiet)["public"]
@@ -138,7 +137,7 @@ def _demo_synthetic(s, model_uri: str, quiet: bool) -> dict:
 def run_stages(s, policy, source, fmt, *, public_corpus=None, base_model_dir=None, model_name="veil",
                mapping=None, audit=True, truth=None, precision=None) -> dict:
     """The pipeline without Prefect (same stages, same artifacts)."""
-    from flows import stages
+    from flows import stages  # startup
 
     ing = stages.ingest(s, source, fmt, policy=policy, progress=True, **(mapping or {}))
     base = stages.base_model(s, public_corpus=public_corpus, base_model_dir=base_model_dir)
@@ -160,7 +159,7 @@ def demo_data(out_dir: Optional[Path] = typer.Option(None, "--out", help="folder
               seed: int = typer.Option(0, help="generator seed"),
               json_out: bool = typer.Option(False, "--json")) -> None:
     """Write the deterministic synthetic organization (messages, public corpus, planted-secret truth)."""
-    from flows import stages
+    from flows import stages  # startup
 
     org = stages.demo_data(_settings(), out_dir, seed=seed)
     if json_out:
@@ -190,7 +189,7 @@ def base_model(corpus: str = typer.Argument(..., help="public, secret-free text:
     """Train a tokenizer and a small causal LM from config on public text, with progress (cached by corpus and
     options). A tiny base limits every model built on it: `--layers 4 --width 256 --steps 2000` on `system`
     text is a stronger start than the 2×128, 200-step default (see `veil plan`'s hints and the run summary)."""
-    from flows import stages
+    from flows import stages  # startup
 
     quiet_third_party()
     cfg = {"n_layer": layers, "n_embd": width, "n_head": heads, "steps": steps, "seq_len": seq_len,
@@ -199,7 +198,7 @@ def base_model(corpus: str = typer.Argument(..., help="public, secret-free text:
         cfg["n_positions"] = seq_len   # room for the longer windows (the default context is 256)
     path = stages.base_model(settings_with_device(), public_corpus=corpus, config=cfg, out_dir=out_dir, progress=not json_out)
     if json_out:
-        from components.modeling.base import read_base_facts
+        from components.modeling.base import read_base_facts  # startup
 
         f = read_base_facts(path) or {}
         _print_json({"base_model": path, "n_params": f.get("n_params"), "steps": (f.get("config") or {}).get("steps"),
@@ -215,7 +214,7 @@ _PRECISION = typer.Option(None, "--precision", help="fp32 | bf16 | fp16: the bas
 
 
 def check_precision(precision: Optional[str]) -> None:
-    from components.training.spec import PRECISIONS
+    from components.training.spec import PRECISIONS  # startup
 
     if precision is not None and precision not in PRECISIONS:
         raise VeilError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -232,7 +231,9 @@ def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `v
     """Run a plan: DP fine-tuning exactly as planned (resumes from its last checkpoint)."""
     import dataclasses
 
-    from flows import stages
+    from components.certificate import describe  # startup
+
+    from flows import stages  # startup
 
     if not plan.is_file():
         raise VeilError(f"{plan}: no such plan file")
@@ -256,7 +257,7 @@ def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `v
 
 
 def plan_sha(plan: Path) -> str:
-    from components.planning import load_plan
+    from components.planning import load_plan  # startup
 
     return load_plan(plan).to_dict()["sha256"]
 
@@ -266,7 +267,7 @@ def register_cmd(plan: Path = typer.Option(..., "--plan"),
              name: str = typer.Option("veil", "--name", help="registered model name"),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """Register a trained run of PLAN in MLflow with its certificate (refused if ε exceeds the policy's)."""
-    from flows import stages
+    from flows import stages  # startup
 
     s = _settings()
     run_dir = Path(s.runs_dir) / plan_sha(plan)[:16]
@@ -281,7 +282,7 @@ def register_cmd(plan: Path = typer.Option(..., "--plan"),
 
 def models(json_out: bool = typer.Option(False, "--json")) -> None:
     """Registered model versions with their certificates; `verified` only when every check passes."""
-    from components.registry import list_models
+    from components.registry import list_models  # startup
 
     rows = list_models(_settings())
     if json_out:
@@ -295,6 +296,8 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
 
 def models_table(rows: list[dict]) -> Table:
     """Names and URIs fold onto more lines at any terminal width, never cut to "…" (issue 26)."""
+    from components.certificate import describe  # startup
+
     t = Table(title="Registered models")
     for col in ("model", "aliases", "mechanism", "guarantee", "steps", "audit AUROC (ceiling)", "certificate"):
         t.add_column(col, overflow="fold", no_wrap=col == "steps")
@@ -357,7 +360,7 @@ def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Optio
     t0 = time.time()
     mapping = _mapping(user_field, text_field, id_field, time_field, meta)
     if prefect:
-        from flows.pipeline import pipeline_flow
+        from flows.pipeline import pipeline_flow  # startup
 
         result = pipeline_flow(str(policy), str(source), fmt, home=str(s.home),
                                public_corpus=str(public_corpus) if public_corpus else None,
@@ -397,7 +400,7 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
         _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name,
                           _mapping(user_field, text_field, id_field, time_field, meta))
         return
-    from flows.retrain import retrain_flow
+    from flows.retrain import retrain_flow  # startup
 
     s = _settings()
     result = retrain_flow(str(policy.resolve()), str(source.resolve()), fmt, home=str(s.home),
@@ -413,7 +416,6 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
                   f"{result['people_retired']} retired (no budget left) · "
                   + ("promoted" if result["promoted"] else "not promoted") + f": {result['reason']}")
         if result.get("evaluation"):       # exact figures: the operator's terminal only, as `veil run` shows them
-            from flows.cli.evaluate_cmds import limit_line, summary_line
 
             out.print(f"evaluation: {summary_line(result['evaluation'])}")
             if limit_line(result["evaluation"]):
@@ -427,8 +429,7 @@ def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_co
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
-    from flows.cli.common import err
-    from flows.pipeline import serve_retraining
+    from flows.pipeline import serve_retraining  # startup
 
     try:  # Prefect's own check of the schedule, before anything is registered
         CronSchedule(cron=cron, timezone=timezone)

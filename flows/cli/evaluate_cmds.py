@@ -38,7 +38,7 @@ def summary_line(doc: dict) -> str:
 
 def limit_line(doc: dict) -> str | None:
     """Base or privacy: what holds the model back (components.evaluation.bottleneck), or None."""
-    from components.evaluation.bottleneck import line
+    from components.evaluation.bottleneck import line  # startup
 
     return line(doc["utility_limit"]) if doc.get("utility_limit") else None
 
@@ -57,7 +57,7 @@ def evaluate(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or 
              batch_size: int = typer.Option(64, "--batch-size", min=1, help="texts per forward pass (also capped at 4096 tokens)")) -> None:
     """Perplexity and next-token accuracy of a registered model and its base on the evaluation people
     (reserved at plan time, never trained on): exact here, for you; a DP release on the model's run."""
-    from flows import stages
+    from flows import stages  # startup
 
     quiet_third_party()
     s = _settings()

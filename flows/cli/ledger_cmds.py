@@ -9,6 +9,7 @@ from rich.table import Table
 
 from components.core.errors import VeilError
 from flows.cli import common
+from components.publication import publish
 
 
 def _fmt(x) -> str:
@@ -25,8 +26,7 @@ def ledger_cmd(json_out: bool = typer.Option(False, "--json", help="one JSON doc
     only, the number of people and retirements, the spread of per-person spend and per secret class the
     secrets charged and their max lifetime KL and γ. Per-person and per-secret rows go only to the private
     area, a burn-down plot to VEIL_HOME."""
-    from components.ledger.report import admin_view, governance_view, ledger_report
-    from components.publication import publish
+    from components.ledger.report import admin_view, governance_view, ledger_report  # startup
 
     if plan is not None and not plan.is_file():
         raise VeilError(f"--plan {plan}: no such plan file")

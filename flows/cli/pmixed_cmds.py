@@ -46,7 +46,7 @@ def plan_cmd(policy: Path = typer.Option(..., "--policy", help="A PredictionPoli
                                                 "of each)."),
              as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")):
     """What the policy's token budget buys, before any build: private tokens per request, requests per key."""
-    from flows.pmixed import plan
+    from flows.pmixed import plan  # startup
 
     doc = plan(policy, keys=keys)
     if as_json:
@@ -61,7 +61,7 @@ def build_cmd(policy: Path = typer.Option(..., "--policy", help="A PredictionPol
               snapshot: Optional[str] = typer.Option(None, "--snapshot", help="Snapshot id (default: the latest)."),
               name: Optional[str] = typer.Option(None, "--name", help="Registered model name (default: the policy's)."),
               as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")):
-    from flows.pmixed import build, plan
+    from flows.pmixed import build, plan  # startup
 
     quiet_third_party()
     s = settings_with_device()  # the shards train: a missing GPU is said before any ledger charge

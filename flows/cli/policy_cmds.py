@@ -10,7 +10,7 @@ from rich.table import Table
 
 from components.core.errors import VeilError
 from flows.cli.common import err, out, print_json as _print_json, quiet_third_party, settings as _settings
-from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.publication import publish
 
 
 policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",
@@ -21,7 +21,7 @@ policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see pol
 def check(files: List[Path] = typer.Argument(..., help="policy YAML file(s)"),
           json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
     """Validate policies: "ok", or one line per problem naming file, line and field (exit 2)."""
-    from components.policy import check_policy
+    from components.policy import check_policy  # startup
 
     report = {}
     for f in files:
@@ -45,7 +45,7 @@ def check(files: List[Path] = typer.Argument(..., help="policy YAML file(s)"),
 @policy_app.command("schema")
 def schema(write: Optional[Path] = typer.Option(None, "--write", help="write the schema to this file")) -> None:
     """Print the policy JSON Schema (editors use it to complete and check policies)."""
-    from components.policy.schema import schema_text, write_schema
+    from components.policy.schema import schema_text, write_schema  # startup
 
     if write is not None:
         print(write_schema(write))
@@ -57,7 +57,7 @@ def schema(write: Optional[Path] = typer.Option(None, "--write", help="write the
 def show(file: Path = typer.Argument(..., help="policy YAML file"),
          json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
     """The policy as Veil reads it, with defaults filled in and its sha256."""
-    from components.policy import load_policy
+    from components.policy import load_policy  # startup
 
     pol = load_policy(file)
     doc = {"sha256": pol.sha256, "path": pol.path, "policy": pol.model_dump(mode="json"),
@@ -115,17 +115,18 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     """Turn a policy and a snapshot into a plan: sampling rate, calibrated σ, bounded data, audit split;
     and what the per-person ledger says about releasing it: how many releases of it a person can still
     take, and how many people its release would retire."""
-    from components.policy import load_policy
+    from catalog.snapshots import load_snapshot  # startup
+    from components.policy import load_policy  # startup
 
     quiet_third_party()   # the utility forecast loads the base model (transformers' FutureWarning, issue 26)
     pol = load_policy(policy)
     s = _settings()
-    snap = snapshots.load_snapshot(s, snapshot)
+    snap = load_snapshot(s, snapshot)
     if sweep_c:
         _sweep(pol, snap, c_values, json_out)
         return
-    from components.planning import Plan
-    from flows import stages
+    from components.planning import Plan  # startup
+    from flows import stages  # startup
 
     progress = None if json_out else (lambda msg: err.print(f"[dim]plan:[/dim] {msg}"))
     # the pipeline's planning stage: the policy's people rules applied, and N̂ charged in the ledger to
@@ -137,15 +138,14 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     if json_out:
         doc = {"plan_path": str(path), "plan": p.to_dict()}
         if lfc:
-            from components.ledger.report import ADMIN_ONLY, FORECAST_DEFINITION
-            from components.publication import publish
+            from components.ledger.report import ADMIN_ONLY, FORECAST_DEFINITION  # startup
 
             doc["forecast"] = publish("cli.plan", {"forecast": {**lfc["public"],
                                                                 "definition": FORECAST_DEFINITION}})["forecast"]
             if admin:   # the operator's own terminal, never a published channel
                 doc["administrators_only"] = {"readers": ADMIN_ONLY, "forecast": lfc["people"]}
         if admin:
-            from components.ledger.report import ADMIN_ONLY
+            from components.ledger.report import ADMIN_ONLY  # startup
 
             doc.setdefault("administrators_only", {"readers": ADMIN_ONLY})["audit"] = _audited(s, pol, p)
         _print_json(doc)
@@ -153,7 +153,7 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    from components.planning.annex import load_annex
+    from components.planning.annex import load_annex  # startup
 
     # the operator's own terminal: the real snapshot id, from the plan's private annex
     for k, v in p.summary_rows(load_annex(s.private_dir, p.to_dict())):
@@ -161,7 +161,7 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     out.print(t)
     fc = p.to_dict().get("utility_forecast") or {}
     if fc.get("verdict") in ("hopeless", "marginal"):
-        from components.planning.forecast import describe
+        from components.planning.forecast import describe  # startup
 
         style = "bold red" if fc["verdict"] == "hopeless" else "yellow"
         out.print(f"[{style}]utility forecast: {describe(fc)}[/{style}]", highlight=False)
@@ -191,8 +191,8 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
 def _audited(s, pol, p) -> dict | None:
     """User inference with the people this plan's split audits (planning.audit_split.audited_sizing):
     exact counts from the private annex, for the operator only."""
-    from components.planning.annex import load_annex
-    from components.planning.audit_split import audited_sizing
+    from components.planning.annex import load_annex  # startup
+    from components.planning.audit_split import audited_sizing  # startup
 
     if pol.spec.privacy_unit != "user":
         return None
@@ -201,8 +201,8 @@ def _audited(s, pol, p) -> dict | None:
 
 def _forecast(s, plan_doc: dict) -> dict | None:
     """The ledger's forecast for this plan (components.ledger.report.plan_forecast), None without a budget."""
-    from components.ledger import Ledger
-    from components.ledger.report import plan_forecast
+    from components.ledger import Ledger  # startup
+    from components.ledger.report import plan_forecast  # startup
 
     led = Ledger.open(s)
     try:
@@ -220,8 +220,8 @@ class _null:
 
 
 def _sweep(pol, snap, c_values: Optional[str], json_out: bool) -> None:
-    from components.planning.audit_split import split_for_audit
-    from components.planning.secret_plan import sweep_c
+    from components.planning.audit_split import split_for_audit  # startup
+    from components.planning.secret_plan import sweep_c  # startup
 
     if pol.spec.privacy_unit != "secret":
         raise VeilError("--sweep-c: C weighs secrets in the secret-protection LP; this policy's privacy_unit is "

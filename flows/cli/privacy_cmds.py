@@ -10,7 +10,8 @@ from rich.table import Table
 
 from components.core.errors import VeilError
 from flows.cli.common import out, print_json as _print_json
-from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.core.hashing import sha256_bytes
+from components.core.settings import load_settings
 
 
 privacy = typer.Typer(help="Privacy accounting: ε for a mechanism, σ for a target, secrets' posterior bounds.",
@@ -45,7 +46,7 @@ def epsilon_cmd(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """ε at δ for T steps of a mechanism (pessimistic PLD, add/remove neighbouring)."""
-    from components.accounting import epsilon
+    from components.accounting import epsilon  # startup
 
     res = epsilon(mechanism, sampling_rate=sampling_rate, noise_multiplier=noise_multiplier, steps=steps,
                   delta=delta, k=k)
@@ -73,8 +74,7 @@ def calibrate_cmd(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """The smallest noise multiplier σ meeting a target (ε, δ); cached under VEIL_HOME/cache."""
-    from components.accounting import calibrate
-    from components.core.settings import load_settings
+    from components.accounting import calibrate  # startup
 
     cache_dir = None if no_cache else load_settings().cache_dir / "accounting"
     cal = calibrate(mechanism, epsilon=epsilon, delta=delta, sampling_rate=sampling_rate, steps=steps, k=k,
@@ -95,7 +95,6 @@ def _secret_ref(secret_id: str, show: bool) -> str:
     """Secret ids carry the secret's value ("credential:AKIA…"): print the class and a hash unless asked."""
     if show:
         return secret_id
-    from components.core.hashing import sha256_bytes
 
     cls = secret_id.split(":", 1)[0]
     return f"{cls}:#{sha256_bytes(secret_id.encode())[:12]}"
@@ -115,15 +114,14 @@ def secrets_cmd(
     """Per-secret KL and posterior bound γ (seed 004, Lemma 3.2) at the plan's σ and T, worst first."""
     import pyarrow.parquet as pq
 
-    from components.accounting.secrets import (DOMINANCE_NOTE, SENSITIVITY_REASON, SecretTarget, report_secrets,
+    from components.accounting.secrets import (DOMINANCE_NOTE, SENSITIVITY_REASON, SecretTarget, report_secrets,  # startup
                                                secret_rates)
-    from components.planning.plan import load_plan
+    from components.planning.plan import load_plan  # startup
 
-    from components.core.settings import load_settings
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.planning.annex import load_annex  # startup
+    from components.planning.data import train_rows  # startup
 
-    from components.planning.annex import plan_snapshot_ref
+    from components.planning.annex import plan_snapshot_ref  # startup
 
     plan = load_plan(plan_path).to_dict()
     annex = load_annex(load_settings().private_dir, plan)
@@ -133,9 +131,10 @@ def secrets_cmd(
             raise VeilError(f"--spans: {spans} does not exist")
         span_tbl = pq.read_table(spans)
     else:
+        from catalog.snapshots import load_snapshot  # startup
 
-        span_tbl = snapshots.load_snapshot(load_settings(), plan_snapshot_ref(plan, annex)[0]).secret_spans
-    from components.mechanisms import get as get_mechanism
+        span_tbl = load_snapshot(load_settings(), plan_snapshot_ref(plan, annex)[0]).secret_spans
+    from components.mechanisms import get as get_mechanism  # startup
 
     per_user = get_mechanism(plan["mechanism"]).samples_users
     groups = secret_rates(train, span_tbl, sampling_rate=float(plan["sampling_rate"]), per_user=per_user)
@@ -144,7 +143,7 @@ def secrets_cmd(
     if kappa is None or gamma is None:
         pol_path = (plan.get("policy") or {}).get("path")
         if pol_path and Path(pol_path).is_file():
-            from components.policy import load_policy
+            from components.policy import load_policy  # startup
 
             secrets_spec = load_policy(pol_path).spec.secrets
             protection = secrets_spec.protection_of

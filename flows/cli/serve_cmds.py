@@ -6,20 +6,21 @@ from typing import Optional
 import typer
 
 from flows.cli.common import err, print_json, settings
+from components.publication import publish
 
 keys_app = typer.Typer(help="API keys for `veil serve` (stored hashed).", no_args_is_help=True)
 
 
 @keys_app.command("create")
 def keys_create(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")):
-    from components.prediction.budget import TokenBudget
+    from components.prediction.budget import TokenBudget  # startup
 
     tb = TokenBudget.open(settings())
     try:
         key = tb.create_key()
     finally:
         tb.dispose()
-    from components.prediction.budget import KEY_ID_CHARS, key_digest
+    from components.prediction.budget import KEY_ID_CHARS, key_digest  # startup
 
     kid = key_digest(key)[:KEY_ID_CHARS]
     if as_json:
@@ -32,8 +33,7 @@ def keys_create(as_json: bool = typer.Option(False, "--json", help="One JSON doc
 @keys_app.command("list")
 def keys_list(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")):
     """Every API key's id, hash and creation (and revocation) time; never a key (only hashes are stored)."""
-    from components.prediction.budget import TokenBudget
-    from components.publication import publish
+    from components.prediction.budget import TokenBudget  # startup
 
     tb = TokenBudget.open(settings())
     try:
@@ -54,8 +54,7 @@ def keys_list(as_json: bool = typer.Option(False, "--json", help="One JSON docum
 def keys_revoke(key_id: str = typer.Argument(..., help="the key's id from `veil keys list` (≥ 8 hex digits)"),
                 as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")):
     """Revoke an API key, durably: a running `veil serve` answers 401 to it from its next request on."""
-    from components.prediction.budget import TokenBudget
-    from components.publication import publish
+    from components.prediction.budget import TokenBudget  # startup
 
     tb = TokenBudget.open(settings())
     try:
@@ -80,9 +79,9 @@ def serve_cmd(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or
     """Serve a PMixED ensemble: POST /v1/completions {"prompt", "max_tokens"} with Authorization: Bearer KEY."""
     import uvicorn
 
-    from components.prediction.budget import TokenBudget
-    from components.prediction.release import open_ensemble, resolve
-    from components.prediction.server import create_app, default_max_body_bytes
+    from components.prediction.budget import TokenBudget  # startup
+    from components.prediction.release import open_ensemble, resolve  # startup
+    from components.prediction.server import create_app, default_max_body_bytes  # startup
 
     s = settings()
     r = resolve(s, model_uri)

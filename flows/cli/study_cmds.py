@@ -7,6 +7,8 @@ from typing import Optional
 import typer
 
 from flows.cli.common import err, out, print_json, quiet_third_party, settings_with_device
+from components.core.errors import VeilError
+from flows.study_report import rich_table
 
 
 def study(policy: Path = typer.Option(..., "--policy", "-p", help="The policy every grid point starts from."),
@@ -21,14 +23,12 @@ def study(policy: Path = typer.Option(..., "--policy", "-p", help="The policy ev
           as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
     """Train and evaluate every point of GRID (mechanism, ε, selection, k, LoRA/full) as tuning runs:
     nothing is charged, certified or registered. Tuning on private data is not covered by any certificate."""
-    from components.core.errors import VeilError
-
     quiet_third_party()
     if not policy.is_file():
         raise VeilError(f"--policy: {policy}: no such file")
     s = settings_with_device()   # the points train: a missing GPU is said before any planning
     if private_selection:
-        from flows.private_selection import run_private_selection
+        from flows.private_selection import run_private_selection  # startup
 
         doc = run_private_selection(s, policy, grid, base_dir=base_model)
         if as_json:
@@ -40,8 +40,7 @@ def study(policy: Path = typer.Option(..., "--policy", "-p", help="The policy ev
                   f"(E[K] = {sel['expected_trials']:.2f}, {sel['theorem']}), ledger release {sel['ledger_release_id']}")
         err.print(f"[yellow]{doc['caveat']}[/yellow]")
         return
-    from flows.study import run_study
-    from flows.study_report import rich_table
+    from flows.study import run_study  # startup
 
     doc = run_study(s, policy, grid, base_dir=base_model, task_runner=task_runner, workers=workers)
     if as_json:

@@ -40,7 +40,7 @@ def synthesize(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION o
                json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
     """Sample a synthetic corpus from a registered, verified model: certified (it inherits the model's
     guarantee), sealed, scanned for secrets, recorded in the ledger (no extra charge) and registered."""
-    from flows.synthetic import synthesize as run
+    from flows.synthetic import synthesize as run  # startup
 
     s = settings_with_device()
     quiet_third_party(prefect=False)   # no flow here: importing Prefect would bind its console to this stderr

@@ -18,9 +18,9 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
 
     Exit 0 when every check passes, 2 when one fails (the first failure is the `reason`).
     """
-    from components.registry import verify_model
+    from components.registry import verify_model  # startup
 
-    from components.certificate.summary import promises
+    from components.certificate.summary import promises  # startup
 
     v = verify_model(model_uri, _settings())
     doc = v.to_dict()
@@ -58,7 +58,7 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
 def keys(trust: Optional[Path] = typer.Option(None, "--trust", help="add this PEM public key to the trust store"),
          json_out: bool = typer.Option(False, "--json")) -> None:
     """The signing key's public half and fingerprint (create it if needed), and the trusted keys."""
-    from components.certificate.seal import (
+    from components.certificate.seal import (  # startup
         TRUSTED_DIR,
         fingerprint,
         load_signing_key,
