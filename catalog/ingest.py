@@ -292,7 +292,6 @@ def _report_likely_duplicates(report: IngestReport, settings: Settings, rules, s
     found, merged = likely_duplicates(settings.snapshots_dir / report.snapshot_id / "records.parquet")
     if isinstance(rules, (str, Path)):
         # ingested under a policy: names its people.aliases already merge are settled, not news
-
         found = unsettled_by_policy(found, rules)
     report.likely_duplicate_people = len(found)
     report.identity_merged_people = len(merged)

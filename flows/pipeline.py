@@ -95,7 +95,6 @@ def serve_retraining(policy: str, source: str, fmt: str, cron: str, *, timezone:
 
     from prefect.schedules import Cron
 
-
     got: list[int] = []
 
     def stop(signum, _frame):

@@ -182,7 +182,6 @@ def train_shards(base_dir: str, shard_texts, cfg, outs, *, runner: str = "thread
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
-
     @task(name="pmixed-train-shard", cache_policy=NO_CACHE, retries=0, persist_result=False)  # facts: private
     @prefect_safe("pmixed-train-shard")
     def shard_task(i: int):

@@ -253,7 +253,6 @@ def retrain_flow(policy: str, source: str, fmt: str = "jsonl", *, home: str | No
     home = str(settings.home)
     log = get_run_logger()
     # a work pool's worker with VEIL_DEVICE naming a GPU it lacks: said at the run's start, not after ingest
-
     resolve_device(settings.device)
     pol = load_policy(policy)
     # the base first: a missing base model is a one-line error before ingest has run

@@ -114,7 +114,6 @@ def planning_aids(pol, base_dir: str | Path | None):
         compute = {"base_model": modeling.load_base(base_dir)}
     if base_dir is not None:
         # d for the utility forecast: a fact of the public architecture and the policy's LoRA config
-
         lora = pol.spec.training.lora
         compute = {**(compute or {}), "trainable_parameters": count_trainable_parameters(
             base_dir, None if lora is None else lora.model_dump())}
@@ -527,7 +526,6 @@ def secret_records(settings: Settings, plan_doc: dict, secret_ids) -> list[str]:
     """Every record the snapshot tags with one of these secrets (all of a dropped secret's records go)."""
     import pyarrow.compute as pc
 
-
     if not secret_ids:
         return []
     spans = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc)).secret_spans
@@ -833,7 +831,6 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     b, b_stats = evaluate_texts_per_text(base[0], base[1], texts, max_length=seq_len, batch_size=batch_size,
                                          progress="evaluate: base" if progress else None)
     # the base is fixed by the model's certificate (its fingerprint); the run names the fine-tuned weights
-
     identities = {"model": "run:" + str(loaded.run_id),
                   "base": "base:" + sha256_json((loaded.certificate or {}).get("base_model") or {})}
     stats = {"model": dp_stats, "base": b_stats}
@@ -858,7 +855,6 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
            (b.perplexity - dp.perplexity) / (b.perplexity - ref.perplexity),
            "published": None}
     # base or privacy? from the exact figures: the operator's, like them (never logged)
-
     out["utility_limit"] = diagnose(out, (loaded.certificate or {}).get("utility_forecast") or plan.get("utility_forecast"),
                                     loaded.extra.get("base_facts"))
     if log:

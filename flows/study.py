@@ -76,7 +76,6 @@ def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[li
     from components.planning import evaluation_records  # startup
     from components.planning.annex import load_annex  # startup
 
-
     annex = load_annex(settings.private_dir, plan_doc)
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))
     t = evaluation_records(plan_doc, annex, snap.records)
@@ -158,7 +157,6 @@ def map_points(settings: Settings, jobs: list[dict], *, task_runner: str = "thre
         return [run_point(settings, **j) for j in jobs]
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
-
 
     @task(name="study-point", cache_policy=NO_CACHE, retries=0, persist_result=False)
     @prefect_safe("study-point")

@@ -45,7 +45,6 @@ def scan_records(records: list[dict], rules: Any = None, *, tagger=None) -> tupl
     however many spans of that class it holds."""
     import pyarrow as pa
 
-
     tagger = tagger or Tagger(SCAN_RULES if rules is None else rules)
     classes = sorted({r["secret_class"] for r in tagger.rules})
     spans = tagger.tag(pa.array([r["text"] for r in records], pa.string())) if records else []

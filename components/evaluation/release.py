@@ -99,7 +99,6 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
             # with the snapshot's content hash when a person who is not counted leaves), either of which let a
             # person the release does not count move the draw (issue 22's neighbour harness, scenario
             # `evaluation_retired`); a different counted set still gets a fresh draw
-
             public_name = sha256_json({"release": dp.MECHANISM, "run_id": run_id, "models": dict(models),
                                        "epsilon": float(mech.epsilon), "delta": float(mech.delta),
                                        "nll_clip": float(mech.nll_clip)})

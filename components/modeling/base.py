@@ -115,7 +115,6 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
-
     cfg = BaseModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
                           n_positions=n_positions, steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                           seed=seed)
@@ -131,7 +130,6 @@ def build_base_model(public_texts, out_dir: str | Path, *, vocab_size: int = Bas
     n_eval = int(cfg.eval_frac * len(texts))
     eval_texts = [texts[i] for i in sorted(perm[:n_eval])]
     train_texts = [texts[i] for i in sorted(perm[n_eval:])]
-
 
     with _step(f"base model: tokenizer on {len(train_texts)} public texts", on=progress):
         tokenizer = train_tokenizer(train_texts, vocab_size=cfg.vocab_size, model_max_length=cfg.n_positions)

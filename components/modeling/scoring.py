@@ -61,7 +61,6 @@ def token_statistics(model, tokenizer, texts: Sequence[str], seq_len: int,
     texts and `max_batch_tokens` padded tokens; `progress`: a label for a progress bar (texts done)."""
     import torch
 
-
     if batch_size < 1:
         raise VeilError(f"batch_size: must be at least 1, got {batch_size}")
     seqs = _encode(tokenizer, texts, seq_len)

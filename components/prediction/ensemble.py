@@ -60,7 +60,6 @@ def train_shard(base_dir: str | Path, texts: Sequence[str], cfg: ShardTraining, 
     and fixed."""
     import torch
 
-
     if cfg.lora_dropout:
         raise VeilError("pmixed: LoRA dropout must be 0 (it would draw from the RNG concurrent shards share)")
     with _LOAD_LOCK:

@@ -470,7 +470,6 @@ def load_model(model_uri: str, settings: Settings, *, with_base: bool = False,
 
     import mlflow
 
-
     # before the download: MLflow's "Downloading artifacts" bars and library notices stay off the
     # consumer's screen (Prefect's console is configured only in a process that already uses it)
     quiet_third_party(prefect="prefect" in sys.modules)

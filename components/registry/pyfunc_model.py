@@ -37,7 +37,6 @@ class VeilCausalLM(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         import sys
 
-
         # A consumer's plain `mlflow.pyfunc.load_model` enters Veil here: no library notices or progress
         # bars on their screen either (Prefect is configured only when the process already uses it).
         quiet_third_party(prefect="prefect" in sys.modules)

@@ -75,7 +75,6 @@ def register_synthetic(settings: Settings, corpus_dir: str | Path, *, scan: Mapp
     the corpus, published as `synthetic.scan.<class>` tags). Refuses a folder that does not verify."""
     import mlflow
 
-
     v, cert, _ = verify_corpus_dir(corpus_dir, trusted_keys(settings))
     v.raise_if_invalid(f"corpus {corpus_dir}")
     client = _client(settings)
@@ -130,7 +129,6 @@ def _check_run(client, run_id: str, cert: Mapping[str, Any], model_cert: Mapping
         return
     # A re-audit after sampling amends the model's certificate (audit section only, `supersedes` the
     # embedded one): the same release when both documents amend, or are, one embedded certificate.
-
     now = run_json(client, mv.run_id, CERT_ARTIFACT)
     ours = model_cert
     base_now = now.get("supersedes") or now.get("sha256")
@@ -147,7 +145,6 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
     folder (offline: the folder's own sealed chain — corpus, certificate, model certificate and seal)."""
     import sys
 
-
     settings = settings or load_settings()
     trusted = trusted_keys(settings)
     text = str(uri)
@@ -156,7 +153,6 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
         v.raise_if_invalid(f"synthetic corpus {text}")
         return SyntheticCorpus(table=table, certificate=cert, verification=v.to_dict(), uri=text)
     import mlflow
-
 
     quiet_third_party(prefect="prefect" in sys.modules)
     run_id = text[len("runs:/"):].strip("/").split("/", 1)[0]

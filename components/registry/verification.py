@@ -70,7 +70,6 @@ def _check_metrics(metrics: Mapping[str, float], cert: Mapping[str, Any]) -> Non
         expected[f"privacy_secret_max_gamma_{cls}"] = float(c["max_gamma"])
     if cert.get("audit"):
         # record_audit logs exactly the public section's metrics (bucket edges, ceilings, verdict)
-
         expected.update(public_metrics(cert["audit"]))
     wrong = sorted(k for k, val in expected.items() if not _same_number(metrics.get(k), val))
     if wrong:
