@@ -36,22 +36,22 @@ import pyarrow.parquet as pq
 
 from catalog import snapshots as snap_mod
 from catalog import recipients, store
-from catalog.connectors.base import FieldMap, meta_col
-from catalog.dedup import OnlineDedup
-from catalog.tagging import Tagger
-from components.core.errors import VeilError
-from components.core.hashing import sha256_file, sha256_json
-from components.core.settings import Settings
 from catalog.connectors.addresses import mailboxes
+from catalog.connectors.base import FieldMap, meta_col
 from catalog.connectors.debian import DebianChangelogSource
 from catalog.connectors.git import GitSource
 from catalog.connectors.jsonl import JsonlSource
 from catalog.connectors.mail import MailSource
 from catalog.connectors.tabular import CsvSource, ParquetSource
 from catalog.dates import parse_timestamp
+from catalog.dedup import OnlineDedup
 from catalog.ner import load_ner
 from catalog.people import likely_duplicates, unsettled_by_policy, write_likely_duplicates
+from catalog.tagging import Tagger
+from components.core.errors import VeilError
+from components.core.hashing import sha256_file, sha256_json
 from components.core.identity import person_id_or_empty
+from components.core.settings import Settings
 
 FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git", "debian-changelog")
 DEFAULT_MAX_RECORD_BYTES = 1 << 20

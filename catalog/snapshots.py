@@ -28,11 +28,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from catalog import recipients
 from catalog.schemas import RECORDS, SECRET_SPANS
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file
 from components.core.settings import Settings
-from catalog import recipients
 
 SCHEMA = "veil.snapshot/v1"
 _BATCH = 65_536

@@ -29,9 +29,9 @@ import re2
 
 from catalog import detectors as _det
 
+from catalog import ner as _ner
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
-from catalog import ner as _ner
 from components.policy import load_policy
 
 RULE_KINDS = ("literal", "keyword", "regex", "path_glob", "detector")

@@ -13,8 +13,8 @@ from pathlib import Path
 from catalog import snapshots
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.core.settings import Settings
 from components.core.quiet import quiet_third_party
+from components.core.settings import Settings
 from components.mechanisms import get as get_mechanism
 from components.policy import load_prediction_policy
 from components.prediction import partition as part

@@ -24,8 +24,8 @@ import traceback
 from pathlib import Path
 
 from components.core.errors import VeilError
-from components.publication import publish
 from components.core.settings import load_settings, Settings
+from components.publication import publish
 
 FAILURES_DIR = "failures"
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from components.core.errors import VeilError
-from components.core.settings import Settings
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+from components.core.settings import Settings
 from components.evaluation.dp import clip_nll, person_means
 from components.mechanisms import get as get_mechanism
 from components.modeling.base import load_finetuned

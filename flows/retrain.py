@@ -25,23 +25,23 @@ from prefect.cache_policies import NO_CACHE
 from prefect.input import RunInput
 
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
-from components.core.errors import VeilError
-from components.core.faults import kill_point
-from components.core.settings import Settings, load_settings, private_umask
-from components.publication import publish
-from flows import stages
-from flows.prefect_boundary import original_error, prefect_safe
-from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)
-from flows.tasks import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
-                         log_plan, log_step, plan_task, register_task)
 from components.certificate.seal import trusted_keys
 from components.core.device import resolve_device
+from components.core.errors import VeilError
+from components.core.faults import kill_point
 from components.core.fingerprints import directory_fingerprint
+from components.core.settings import Settings, load_settings, private_umask
 from components.planning import load_plan
 from components.planning.annex import load_annex
 from components.policy import load_policy
+from components.publication import publish
+from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)
 from components.registry.mlflow_registry import _client, _resolve_version
 from components.registry.verification import verify_version
+from flows import stages
+from flows.prefect_boundary import original_error, prefect_safe
+from flows.tasks import (audit_task, base_model_task, certify_task, evaluate_task, ingest_task, log_audit,
+                         log_plan, log_step, plan_task, register_task)
 
 PRODUCTION = "production"
 LATEST = "latest-certified"

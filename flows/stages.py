@@ -16,22 +16,22 @@ from typing import Any
 import pyarrow as pa
 
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
-from components import modeling  # modeling.load_base through its module, likewise (tests/flows/test_device.py)
-from components.core.errors import VeilError
-from components.core.faults import kill_point
-from components.core.hashing import sha256_file
-from components.core.settings import Settings
-from components.mechanisms import get as get_mechanism
 from catalog.demo import write_demo_org
+from components import modeling  # modeling.load_base through its module, likewise (tests/flows/test_device.py)
 from components.certificate import build_certificate
 from components.core.device import resolve_device
+from components.core.errors import VeilError
+from components.core.faults import kill_point
 from components.core.fingerprints import directory_fingerprint, weights_fingerprint
+from components.core.hashing import sha256_file
 from components.core.hashing import sha256_json
 from components.core.progress import step
+from components.core.settings import Settings
 from components.evaluation import evaluate_texts_per_text
 from components.evaluation.bottleneck import diagnose
 from components.evaluation.dp import person_means
 from components.evaluation.release import CAVEAT, publish_evaluation
+from components.mechanisms import get as get_mechanism
 from components.mechanisms.auto import default_for
 from components.mechanisms.gaussian import PopulationRefusal
 from components.modeling import build_base_model, perplexity_scores

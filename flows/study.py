@@ -28,11 +28,10 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from components.core.errors import VeilError
-from components.core.settings import Settings
-from flows.study_grid import Grid, Point, parse_grid, point_policy
 from catalog import snapshots  # its module, not the function: tests stand a snapshot in
+from components.core.errors import VeilError
 from components.core.quiet import quiet_third_party
+from components.core.settings import Settings
 from components.evaluation import evaluate_texts
 from components.modeling import load_base
 from components.modeling.base import load_finetuned
@@ -41,6 +40,7 @@ from flows import stages
 from flows.pmixed import _runner as pmixed_runner
 from flows.prefect_boundary import prefect_safe
 from flows.stages import plan_snapshot_id
+from flows.study_grid import Grid, Point, parse_grid, point_policy
 from flows.study_report import gap_closing, log_study, plot_study, write_tables
 
 CAVEAT = ("Tuning on private data is not covered by any certificate: these scores are measured on private "

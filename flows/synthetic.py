@@ -16,12 +16,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import VeilError
-from components.core.settings import Settings
 from catalog.tagging import Tagger
 from components.certificate import code_version
 from components.certificate.seal import load_signing_key
+from components.core.errors import VeilError
 from components.core.progress import progress as bar, step
+from components.core.settings import Settings
 from components.publication import publish
 from components.synthetic import generate_records, load_prompts, Sampling
 from components.synthetic.corpus import build_certificate, seal_corpus, write_records

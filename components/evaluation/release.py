@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from components.core.errors import VeilError
+from components.core.hashing import sha256_json
 from components.evaluation import dp
 from components.evaluation.dp import PublishedEvaluation
-from components.core.hashing import sha256_json
 
 
 CAVEAT = ("differentially private: Gaussian noise on per-person clipped metrics of the evaluation people (reserved "

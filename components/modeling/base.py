@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from components.core.device import resolve_device as _resolve
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 from components.core.progress import progress as _progress
-from components.core.device import resolve_device as _resolve
 from components.core.progress import step as _step
 from components.modeling.tokenizer import train_tokenizer
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from components.core.errors import VeilError
-from components.prediction import mixing
 from components.modeling import attach_lora, load_base, lora_config
+from components.prediction import mixing
 from components.prediction.batched_lora import BatchedLoRAModel
 
 # transformers' from_pretrained initialises on the meta device through process-global state: two threads

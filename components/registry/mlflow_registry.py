@@ -7,30 +7,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from components.certificate import describe, verify_certificate
-from components.core.errors import VeilError
-from components.core.faults import kill_point
-from components.core.hashing import sha256_json
-from components.core.settings import Settings
-from components.publication import publish
-from components.mechanisms import get as get_mechanism
-from components.registry.artifacts import (  # noqa: F401 (privacy_tags, PLAN_TAG: this module's names too)
-    CERT_ARTIFACT, PLAN_ARTIFACT, PLAN_TAG, SEAL_ARTIFACT, privacy_tags, run_json,
-)
 from components.audit.public import public_metrics, public_tags, SECTION_SCHEMA
+from components.certificate import describe, verify_certificate
 from components.certificate import attach_audit
 from components.certificate.seal import load_signing_key, make_seal, public_key_pem, trusted_keys
 from components.certificate.verify import (
     artifact_bindings, certified_artifacts_mismatch, check_amendment, recheck_guarantee, verify_package,
 )
+from components.core.errors import VeilError
+from components.core.faults import kill_point
+from components.core.hashing import sha256_json
 from components.core.quiet import quiet_third_party
+from components.core.settings import Settings
 from components.core.sqlite_files import check_existing
 from components.evaluation.dp import PublishedEvaluation
+from components.mechanisms import get as get_mechanism
 from components.modeling import load_base
 from components.modeling.base import read_base_facts
 from components.planning.annex import load_annex
 from components.planning.data import train_rows
 from components.planning.plan import assert_public
+from components.publication import publish
+from components.registry.artifacts import (  # noqa: F401 (privacy_tags, PLAN_TAG: this module's names too)
+    CERT_ARTIFACT, PLAN_ARTIFACT, PLAN_TAG, SEAL_ARTIFACT, privacy_tags, run_json,
+)
 from components.registry.verification import (
     check_alias_gates, check_registry_side, package_artifacts, REGISTRY_CHECKED_BY_CALLER, verify_version,
 )

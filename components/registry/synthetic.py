@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from components.core.errors import VeilError
-from components.core.settings import Settings
-from components.publication import publish
 from components.certificate.seal import trusted_keys
+from components.core.errors import VeilError
 from components.core.quiet import quiet_third_party
+from components.core.settings import Settings
 from components.core.settings import load_settings
+from components.publication import publish
 from components.registry.artifacts import CERT_ARTIFACT, run_json, SEAL_ARTIFACT
 from components.registry.mlflow_registry import _client, _experiment, load_model
 from components.synthetic.corpus import FILES, verify_corpus_dir

@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from components.audit.public import public_metrics, public_tags
+from components.certificate.document import verify_certificate
+from components.certificate.seal import check_seal, trusted_keys
 from components.certificate.verify import (
     Verification,
     check_amendment,
@@ -23,14 +26,11 @@ from components.certificate.verify import (
 )
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
+from components.core.settings import load_settings
 from components.registry.artifacts import (  # noqa: F401 (package_artifacts, the names: this module's too)
     CERT_ARTIFACT, NOT_CERTIFICATE_TAGS, PLAN_ARTIFACT, SEAL_ARTIFACT, package_artifacts, privacy_tags, run_json,
 )
 from components.registry.gate import GATED_ALIASES, alias_gate
-from components.audit.public import public_metrics, public_tags
-from components.certificate.document import verify_certificate
-from components.certificate.seal import check_seal, trusted_keys
-from components.core.settings import load_settings
 
 # Set by `load_model` around its own load of the package, which it verified a moment before (registry
 # side included, and the alias its URI names): the package's `load_context` then checks the package

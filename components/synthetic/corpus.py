@@ -23,10 +23,10 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from components.core.errors import VeilError
-from components.core.hashing import canonical_json, sha256_file, sha256_json
 from components.certificate.document import verify_certificate
 from components.certificate.seal import check_seal, make_seal
+from components.core.errors import VeilError
+from components.core.hashing import canonical_json, sha256_file, sha256_json
 from components.publication import publish
 
 CERT_SCHEMA = "veil.certificate.synthetic/v1"

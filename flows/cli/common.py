@@ -5,8 +5,8 @@ import json
 
 from rich.console import Console
 
-from components.core.settings import Settings, load_settings
 from components.core.device import resolve_device
+from components.core.settings import Settings, load_settings
 
 out = Console()
 err = Console(stderr=True)  # progress and messages: stdout stays one JSON document with --json

@@ -11,8 +11,8 @@ from rich.table import Table
 
 from components.core.errors import VeilError
 from components.publication import publish
-from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings, settings_with_device
 from flows.cli.audit_cmds import verdict_word
+from flows.cli.common import out, print_json as _print_json, quiet_third_party, settings as _settings, settings_with_device
 from flows.cli.common import err
 from flows.cli.evaluate_cmds import limit_line, summary_line
 from flows.cli.synthetic_cmds import summary_line as synthetic_line

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from components.core.errors import VeilError
-from flows.cli import common
 from components.publication import publish
+from flows.cli import common
 
 
 def _fmt(x) -> str:

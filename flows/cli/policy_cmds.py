@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from components.core.errors import VeilError
-from flows.cli.common import err, out, print_json as _print_json, quiet_third_party, settings as _settings
 from components.publication import publish
+from flows.cli.common import err, out, print_json as _print_json, quiet_third_party, settings as _settings
 
 
 policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",

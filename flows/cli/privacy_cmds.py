@@ -9,9 +9,9 @@ import typer
 from rich.table import Table
 
 from components.core.errors import VeilError
-from flows.cli.common import out, print_json as _print_json
 from components.core.hashing import sha256_bytes
 from components.core.settings import load_settings
+from flows.cli.common import out, print_json as _print_json
 
 
 privacy = typer.Typer(help="Privacy accounting: ε for a mechanism, σ for a target, secrets' posterior bounds.",

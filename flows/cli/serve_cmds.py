@@ -5,8 +5,8 @@ from typing import Optional
 
 import typer
 
-from flows.cli.common import err, print_json, settings
 from components.publication import publish
+from flows.cli.common import err, print_json, settings
 
 keys_app = typer.Typer(help="API keys for `veil serve` (stored hashed).", no_args_is_help=True)
 

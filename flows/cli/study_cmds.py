@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from flows.cli.common import err, out, print_json, quiet_third_party, settings_with_device
 from components.core.errors import VeilError
+from flows.cli.common import err, out, print_json, quiet_third_party, settings_with_device
 from flows.study_report import rich_table
 
 
