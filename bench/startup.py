@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,6 +86,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         raise SystemExit("bench: --repeat must be at least 1")
+    # a `timeout` or Ctrl-C still removes the baseline worktree (the `finally` below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     commands = {"veil --help": (["--help"], 0),
                 "veil policy check": (["policy", "check", POLICY], 0),
                 "veil verify": (["verify", MODEL_URI, "--json"], 0)}
