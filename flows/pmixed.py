@@ -69,7 +69,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
           snapshot_id: str | None = None, name: str | None = None, use_prefect: bool = True,
           progress: bool = False) -> dict:
     from components.prediction import mechanism as mech  # startup
-    from components.planning.annex import plan_key, snapshot_commitment  # startup
+    from components.draws.annex import plan_key, snapshot_commitment  # startup
     from components.prediction import release as prel  # startup
     from components.prediction.pyfunc import register_ensemble  # startup
     from components.prediction.release import commitment, manifest_of, private_root  # startup
@@ -88,14 +88,14 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     snap = snapshots.load_snapshot(settings, snapshot_id)   # through the module: tests stand a snapshot in
     recs = snap.records
     people_public = None
-    from components.planning.people import canonical_records, plan_accounts  # startup
+    from components.bounding.people import canonical_records, plan_accounts  # startup
 
     # earlier pseudonyms of every account count for its person before the reservation (stages.link_identities)
     stages.link_identities(settings, recs, spec.people.model_dump(),
                            plan_accounts(recs, spec.people.model_dump())[0])
     if spec.people.exclude or spec.people.aliases:
-        # one id per person before anything is counted or partitioned (components/planning/people.py)
-        from components.planning.people import people_for_plan  # startup
+        # one id per person before anything is counted or partitioned (components/bounding/people.py)
+        from components.bounding.people import people_for_plan  # startup
 
         recs, people_public, _annex = people_for_plan(recs, spec.people.model_dump())
     else:

@@ -52,8 +52,8 @@ DEFAULTS = {"distribution": "truncated-negative-binomial", "eta": 0.0, "gamma": 
 
 
 def _rows_table(settings: Settings, plan_doc: dict):
-    from components.planning.annex import load_annex  # startup
-    from components.planning.data import train_rows  # startup
+    from components.draws.annex import load_annex  # startup
+    from components.draws.data import train_rows  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     return annex, train_rows(annex)
@@ -131,7 +131,7 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
     import hashlib
 
     from components.planning import evaluation_records  # startup
-    from components.planning.annex import load_annex  # startup
+    from components.draws.annex import load_annex  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     t = evaluation_records(plan_doc, annex, snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex)).records)

@@ -32,7 +32,7 @@ from components.core.faults import kill_point
 from components.core.fingerprints import directory_fingerprint
 from components.core.settings import Settings, load_settings, private_umask
 from components.planning import load_plan
-from components.planning.annex import load_annex
+from components.draws.annex import load_annex
 from components.policy import load_policy
 from components.publication import publish
 from components.registry.gate import FIELD_PATHS, SNAPSHOT_ALIASES, promotion_gate  # noqa: F401 (re-exported)

@@ -205,7 +205,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     manifest): people rules, exclusions, the plan, N̂ charged, the plan written."""
     from components.planning import make_plan, save_plan  # startup
 
-    from components.planning.people import canonical_records, plan_accounts  # startup
+    from components.bounding.people import canonical_records, plan_accounts  # startup
 
     pol = load_policy(policy)
     people = pol.spec.people
@@ -217,7 +217,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     if people.exclude or people.aliases or people.ownership == "all-participants":
         # Bots out, a person's identities merged into one user id, before any per-person decision:
         # otherwise a person with two addresses is two units and gets twice the contribution.
-        from components.planning.people import people_for_plan  # startup
+        from components.bounding.people import people_for_plan  # startup
 
         records, people_public, people_annex = people_for_plan(snap.records, pol.people())
         people_sections = (people_public, people_annex)
@@ -286,7 +286,7 @@ def link_identities(settings: Settings, records, people, accounts: dict | None =
     key) or no account has another pseudonym. Returns the links added (private)."""
     from components.ledger import Ledger  # startup
     from components.ledger import keys as ledger_keys  # startup
-    from components.planning.people import person_accounts  # startup
+    from components.bounding.people import person_accounts  # startup
 
     if not ledger_keys.key_path(settings.private_dir).exists():
         return 0
@@ -304,7 +304,7 @@ def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | No
     an earlier one when the same N̂ was charged before; None when N is public —, the ids who could not
     afford it: nothing was charged then)."""
     from components.ledger import charge_population  # startup
-    from components.planning.data import train_rows  # startup
+    from components.draws.data import train_rows  # startup
 
     annex = _annex(settings, plan_doc)
     res = charge_population(settings, plan_doc, train_rows(annex),
@@ -325,7 +325,7 @@ def charge_refused_population(settings: Settings, refusal) -> tuple[str, ...]:
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:
-    from components.planning.annex import load_annex  # startup
+    from components.draws.annex import load_annex  # startup
 
     return load_annex(settings.private_dir, plan_doc)
 
@@ -334,7 +334,7 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
                   drop_records=()) -> pa.Table:
     """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
     private annex (checked against the plan's commitment), less the records in `drop_records`."""
-    from components.planning.data import training_records  # startup
+    from components.draws.data import training_records  # startup
 
     annex = _annex(settings, plan_doc) if annex is None else annex
     snap = _plan_snapshot(settings, plan_doc, annex)
@@ -399,7 +399,7 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
     Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
     mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
     from components.ledger import Ledger, PlanAlreadyReleased, reserve_release  # startup
-    from components.planning.data import train_rows  # startup
+    from components.draws.data import train_rows  # startup
 
     path = out_dir / RESERVATION_FILE
     sha = plan_doc["sha256"]
@@ -581,8 +581,8 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     import pyarrow.compute as pc
 
     from components.planning import load_plan  # startup
-    from components.planning.annex import commitment  # startup
-    from components.planning.data import train_rows  # startup
+    from components.draws.annex import commitment  # startup
+    from components.draws.data import train_rows  # startup
     from components.training import TrainSpec, train as run_training  # startup
 
     # the operator's device, checked first and before any charge: a missing GPU is an error, not a
@@ -618,7 +618,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
             meta = data.schema.metadata
             data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
             data = data.replace_schema_metadata(meta)
-        from components.training.precision import dtype_of  # startup
+        from components.dpsgd.precision import dtype_of  # startup
 
         model, tokenizer = modeling.load_base(base_dir, device=device, dtype=dtype_of(spec.precision))
         if adjust is not None:
@@ -661,8 +661,8 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
 
 def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
     """The largest rate of a training record holding no protected secret (None: none is trained on)."""
-    from components.planning.data import train_rows  # startup
-    from components.planning.secret_plan import untagged_max_rate  # startup
+    from components.draws.data import train_rows  # startup
+    from components.bounding.secret_plan import untagged_max_rate  # startup
 
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
     return untagged_max_rate(train_rows(_annex(settings, plan_doc)), snap.secret_spans, plan_doc["target"]["secrets"])
@@ -671,8 +671,8 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
     from components.accounting.secrets import secret_targets as targets_for  # startup
-    from components.planning.annex import load_annex  # startup
-    from components.planning.data import train_rows  # startup
+    from components.draws.annex import load_annex  # startup
+    from components.draws.data import train_rows  # startup
 
     snap = _plan_snapshot(settings, plan_doc)
     return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
@@ -805,7 +805,7 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     `evaluation.epsilon`), charged in the ledger to every evaluation person it counts; that part is
     returned under `published`. `missing_ok` (pipelines): None instead of an error when the plan
     reserved no evaluation people."""
-    from components.planning.data import evaluation_records  # startup
+    from components.draws.data import evaluation_records  # startup
     from components.registry import load_model  # startup
 
     loaded = load_model(model_uri, settings, with_base=True)
@@ -876,7 +876,7 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
     """(snapshot_id, snapshot_sha256) of the plan's snapshot. The public plan carries only a salted
     commitment to them (issue 22); they are read from the plan's private annex (loaded here when not
     given). A plan from before the commitment still names them in its public data section."""
-    from components.planning.annex import plan_snapshot_ref as ref  # startup
+    from components.draws.annex import plan_snapshot_ref as ref  # startup
 
     data = plan_doc.get("data") or {}
     if annex is None:
@@ -892,7 +892,7 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
 def snapshot_commitment_of(settings: Settings, snapshot_id: str) -> str:
     """The salted commitment a plan of this snapshot publishes (`data.snapshot_commitment`): how logs that
     leave the private area (Prefect) name a snapshot. Keyed by this home's plan key."""
-    from components.planning.annex import plan_key, snapshot_commitment  # startup
+    from components.draws.annex import plan_key, snapshot_commitment  # startup
 
     return snapshot_commitment(plan_key(settings.private_dir), snapshot_id,
                                snapshots.load_snapshot(settings, snapshot_id, verify=False).sha256)[1]

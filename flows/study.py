@@ -74,7 +74,7 @@ def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[li
     """(user ids, texts) of the plan's evaluation people, at most `max_records` of them: a stable
     subset (by a hash of each record), so every point of a study scores the same texts."""
     from components.planning import evaluation_records  # startup
-    from components.planning.annex import load_annex  # startup
+    from components.draws.annex import load_annex  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))

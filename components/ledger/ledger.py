@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from components.core import identity as _identity
 from components.core.errors import VeilError
 from components.ledger import keys as _keys
-from components.ledger import rdp as _rdp
+from components.renyi import rdp as _rdp
 from components.ledger import store as st
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from components.core.errors import VeilError
-from components.ledger import rdp as _rdp
+from components.renyi import rdp as _rdp
 from components.ledger.ledger import Budget, Ledger, PersonCost, Reservation, SecretCost
 from components.mechanisms import get as get_mechanism
 
@@ -41,7 +41,7 @@ def person_rates(persons, default_rate: float) -> dict[str, list[float]]:
             raise VeilError("ledger: the training rows have no 'user_id' column")
         users = persons.column("user_id").to_pylist()
         rates = persons.column("rate").to_pylist() if "rate" in persons.column_names else [default_rate] * len(users)
-        # multi-owner rows (components.planning.owners): a row is every owner's row, recipients included
+        # multi-owner rows (components.bounding.owners): a row is every owner's row, recipients included
         owners = persons.column("owners").to_pylist() if "owners" in persons.column_names else [None] * len(users)
         out: dict[str, list[float]] = {}
         for u, r, o in zip(users, rates, owners):

@@ -128,8 +128,8 @@ def plan_forecast(settings, led: Ledger, plan_doc: dict) -> dict | None:
     exactly as the reservation does (Ledger.forecast). None without a budget."""
     from components.ledger.release import forecast_release, releases_for_fresh_person
     from components.ledger.ledger import Budget
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     from components.mechanisms import get as get_mechanism
 

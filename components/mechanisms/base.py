@@ -45,7 +45,7 @@ class PlanContext:
     say: Callable[[str], None] = lambda _m: None
     # the ledger's (orders, conversion, order weights) a schedule is fitted under (public constants of the
     # ledger; weights None: the weighted rule's for the policy's budget, which a new ledger fixes with it);
-    # None: a new ledger's (components.ledger.rdp ORDERS, CONVERSION, None)
+    # None: a new ledger's (components.renyi.rdp ORDERS, CONVERSION, None)
     ledger_filter: tuple | None = None
 
     @property
@@ -173,7 +173,7 @@ class Mechanism:
 
     def make_step(self, spec, model, optimizer, *, n_units: int, private_seed: int, dctx, expected: float):
         """The step runner: `runner(step, units, ids, lengths) -> (Σ loss, records, halted)`."""
-        from components.training.step import DPStep
+        from components.dpsgd.step import DPStep
 
         return PlainStep(DPStep(model, optimizer, private=True, clip_norm=float(spec.clip_norm),
                                 noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
@@ -244,7 +244,7 @@ class Mechanism:
     def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
         """One person's Poisson-sampled rows' RDP under this mechanism's relation (add/remove:
         `ledger.rdp.rows_rdp`); the Gaussian family's `ledger_costs` prices every person with it."""
-        from components.ledger import rdp as _rdp
+        from components.renyi import rdp as _rdp
 
         return _rdp.rows_rdp(rates, sigma, steps, orders)
 

@@ -51,7 +51,7 @@ def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: i
     units) and on the release's parameters: re-planning the same population gives the same N̂ (nothing
     new is released, no averaging), and any other population draws fresh noise — a release of its own,
     which the ledger charges to everyone it counts (`release_key`, ledger.charge_population)."""
-    from components.planning.annex import laplace_noise, prf
+    from components.draws.annex import laplace_noise, prf
 
     eps_n = float(fraction) * float(epsilon_total)
     scale = sensitivity / eps_n
@@ -110,7 +110,7 @@ class SubsampledGaussian(Mechanism):
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
         from components.accounting import calibrate as calibrate_sigma
-        from components.planning.annex import population_digest
+        from components.draws.annex import population_digest
 
         spec = ctx.spec
         target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
@@ -173,7 +173,7 @@ class SubsampledGaussian(Mechanism):
         Returns (the calibration, the plan's public `schedule` section)."""
         from components.accounting import calibrate as calibrate_sigma
         from components.accounting import epsilon as account
-        from components.ledger import rdp as _rdp
+        from components.renyi import rdp as _rdp
         from components.ledger.ledger import Budget
         from components.ledger.release import releases_for_fresh_person
 
@@ -281,8 +281,8 @@ class SubsampledGaussian(Mechanism):
     # --- ledger ---------------------------------------------------------------------------------
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """Each of a person's rows is its own Poisson draw at its rate; their rows' RDP (module
-        components.ledger.rdp for the derivation)."""
-        from components.ledger import rdp as _rdp
+        components.renyi.rdp for the derivation)."""
+        from components.renyi import rdp as _rdp
         from components.ledger.ledger import PersonCost
 
         sigma, steps = float(plan["noise_multiplier"]), int(plan["steps"])
@@ -311,7 +311,7 @@ class UserBounded(SubsampledGaussian):
         return int(records_per_user or 0)
 
     def bound(self, ctx: PlanContext, train) -> Bounded:
-        from components.planning.selection import select_records
+        from components.draws.selection import select_records
 
         chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
                                 exactly_k=self.exactly_k, key=ctx.key)

@@ -31,7 +31,7 @@ class Secret(Mechanism):
 
     # --- planning -------------------------------------------------------------------------------
     def bound(self, ctx: PlanContext, train) -> Bounded:
-        from components.planning.secret_plan import plan_secret_rates
+        from components.bounding.secret_plan import plan_secret_rates
 
         ctx.say("solving the secret LP")
         lp_section, rates, chosen = plan_secret_rates(ctx.policy, train, ctx.snapshot.secret_spans,
@@ -40,7 +40,7 @@ class Secret(Mechanism):
                        extra={"secret_lp": lp_section})
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
-        from components.planning.secret_plan import calibrate_secret
+        from components.bounding.secret_plan import calibrate_secret
 
         chosen = bounded.chosen
         q = ctx.batch / max(1, chosen.num_rows)       # the mean per-record rate, for display and training
@@ -66,7 +66,7 @@ class Secret(Mechanism):
             bad("selection", f"random-chunk needs per-user clipping (uls), not {self.name}")
 
     def unit_rates(self, spec, data, tok, by_user) -> np.ndarray:
-        from components.training.data import record_rates
+        from components.dpsgd.data import record_rates
 
         rates = record_rates(data)
         mean_rate = float(rates.sum()) / len(rates) if len(rates) else 0.0

@@ -92,7 +92,7 @@ class FilteredULS(ULS):
 
     def make_step(self, spec, model, optimizer, *, n_units: int, private_seed: int, dctx, expected: float):
         from components.accounting.filtered import filtered_noise
-        from components.training.filtered import FilteredStep, SparseVector
+        from components.dpsgd.filtered import FilteredStep, SparseVector
 
         f = spec.filter
         variant = f.get("variant", "veil")

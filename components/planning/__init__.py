@@ -5,13 +5,13 @@
     annex = load_annex(settings.private_dir, plan)      # the private part, checked against the plan
     training_records(plan.to_dict(), annex, snapshot.records)
 """
-from components.planning.annex import load_annex, save_annex, verify_annex
-from components.planning.audit_split import AuditSplit, split_for_audit
-from components.planning.data import evaluation_records, plan_texts, training_records
+from components.draws.annex import load_annex, save_annex, verify_annex
+from components.draws.audit_split import AuditSplit, split_for_audit
+from components.draws.data import evaluation_records, plan_texts, training_records
 from components.planning.make import Compute, make_plan
 from components.planning.plan import SCHEMA, Plan, load_plan, save_plan
-from components.planning.secret_lp import LPResult, sampling_rates, solve_secret_lp
-from components.planning.selection import STRATEGIES, select_records
+from components.bounding.secret_lp import LPResult, sampling_rates, solve_secret_lp
+from components.draws.selection import STRATEGIES, select_records
 
 __all__ = [
     "load_annex",

@@ -19,12 +19,12 @@ needs (docs/privacy/threat-model.md, "neighbour stability"):
   spans masked before it is compared, sorted or hashed, so substituting a secret's value changes no
   decision.
 
-Evaluation people (components.planning.eval_split) are drawn first, by their own keyed draw, and
+Evaluation people (components.draws.eval_split) are drawn first, by their own keyed draw, and
 removed before any of the above: never trained on, never held out, never sampled for the attacker.
 
 Attacker samples are deduplicated by text within each user: a training record identical to an
 attacker sample would turn user inference into plain membership inference. Draws are keyed with the
-planner's secret key (components.planning.annex): with a public seed anyone holding the roster could
+planner's secret key (components.draws.annex): with a public seed anyone holding the roster could
 recompute who was held out.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
-from components.planning.eval_split import EvalReservation, empty_reservation, reserve_evaluation
+from components.draws.eval_split import EvalReservation, empty_reservation, reserve_evaluation
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class AuditSplit:
     attacker: pa.Table                  # record_id, user_id, member (bool)
     train: pa.Table                     # the input rows training may use (attacker texts removed)
     n_eligible: int
-    # evaluation people (components.planning.eval_split): drawn first, never trained on nor audited
+    # evaluation people (components.draws.eval_split): drawn first, never trained on nor audited
     evaluation: EvalReservation = field(default_factory=empty_reservation)
 
 
@@ -64,7 +64,7 @@ def _key(key: bytes | None) -> bytes:
 
 def held_out(key: bytes | None, seed: int, user: str, p: float) -> bool:
     """The user's own holdout draw: independent of every other user."""
-    from components.planning.annex import prf_uniform
+    from components.draws.annex import prf_uniform
 
     return p > 0 and prf_uniform(_key(key), "holdout", int(seed), user) < p
 
@@ -104,7 +104,7 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     `owners` (record units only; one owner list per row): records with several owners — the attacker's
     records are drawn per slot of the attribution graph, never per text (`_owner_slots`).
     """
-    from components.planning.annex import prf_seed, prf_uniform
+    from components.draws.annex import prf_seed, prf_uniform
 
     if unit not in UNITS:
         raise VeilError(f"audit split: unknown unit {unit!r}")
@@ -208,8 +208,8 @@ def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners:
     import hashlib
     import hmac
 
-    from components.planning.annex import prf_uniform
-    from components.planning.owners import owner_set
+    from components.draws.annex import prf_uniform
+    from components.bounding.owners import owner_set
 
     out_set = {u for u in set(users) if held_out(key, seed, u, holdout)}
     if out_set and len(out_set) == len(set(users)):
@@ -267,7 +267,7 @@ def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = 
     """Synthetic canary users: exactly half held out (keyed order over canary ids only, so it depends
     on no real person), m attacker samples each. (A fixed-size split is not the independent draws the
     one-run ε bound needs: `audit.run._one_run` leaves canaries out of it.)"""
-    from components.planning.annex import prf
+    from components.draws.annex import prf
 
     k = _key(key)
     ids = sorted(set(records.column("user_id").to_pylist()))
@@ -280,7 +280,7 @@ def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = 
         if t not in d or r < d[t]:
             d[t] = r
     att_rid, att_user, att_member, excluded = [], [], [], {}
-    from components.planning.annex import prf_seed
+    from components.draws.annex import prf_seed
 
     for u in ids:
         d = by_user[u]

@@ -24,8 +24,8 @@ from components.evaluation.dp import PublishedEvaluation
 from components.mechanisms import get as get_mechanism
 from components.modeling import load_base
 from components.modeling.base import read_base_facts
-from components.planning.annex import load_annex
-from components.planning.data import train_rows
+from components.draws.annex import load_annex
+from components.draws.data import train_rows
 from components.planning.plan import assert_public
 from components.publication import publish
 from components.registry.artifacts import (  # noqa: F401 (privacy_tags, PLAN_TAG: this module's names too)

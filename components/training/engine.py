@@ -19,12 +19,12 @@ from components.core.progress import progress as _progress
 from components.core.faults import kill_point
 from components.training import checkpoint as ckpt
 from components.mechanisms import get as get_mechanism
-from components.training.batches import BatchBuilder
-from components.training.data import records_by_user, tokenize_table, user_streams
-from components.training.distributed import DistContext
-from components.training.model_prep import prepare_model
-from components.training.precision import MasterWeights, cast_base, describe as describe_precision
-from components.training.sampling import PoissonSampler
+from components.dpsgd.batches import BatchBuilder
+from components.dpsgd.data import records_by_user, tokenize_table, user_streams
+from components.dpsgd.distributed import DistContext
+from components.dpsgd.model_prep import prepare_model
+from components.dpsgd.precision import MasterWeights, cast_base, describe as describe_precision
+from components.dpsgd.sampling import PoissonSampler
 from components.training import sharding
 from components.training.spec import TrainResult, TrainSpec
 
@@ -78,7 +78,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     mech.check_runtime(dctx.world_size)
     if spec.precision != "fp32":
         # the base in 16 bits (a no-op when loaded so); LoRA weights are made float32 by prepare_model,
-        # full fine-tuning's by the master copies below (components/training/precision.py)
+        # full fine-tuning's by the master copies below (components/dpsgd/precision.py)
         model = cast_base(model, spec.precision)
     model = prepare_model(model, spec)
     model.train()

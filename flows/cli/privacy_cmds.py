@@ -118,10 +118,10 @@ def secrets_cmd(
                                                secret_rates)
     from components.planning.plan import load_plan  # startup
 
-    from components.planning.annex import load_annex  # startup
-    from components.planning.data import train_rows  # startup
+    from components.draws.annex import load_annex  # startup
+    from components.draws.data import train_rows  # startup
 
-    from components.planning.annex import plan_snapshot_ref  # startup
+    from components.draws.annex import plan_snapshot_ref  # startup
 
     plan = load_plan(plan_path).to_dict()
     annex = load_annex(load_settings().private_dir, plan)

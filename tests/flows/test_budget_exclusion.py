@@ -58,8 +58,8 @@ def test_exhausted_people_is_a_per_person_decision(settings, tmp_path, org):
     full = stages.plan(settings, tiny_policy(tmp_path), snapshot_id=ing["snapshot_id"], base_dir=org["base"])
     less = stages.plan(settings, tiny_policy(tmp_path), snapshot_id=ing["snapshot_id"], base_dir=org["base"],
                        exclude_people=sorted(got))
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     # Without the exclusion the planner still never publishes an N̂ counting someone who cannot pay for
     # it: the population charge refuses them and the plan is drawn again without them (issue 22).

@@ -14,7 +14,7 @@ from components.accounting import epsilon as account
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
 from components.planning import load_annex, load_plan, make_plan, save_plan
-from components.planning.annex import annex_file
+from components.draws.annex import annex_file
 from components.policy import load_policy, parse_policy
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -20,7 +20,7 @@ from scipy import stats
 
 from components.certificate import build_certificate, recompute_epsilon
 from components.planning import load_annex, make_plan
-from components.planning.annex import laplace_noise
+from components.draws.annex import laplace_noise
 from components.policy import load_policy
 
 import importlib.util as _ilu
@@ -133,7 +133,7 @@ def test_lifetime_spend_includes_the_population_estimate(tmp_path, snap):
     import numpy as np
 
     from components.ledger.release import release_costs
-    from components.ledger.rdp import ORDERS
+    from components.renyi.rdp import ORDERS
 
     pol = _policy(tmp_path)
     plan = make_plan(pol, snap, private_dir=tmp_path, created_at=WHEN).to_dict()

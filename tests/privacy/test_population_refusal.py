@@ -66,7 +66,7 @@ def _one_release(home, policies: Path, without):
 def noise(monkeypatch):
     """N̂'s Laplace draw replaced by a function of the counted population (as the keyed draw is): 0 for the
     first population planned (the run on D), −100 for any other, or the reverse."""
-    import components.planning.annex as annex
+    import components.draws.annex as annex
 
     def install(refuse_on_d: bool):
         seen: list[str] = []
