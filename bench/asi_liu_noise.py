@@ -55,7 +55,7 @@ def measure(args) -> dict:
     from catalog.demo import write_demo_org
     from components.core.settings import load_settings
     from components.modeling import load_base
-    from components.training.filtered import concentration_profile
+    from components.dpsgd.filtered import concentration_profile
     from flows import stages
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -41,7 +41,7 @@ def _build(args, lora: bool, ckpt: bool):
     import torch
     from transformers.utils import logging
 
-    from components.training.model_prep import set_gradient_checkpointing
+    from components.dpsgd.model_prep import set_gradient_checkpointing
 
     logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -82,8 +82,8 @@ def child(cfg: dict) -> dict:
     args = argparse.Namespace(**{"device": "cpu", **cfg["args"]})
     if args.threads:
         torch.set_num_threads(args.threads)
-    from components.training.per_sample import Unit
-    from components.training.step import DPStep
+    from components.dpsgd.per_sample import Unit
+    from components.dpsgd.step import DPStep
 
     model = _build(args, cfg["mode"] == "lora", cfg["ckpt"])
     params = [p for p in model.parameters() if p.requires_grad]

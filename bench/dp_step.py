@@ -79,9 +79,9 @@ def main(argv=None) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(args.device)
 
-    from components.training.distributed import DistContext
-    from components.training.per_sample import Unit, sequence_losses
-    from components.training.step import DPStep
+    from components.dpsgd.distributed import DistContext
+    from components.dpsgd.per_sample import Unit, sequence_losses
+    from components.dpsgd.step import DPStep
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, args.vocab, size=(args.batch, args.seq_len)).astype(np.int64)

@@ -1,6 +1,6 @@
 """The Rényi filter's price of a release against the release's own PLD ε (issue 26): the old uniform
 conversion (`union-hockey-stick`, δ/|A| per order) and the weighted one (`weighted-hockey-stick`, δ·w_α
-with the weights `components.ledger.rdp.order_weights` fixes from the lifetime budget) side by side.
+with the weights `components.renyi.rdp.order_weights` fixes from the lifetime budget) side by side.
 
     PYTHONPATH=. python bench/filter_price.py [--json] [--demo-users 240] [--debian-users 479]
 
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "planning"))
 
-from components.ledger import rdp as R  # noqa: E402
+from components.renyi import rdp as R  # noqa: E402
 
 RULES = (R.HOCKEY_STICK, R.WEIGHTED)
 # (label, kind, q, T, σ, δ, k): ULS settings put the PLD ε near 8 or 2; ELS has k rows per person
@@ -96,7 +96,7 @@ def _policy(name: str, tmp: Path) -> Path:
 def policy_rows(name: str, users: int) -> list[dict]:
     from _planning_fixtures import make_snapshot
 
-    from components.ledger.ledger import Budget
+    from components.renyi.costs import Budget
     from components.ledger.release import fresh_person_cost, releases_for_fresh_person
     from components.planning import make_plan
     from components.policy import load_policy

@@ -8,7 +8,7 @@ G records, its mean gradient clipped to C, one Gaussian draw per step), Opacus 1
 gradients (hooks) and Opacus ghost clipping (record-level; Opacus has no user-level mode, so its
 units are records — it clips B·G rows where Veil clips B). Precision: `bf16` loads the base in
 bfloat16; for the non-private and Veil steps, LoRA weights, full fine-tuning's float32 master
-weights, norms, clipping, the clipped sum and the noise stay float32 (components.training.precision).
+weights, norms, clipping, the clipped sum and the noise stay float32 (components.dpsgd.precision).
 Opacus trains the same model; it has no master weights, so in full fine-tuning it updates the 16-bit
 weights in place (less memory than a master copy: its figure is a lower bound for a careful setup).
 
@@ -77,7 +77,7 @@ def build_model(args, tuning: str, precision: str, device):
     cfg._attn_implementation = "sdpa" if device.type == "cuda" else "eager"
     with torch.device(device):
         base = LlamaForCausalLM(cfg)
-    from components.training.precision import cast_base, trainable_to_float32
+    from components.dpsgd.precision import cast_base, trainable_to_float32
 
     cast_base(base, precision)
     if tuning == "full":
@@ -96,9 +96,9 @@ def make_runner(engine: str, model, args, precision: str, device):
     """A zero-argument callable doing one optimizer step of `engine` on a fixed batch."""
     import torch
 
-    from components.training.distributed import DistContext
-    from components.training.per_sample import Unit, sequence_losses
-    from components.training.step import DPStep
+    from components.dpsgd.distributed import DistContext
+    from components.dpsgd.per_sample import Unit, sequence_losses
+    from components.dpsgd.step import DPStep
 
     rng = np.random.default_rng(0)
     vocab = MODELS[args.model]["vocab_size"]
@@ -114,7 +114,7 @@ def make_runner(engine: str, model, args, precision: str, device):
         # ULS: a unit is a user's G records, each weighted 1/G (its mean gradient is clipped)
         units = ([Unit(np.arange(u * G, (u + 1) * G), 1.0 / G) for u in range(args.users)] if private
                  else [Unit(np.arange(u * G, (u + 1) * G), 1.0) for u in range(args.users)])
-        from components.training.precision import MasterWeights
+        from components.dpsgd.precision import MasterWeights
 
         # a 16-bit trainable weight (full fine-tuning in bf16) is updated through a float32 master
         masters = MasterWeights([(n, p) for n, p in model.named_parameters() if p.requires_grad])
@@ -181,8 +181,8 @@ def correctness(args, precision: str) -> list[dict]:
     """
     import torch
 
-    from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
-    from components.training.precision import emulate_out_dtype, native_products
+    from components.dpsgd.per_sample import PerUnitGradients, Unit, sequence_losses
+    from components.dpsgd.precision import emulate_out_dtype, native_products
 
     device = torch.device(args.device)
     small = argparse.Namespace(**{**vars(args), "model": "llama-tiny", "lora_r": 4})
@@ -285,7 +285,7 @@ def run_one(args, tuning: str, engine: str, precision: str) -> dict:
         if engine == "veil" and precision != "fp32":
             # whether 16-bit products ran as fused float32-output GEMMs (precision.mm32/bmm32), and any
             # layout the fused kernel refused (then computed from contiguous copies or upcasts)
-            from components.training import precision as prec
+            from components.dpsgd import precision as prec
 
             row["fused_products"] = prec.native_products(device)
             if prec._WARNED:

@@ -47,7 +47,7 @@ def instance(n: int, m: int, seed: int):
 def plain(rec, sec, rho, n, c, time_limit):
     import scipy.sparse as sp
 
-    from components.planning.secret_lp import _linprog_with_deadline
+    from components.bounding.secret_lp import _linprog_with_deadline
 
     t0 = time.perf_counter()
     pairs = np.unique(np.stack([rec, sec], axis=1), axis=0)
@@ -63,7 +63,7 @@ def plain(rec, sec, rho, n, c, time_limit):
 
 
 def ours(rec, sec, rho, n, c, time_limit):
-    from components.planning.secret_lp import solve_secret_lp
+    from components.bounding.secret_lp import solve_secret_lp
 
     t0 = time.perf_counter()
     r = solve_secret_lp(rec, sec, rho, n, c=c, time_limit_s=time_limit)

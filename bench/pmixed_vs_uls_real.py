@@ -31,10 +31,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def export_training_people(settings, plan_doc: dict, out: Path) -> int:
     """The plan's training rows (all of each trained person's records in those rows) as JSONL."""
     from catalog.snapshots import load_snapshot
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
-    from components.planning.annex import plan_snapshot_ref
+    from components.draws.annex import plan_snapshot_ref
 
     annex = load_annex(settings.private_dir, plan_doc)
     rows = train_rows(annex)

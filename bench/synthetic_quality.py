@@ -88,7 +88,7 @@ def real_texts(settings, plan: dict, limit: int, seed: int) -> list[str]:
     """The plan's evaluation people's records (private: scores only leave this function's caller)."""
     import numpy as np
 
-    from components.planning.data import evaluation_records
+    from components.draws.data import evaluation_records
     from flows.stages import _annex, _plan_snapshot
 
     annex = _annex(settings, plan)

@@ -11,7 +11,7 @@ HOME holds the corpus (`veil ingest /usr/share/doc --format debian-changelog --p
 the mean over i of log p_θ(x⁽ⁱ⁾) − log p_ref(x⁽ⁱ⁾), the reference p_ref being the public base the model
 was fine-tuned from (`components.audit.user_inference.score_users`). Members ("in") are trained people,
 non-members ("out") people held out of training. **Fresh samples**: the plan's audit split
-(`components.planning.audit_split`) holds out each person by an independent keyed draw
+(`components.draws.audit_split`) holds out each person by an independent keyed draw
 (probability `--holdout`) and, from *every* eligible person (≥ m+1 distinct records), reserves m of their
 own records for the attacker before training: an in-person's attacker samples are never trained on.
 
@@ -215,8 +215,8 @@ def main() -> None:
     from components.modeling import load_base
     from components.modeling.base import load_finetuned
     from components.planning import load_plan
-    from components.planning.annex import load_annex
-    from components.planning.data import attacker_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import attacker_rows
     from components.training import TrainSpec
     from flows import stages
     from flows.study import eval_texts

@@ -483,7 +483,7 @@ class _RecordIds:
 
 
 # Metadata fields that name a record's other participants: under `ownership: all-participants` each
-# one owns the record (components/planning/people.py reads them as lists). The mail connector writes
+# one owns the record (components/bounding/people.py reads them as lists). The mail connector writes
 # them as lists; a JSONL/CSV/Parquet source's `--meta to --meta cc` arrive as text (`as_text`).
 RECIPIENT_FIELDS = ("to", "cc")
 

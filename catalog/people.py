@@ -4,7 +4,7 @@ account ids — what an operator should look at before writing a policy's `peopl
 rule (components.core.identity) made one id. Both name people, so they go to `settings.private_dir`
 (people/likely-duplicates.json, 0600); ingest's summary shows only their counts, to the operator.
 
-Applying `spec.people` (exclude, aliases, owners) is pure and lives in `components.planning.people`,
+Applying `spec.people` (exclude, aliases, owners) is pure and lives in `components.bounding.people`,
 which planning uses; it is re-exported here for the catalog's callers.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ _REEXPORTED = ("_people", "apply_people", "owners_column", "people_sections", "p
 
 def __getattr__(name: str):
     if name in _REEXPORTED:
-        from components.planning import people as _planning_people
+        from components.bounding import people as _planning_people
 
         return getattr(_planning_people, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -116,7 +116,7 @@ def unsettled_by_policy(found: list[dict], people) -> list[dict]:
     """`found` (likely_same_person) less the names the policy's `people` section already settles: ids that
     its aliases make one person, or that it excludes (exclusion globs on ids only here; names are matched
     when planning). Ingest under a policy that merged them must not ask the operator to merge them again."""
-    from components.planning.people import _alias_map, _glob, _person_or_self
+    from components.bounding.people import _alias_map, _glob, _person_or_self
 
     p = load_people(people)
     alias = _alias_map(p)
@@ -153,7 +153,7 @@ def write_likely_duplicates(private_dir: Path, found: list[dict], source: str,
 
 def load_people(policy) -> dict:
     """The people section of a policy (a Policy, a path, or None)."""
-    from components.planning.people import _people
+    from components.bounding.people import _people
 
     if policy is None:
         return _people(None)

@@ -2,7 +2,7 @@
 
 Ingest keeps one copy of a record (its id is sha256(writer ‖ text)) and drops later copies, within a
 source and against the catalog. Under `spec.people.ownership: all-participants` a record's owners are
-its writer plus the To/Cc addresses in its `metadata` (components/planning/people.py). A mail sent
+its writer plus the To/Cc addresses in its `metadata` (components/bounding/people.py). A mail sent
 twice with the same words to different people would otherwise be owned only by the first copy's
 recipients: the second copy's recipients, whose mail it also is, would not be charged for a text
 that is trained on (docs/privacy/multi-owner.md §2). So:

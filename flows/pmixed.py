@@ -65,7 +65,7 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     from components.prediction import partition as part
     from components.prediction.ensemble import ShardTraining, dir_sha256
     from components.prediction.policy import load_prediction_policy
-    from components.planning.annex import plan_key, snapshot_commitment
+    from components.draws.annex import plan_key, snapshot_commitment
     from components.prediction.release import (commitment, make_certificate, manifest_of, private_root,
                                                register_ensemble)
     from components.core.quiet import quiet_third_party
@@ -85,14 +85,14 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
     snap = load_snapshot(settings, snapshot_id)
     recs = snap.records
     people_public = None
-    from components.planning.people import canonical_records, plan_accounts
+    from components.bounding.people import canonical_records, plan_accounts
 
     # earlier pseudonyms of every account count for its person before the reservation (stages.link_identities)
     stages.link_identities(settings, recs, spec.people.model_dump(),
                            plan_accounts(recs, spec.people.model_dump())[0])
     if spec.people.exclude or spec.people.aliases:
-        # one id per person before anything is counted or partitioned (components/planning/people.py)
-        from components.planning.people import people_for_plan
+        # one id per person before anything is counted or partitioned (components/bounding/people.py)
+        from components.bounding.people import people_for_plan
 
         recs, people_public, _annex = people_for_plan(recs, spec.people.model_dump())
     else:

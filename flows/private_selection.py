@@ -41,8 +41,8 @@ DEFAULTS = {"distribution": "truncated-negative-binomial", "eta": 0.0, "gamma": 
 
 
 def _rows_table(settings: Settings, plan_doc: dict):
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     annex = load_annex(settings.private_dir, plan_doc)
     return annex, train_rows(annex)
@@ -51,10 +51,10 @@ def _rows_table(settings: Settings, plan_doc: dict):
 def population_curves(plan_doc: dict, rows, orders) -> dict[str, np.ndarray]:
     """person → the Rényi curve of this plan's N̂ for that person: everyone the plan counts (its
     training people) pays ε_N × (how many units of N they are), pure DP (`release.pure_dp_rdp`)."""
-    from components.ledger.release import _population_epsilon, person_rates, pure_dp_rdp
+    from components.renyi.costs import person_rates, plan_population_epsilon, pure_dp_rdp
     from components.mechanisms import get as get_mechanism
 
-    eps_n = _population_epsilon(plan_doc)
+    eps_n = plan_population_epsilon(plan_doc)
     if eps_n <= 0:
         return {}
     mech = get_mechanism(str(plan_doc["mechanism"]))
@@ -69,14 +69,14 @@ def person_curves(settings: Settings, plans: list[dict], score_noise: float, ord
     also the training and evaluation people."""
     from components.accounting.private_selection import gaussian_rdp
     # the release's training part alone: its N̂ share is charged with the plan (population_curves)
-    from components.ledger.release import _release_costs
+    from components.ledger.release import training_costs
 
     curves: dict[str, np.ndarray] = {}
     trained: set[str] = set()
     evaluated: set[str] = set()
     for plan_doc in plans:
         annex, rows = _rows_table(settings, plan_doc)
-        for person, cost in _release_costs(plan_doc, rows, orders).items():
+        for person, cost in training_costs(plan_doc, rows, orders).items():
             c = np.asarray(cost.rdp, dtype=float)
             curves[person] = np.maximum(curves[person], c) if person in curves else c
             trained.add(person)
@@ -93,14 +93,14 @@ def worst_person_curves(plans: list[dict], score_noise: float, orders) -> tuple[
     ULS) and an evaluation person too. A function of the public plans only, so the published ε is
     public by construction; every real person's charge is checked to be at most this (pessimistic)."""
     from components.accounting.private_selection import gaussian_rdp
-    from components.ledger.release import _release_costs
+    from components.ledger.release import training_costs
 
     q = gaussian_rdp(orders, score_noise)
     pops = []
     for plan_doc in plans:
         rows = max(1, int(plan_doc.get("records_per_user") or 1))
         who = {"worst": rows}
-        q = np.maximum(q, np.asarray(_release_costs(plan_doc, who, orders)["worst"].rdp, dtype=float))
+        q = np.maximum(q, np.asarray(training_costs(plan_doc, who, orders)["worst"].rdp, dtype=float))
         pops.append(population_curves(plan_doc, who, orders).get("worst", np.zeros(len(orders))))
     return q, pops
 
@@ -123,8 +123,8 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
     import hashlib
 
     from catalog.snapshots import load_snapshot
-    from components.planning import evaluation_records
-    from components.planning.annex import load_annex
+    from components.draws.data import evaluation_records
+    from components.draws.annex import load_annex
     from flows.stages import plan_snapshot_id
 
     annex = load_annex(settings.private_dir, plan_doc)
@@ -181,12 +181,12 @@ def charge_populations(settings: Settings, led, plans: list[dict], planned: list
     `population_release_id`: a ledger release of kind 'population', ε_N per counted person, retired or
     not, once per distinct N̂); say how, as the composition's entries. Plans sharing one population
     release share one N̂: counted once."""
-    from components.ledger.release import _population_epsilon
+    from components.renyi.costs import plan_population_epsilon
 
     del led, orders, budget     # the charge is the planner's; nothing is charged here
     out, seen = [], set()
     for plan_doc, p in zip(plans, planned):
-        eps_n = _population_epsilon(plan_doc)
+        eps_n = plan_population_epsilon(plan_doc)
         if eps_n <= 0:
             continue
         rid = p.get("population_release_id")

@@ -222,7 +222,7 @@ def _people(settings: Settings, plan_doc: dict, reg: dict) -> tuple[int | None, 
     life = reg.get("lifetime")
     if life:
         return int(life["admitted"]), int(life["retired"])
-    from components.planning.annex import load_annex
+    from components.draws.annex import load_annex
 
     counts = load_annex(settings.private_dir, plan_doc).get("counts") or {}
     return counts.get("n_train_users"), 0

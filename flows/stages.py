@@ -143,8 +143,8 @@ def exhausted_people(settings: Settings, pol, user_ids, *, population_epsilons=N
     import numpy as np
 
     from components.ledger import Ledger
-    from components.ledger.ledger import Budget
-    from components.ledger.release import pure_dp_rdp
+    from components.renyi.costs import Budget
+    from components.renyi.costs import pure_dp_rdp
 
     eps = [planned_population_epsilon(pol)] if population_epsilons is None else [float(e) for e in population_epsilons]
     eps = [e for e in eps if e > 0]
@@ -204,7 +204,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     from components.planning import make_plan, save_plan
     from components.policy import load_policy
 
-    from components.planning.people import canonical_records, plan_accounts
+    from components.bounding.people import canonical_records, plan_accounts
 
     pol = load_policy(policy)
     people = pol.spec.people
@@ -216,7 +216,7 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
     if people.exclude or people.aliases or people.ownership == "all-participants":
         # Bots out, a person's identities merged into one user id, before any per-person decision:
         # otherwise a person with two addresses is two units and gets twice the contribution.
-        from components.planning.people import people_for_plan
+        from components.bounding.people import people_for_plan
 
         records, people_public, people_annex = people_for_plan(snap.records, pol.people())
         people_sections = (people_public, people_annex)
@@ -285,7 +285,7 @@ def link_identities(settings: Settings, records, people, accounts: dict | None =
     key) or no account has another pseudonym. Returns the links added (private)."""
     from components.ledger import Ledger
     from components.ledger import keys as ledger_keys
-    from components.planning.people import person_accounts
+    from components.bounding.people import person_accounts
 
     if not ledger_keys.key_path(settings.private_dir).exists():
         return 0
@@ -303,7 +303,7 @@ def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | No
     an earlier one when the same N̂ was charged before; None when N is public —, the ids who could not
     afford it: nothing was charged then)."""
     from components.ledger import charge_population
-    from components.planning.data import train_rows
+    from components.draws.data import train_rows
 
     annex = _annex(settings, plan_doc)
     res = charge_population(settings, plan_doc, train_rows(annex),
@@ -324,7 +324,7 @@ def charge_refused_population(settings: Settings, refusal) -> tuple[str, ...]:
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:
-    from components.planning.annex import load_annex
+    from components.draws.annex import load_annex
 
     return load_annex(settings.private_dir, plan_doc)
 
@@ -333,7 +333,7 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
                   drop_records=()) -> pa.Table:
     """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
     private annex (checked against the plan's commitment), less the records in `drop_records`."""
-    from components.planning.data import training_records
+    from components.draws.data import training_records
 
     annex = _annex(settings, plan_doc) if annex is None else annex
     snap = _plan_snapshot(settings, plan_doc, annex)
@@ -398,7 +398,7 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
     Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
     mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
     from components.ledger import Ledger, PlanAlreadyReleased, reserve_release
-    from components.planning.data import train_rows
+    from components.draws.data import train_rows
 
     path = out_dir / RESERVATION_FILE
     sha = plan_doc["sha256"]
@@ -584,8 +584,8 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     from components.core.device import resolve_device
     from components.modeling import load_base
     from components.planning import load_plan
-    from components.planning.annex import commitment
-    from components.planning.data import train_rows
+    from components.draws.annex import commitment
+    from components.draws.data import train_rows
     from components.training import TrainSpec, train as run_training
 
     # the operator's device, checked first and before any charge: a missing GPU is an error, not a
@@ -621,7 +621,7 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
             meta = data.schema.metadata
             data = data.filter(pc.invert(pc.is_in(data["user_id"], pa.array(retired, pa.string()))))
             data = data.replace_schema_metadata(meta)
-        from components.training.precision import dtype_of
+        from components.dpsgd.precision import dtype_of
 
         model, tokenizer = load_base(base_dir, device=device, dtype=dtype_of(spec.precision))
         if adjust is not None:
@@ -666,8 +666,8 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
 def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
     """The largest rate of a training record holding no protected secret (None: none is trained on)."""
     from catalog.snapshots import load_snapshot
-    from components.planning.data import train_rows
-    from components.planning.secret_plan import untagged_max_rate
+    from components.draws.data import train_rows
+    from components.bounding.secret_plan import untagged_max_rate
 
     snap = load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
     return untagged_max_rate(train_rows(_annex(settings, plan_doc)), snap.secret_spans, plan_doc["target"]["secrets"])
@@ -676,8 +676,8 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
     from components.accounting.secrets import secret_targets as targets_for
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     snap = _plan_snapshot(settings, plan_doc)
     return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
@@ -823,7 +823,7 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     reserved no evaluation people."""
     from components.evaluation import evaluate_texts_per_text
     from components.evaluation.dp import person_means
-    from components.planning.data import evaluation_records
+    from components.draws.data import evaluation_records
     from components.registry import load_model
 
     loaded = load_model(model_uri, settings, with_base=True)
@@ -900,7 +900,7 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
     """(snapshot_id, snapshot_sha256) of the plan's snapshot. The public plan carries only a salted
     commitment to them (issue 22); they are read from the plan's private annex (loaded here when not
     given). A plan from before the commitment still names them in its public data section."""
-    from components.planning.annex import plan_snapshot_ref as ref
+    from components.draws.annex import plan_snapshot_ref as ref
 
     data = plan_doc.get("data") or {}
     if annex is None:
@@ -917,7 +917,7 @@ def snapshot_commitment_of(settings: Settings, snapshot_id: str) -> str:
     """The salted commitment a plan of this snapshot publishes (`data.snapshot_commitment`): how logs that
     leave the private area (Prefect) name a snapshot. Keyed by this home's plan key."""
     from catalog.snapshots import load_snapshot
-    from components.planning.annex import plan_key, snapshot_commitment
+    from components.draws.annex import plan_key, snapshot_commitment
 
     return snapshot_commitment(plan_key(settings.private_dir), snapshot_id,
                                load_snapshot(settings, snapshot_id, verify=False).sha256)[1]

@@ -63,8 +63,8 @@ def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[li
     """(user ids, texts) of the plan's evaluation people, at most `max_records` of them: a stable
     subset (by a hash of each record), so every point of a study scores the same texts."""
     from catalog.snapshots import load_snapshot
-    from components.planning import evaluation_records
-    from components.planning.annex import load_annex
+    from components.draws.data import evaluation_records
+    from components.draws.annex import load_annex
 
     from flows.stages import plan_snapshot_id
 

@@ -2,7 +2,7 @@
 
 Held-out users, canary users and the attacker / canary record files say who was trained on: they
 are what the certificate protects. They live in the plan's private annex (`settings.private_dir`,
-`components.planning.annex`); plans from before the annex kept them in the plan's `audit` section.
+`components.draws.annex`); plans from before the annex kept them in the plan's `audit` section.
 Keeping one reader means nothing else in the audit names them.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def audit_reservations(plan: Mapping[str, Any], annex: Mapping[str, Any] | None 
     """The plan's audit reservations: from `annex["audit"]` when an annex is given, else from the
     plan's own `audit` section (plans written before the annex existed)."""
     if annex is not None:
-        # The annex (components.planning.annex) keeps these keys at its top level, file names relative
+        # The annex (components.draws.annex) keeps these keys at its top level, file names relative
         # to its own folder (`_dir`); an `audit` sub-mapping is accepted too.
         src = annex["audit"] if isinstance(annex.get("audit"), Mapping) else annex
         base = annex.get("_dir")

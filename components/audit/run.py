@@ -34,7 +34,7 @@ from components.audit.user_inference import (_check_samples, aggregate_user_scor
 from components.audit.verdict import (DEFAULT_EXPOSED_FRACTION, FAILED, INCONCLUSIVE, PASSED, combine,
                                       exposure_verdict, gate_decision)
 from components.core.errors import VeilError
-from components.planning.annex import snapshot_label
+from components.draws.annex import snapshot_label
 from components.core.hashing import sha256_file, sha256_json
 
 LEGACY_MAX_CANDIDATES = 1000
@@ -196,7 +196,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     if annex is None and plan.get("annex"):
         # A public plan: its membership reservations are in the private annex, checked against the
         # plan's commitment.
-        from components.planning.annex import load_annex
+        from components.draws.annex import load_annex
 
         annex = load_annex(settings.private_dir, plan)
     res = audit_reservations(plan, annex)
@@ -286,7 +286,7 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     elif secret_spans is not None and secret_spans.num_rows:
         train_ids = None
         if annex is not None and annex.get("train_records_file"):
-            from components.planning.data import train_rows
+            from components.draws.data import train_rows
 
             train_ids = train_rows(annex)["record_id"].to_pylist()
         else:
@@ -470,7 +470,7 @@ def _one_run(scores: pa.Table, canary_mask, plan: Mapping, res: AuditReservation
     half of them are held out, and a fixed-size split is not the independent draws the theorem needs.
     Private: counts of guesses; `public.public_one_run` rounds it."""
     from components.audit.metrics import balance_by_thinning, one_run_epsilon_lower_bound
-    from components.planning.annex import prf_uniform
+    from components.draws.annex import prf_uniform
 
     audit = plan.get("audit") or {}
     p = float(audit.get("holdout_probability") or 0.0)

@@ -153,11 +153,6 @@ def _population(plan: Mapping[str, Any]) -> dict:
     return dict(pop)
 
 
-def population_epsilon(doc: Mapping[str, Any]) -> float:
-    """ε spent on the DP population estimate N̂ (0 when N is public under the neighbouring relation)."""
-    return float(((doc.get("dataset") or {}).get("population") or {}).get("epsilon") or 0.0)
-
-
 def _snapshot_fields(data: Mapping[str, Any]) -> dict:
     """The certificate's snapshot binding: the plan's salted commitment (issue 22: the snapshot's id and
     sha256 are content hashes, a membership test for anyone who knows the rest of the data). A plan from

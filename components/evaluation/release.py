@@ -72,7 +72,7 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
     to the counted people and log it on `run_id`. A caller that does not log calls nothing here: the
     exact figures alone are shown, and nobody is charged."""
     from components.ledger import Budget, Ledger, PersonCost
-    from components.planning.annex import plan_key, prf, prf_seed
+    from components.draws.annex import plan_key, prf, prf_seed
     from components.registry import record_evaluation
 
     names = tuple(models)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +25,9 @@ from sqlalchemy.engine import Connection
 from components.core import identity as _identity
 from components.core.errors import VeilError
 from components.ledger import keys as _keys
-from components.ledger import rdp as _rdp
+from components.renyi import rdp as _rdp
 from components.ledger import store as st
+from components.renyi.costs import Budget, PersonCost, SecretCost
 
 
 # Releases that post-process an earlier release and charge nobody (record_post_processing).
@@ -36,44 +37,6 @@ POST_PROCESSING_KINDS = ("synthetic",)
 def default_url(settings) -> str:
     url = getattr(settings, "ledger_url", None)
     return url or f"sqlite:///{Path(settings.private_dir).resolve() / 'ledger.db'}"
-
-
-@dataclass(frozen=True)
-class Budget:
-    epsilon: float
-    delta: float
-
-    @classmethod
-    def parse(cls, b) -> "Budget | None":
-        if b is None:
-            return None
-        if isinstance(b, Budget):
-            return b
-        get = b.get if isinstance(b, Mapping) else (lambda k: getattr(b, k))
-        out = cls(float(get("epsilon")), float(get("delta")))
-        _rdp.rdp_budget(out.epsilon, out.delta)  # validates
-        return out
-
-
-@dataclass(frozen=True)
-class PersonCost:
-    """One person's cost in one release: their rows, their q' and the RDP curve on the ledger's orders."""
-    rows: int
-    sampling_rate: float
-    rdp: np.ndarray = field(compare=False)
-
-
-@dataclass(frozen=True)
-class SecretCost:
-    """One secret's KL in one release (components.accounting.secrets: T × per-step KL at the rates of the
-    records holding it) and its class' prior κ and lifetime posterior target γ. `secret_id` is the
-    catalog's `class:value`: it stays in memory; the ledger stores only its HMAC pseudonym."""
-    secret_id: str
-    secret_class: str
-    kl: float
-    kappa: float
-    gamma: float
-    records: int = 0
 
 
 class PlanAlreadyReleased(VeilError):
@@ -388,7 +351,7 @@ class Ledger:
         N̂ is published with the plan, before any reservation, and counts every unit the plan trains on —
         including people the training reservation will later retire. So it is a release of its own (kind
         `population`), charged when it is first published: `release_key` names it (the planner's keyed
-        digest of the counted population and the estimate's parameters, planning.annex); a second plan
+        digest of the counted population and the estimate's parameters, draws.annex); a second plan
         drawing the same N̂ publishes nothing new and is charged nothing. All or nothing: when someone
         counted cannot afford it under the filter, nothing is written and they are named
         (`refused`): the caller plans again without them, which draws fresh noise, before anything is

@@ -127,9 +127,9 @@ def plan_forecast(settings, led: Ledger, plan_doc: dict) -> dict | None:
     it each can still take, and how many people its next reservation would retire — priced and filtered
     exactly as the reservation does (Ledger.forecast). None without a budget."""
     from components.ledger.release import forecast_release, releases_for_fresh_person
-    from components.ledger.ledger import Budget
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.renyi.costs import Budget
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     from components.mechanisms import get as get_mechanism
 

@@ -6,6 +6,9 @@ from collections.abc import Mapping
 
 from components.mechanisms.base import Bounded, PlanContext, register
 from components.mechanisms.gaussian import SubsampledGaussian
+from components.draws.selection import REDRAWN_PER_VISIT, select_records
+from components.renyi import rdp as _rdp
+from components.renyi.costs import PersonCost
 
 
 class ULS(SubsampledGaussian):
@@ -26,7 +29,6 @@ class ULS(SubsampledGaussian):
     def bound(self, ctx: PlanContext, train) -> Bounded:
         """random / random-chunk keep every record (the trainer draws G afresh at every visit, so the
         bound holds by the clipped mean); deterministic strategies fix each user's k records here."""
-        from components.planning.selection import REDRAWN_PER_VISIT, select_records
 
         caveats = []
         if ctx.selection in ("random",) + REDRAWN_PER_VISIT:
@@ -41,8 +43,6 @@ class ULS(SubsampledGaussian):
 
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """One Poisson draw per person per step, whatever their row count: the sampled Gaussian's RDP."""
-        from components.ledger import rdp as _rdp
-        from components.ledger.ledger import PersonCost
 
         q = float(plan["sampling_rate"])
         curve = _rdp.sampled_gaussian_rdp(q, float(plan["noise_multiplier"]), int(plan["steps"]), orders)

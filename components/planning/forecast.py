@@ -85,11 +85,11 @@ def _eps(mech: str, *, q: float, sigma: float, steps: int, delta: float, k: int)
     names fit the budget; it may ask somewhat more than the tight accountant would (a hint, not a
     certificate — the plan made with it is calibrated by the PLD accountant as always).
       uls, record: one Poisson-sampled Gaussian per step (the accountant's event);
-      els, group-tight: k rows each sampled at q — the ledger's row bound (components.ledger.rdp),
+      els, group-tight: k rows each sampled at q — the ledger's row bound (components.renyi.rdp),
       which is never below the certificate's mixture accounting."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
-    from components.ledger.rdp import rows_rdp, sampled_gaussian_rdp
+    from components.renyi.rdp import rows_rdp, sampled_gaussian_rdp
 
     q = min(float(q), 1.0)
     if mech in ("els", "group-tight") and int(k) > 1:

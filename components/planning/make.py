@@ -20,13 +20,14 @@ from components.core.hashing import sha256_bytes
 from components.mechanisms import Bounded, Calibrated, PlanContext, get
 from components.mechanisms.auto import Resolved, resolve
 from components.mechanisms.gaussian import PopulationRefusal
-from components.planning.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
-from components.planning.eval_split import evaluation_sections
+from components.draws.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
+from components.draws.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
-from components.planning.audit_split import (AuditSplit, keep_trained_members, masked_texts, size_audit,
-                                             split_canaries, split_for_audit)
+from components.draws.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
+                                          split_for_audit)
+from components.audit.sizing import size_audit
 from components.planning.plan import SCHEMA, Plan, seal
-from components.planning.selection import Scorer
+from components.draws.selection import Scorer
 
 
 
@@ -189,11 +190,11 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
 
     The annex (held-out users, canary ids, the train/attacker/canary Parquet files and their sha256,
     exact counts, `auto`'s private statistics) and the files go to `private_dir/plans/`
-    (`components.planning.annex`); the returned plan holds public values and commitments only.
+    (`components.draws.annex`); the returned plan holds public values and commitments only.
     `snapshot` needs `.snapshot_id`, `.sha256`, `.records` (record_id, user_id, text, …) and
     `.secret_spans` (record_id, secret_id, secret_class, …). `scorer` gives base-model perplexities
     for the ppl selection strategies. `people`: (public, annex) sections of the policy's people rules
-    already applied to the records (components.planning.people.people_for_plan). `ledger_filter`: the
+    already applied to the records (components.bounding.people.people_for_plan). `ledger_filter`: the
     ledger's (orders, conversion), for a policy's schedule (default: a new ledger's).
     Deterministic: the same inputs (and `created_at`, and the same
     private key) give the same plan and the same sha256.

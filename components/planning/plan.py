@@ -2,7 +2,7 @@
 
 A plan is public: policy values, DP estimates and salted commitments only. Who is held out, which
 records train, the files that say so and every exact private count live in its private annex
-(components.planning.annex), which the plan commits to (`annex.commitment`). `assert_public` refuses
+(components.draws.annex), which the plan commits to (`annex.commitment`). `assert_public` refuses
 a document that carries annex fields, so a registry cannot log one by mistake.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ PRIVATE_KEYS = frozenset({
     "attacker_records_sha256", "canary_records_file", "canary_records_sha256", "n_train_users", "n_train_records",
     "n_attacker_records", "n_audit_eligible_users", "candidates", "user_grad_ratio", "salt",
     "eval_users", "eval_records_file", "eval_records_sha256", "n_eval_users", "n_eval_records",
-    # counts of persons from the policy's `people` section (components.planning.people.people_sections)
+    # counts of persons from the policy's `people` section (components.bounding.people.people_sections)
     "n_accounts", "n_people", "n_merged_accounts", "n_people_records", "n_records_several_owners",
 })
 

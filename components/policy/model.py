@@ -276,7 +276,7 @@ class Audit(_Strict):
     max_secret_exposure: float = Field(default=4.0, ge=0, description="Largest allowed exposure (bits).")
     canaries: Canaries = Field(default_factory=Canaries)
     # Everything a verdict depends on is here, so the scheduled flow and `veil run` audit exactly as the
-    # plan sized it (components.planning.audit_split.size_audit); `veil audit` flags only override.
+    # plan sized it (components.audit.sizing.size_audit); `veil audit` flags only override.
     require: Literal["passed", "not_failed"] = Field(
         default="passed",
         description="What the promotion gate requires of the audit: 'passed' (the data show every gate below its "

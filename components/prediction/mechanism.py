@@ -28,7 +28,7 @@ import numpy as np
 from components.accounting.prediction import rdp_to_epsilon
 from components.core.errors import VeilError
 
-# The per-person ledger's fixed order grid (components/ledger/rdp.py ORDERS, issue 13); a test checks that
+# The per-person ledger's fixed order grid (components/renyi/rdp.py ORDERS, issue 13); a test checks that
 # the two stay equal so a charge computed here lands on the ledger's orders.
 ORDERS: tuple[float, ...] = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0,
                              24.0, 32.0, 48.0, 64.0, 128.0, 256.0)

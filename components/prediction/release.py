@@ -74,7 +74,7 @@ def make_certificate(*, params: mech.MechanismParams, target: Mapping, policy_na
                      "adapter_commitments": list(commitments), "adapters_released": False},
         "public_model": {"sha256": base_sha256, "assumed_independent_of_private_data": True},
         # the snapshot's id and sha256 are content hashes (a membership test): its salted commitment only,
-        # the same one a plan of this snapshot publishes (components.planning.annex.snapshot_commitment)
+        # the same one a plan of this snapshot publishes (components.draws.annex.snapshot_commitment)
         "dataset": {"snapshot_commitment": snapshot_commitment,
                     **({"people": dict(people)} if people else {})},   # policy-named exclusions only
         "policy": {"name": policy_name, "sha256": policy_sha256},

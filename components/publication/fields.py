@@ -592,11 +592,11 @@ declare(*(Field("cli.synthesize", f.pattern, f.kind, f.what, post_processing_of=
           for f in declared("synthetic.certificate") if f.pattern.startswith("inherits.")))
 # --- end of h-synth ---
 # --- the filter's order weights (h-price, issue 26) ---------------------------------------------------------------
-# A weighted ledger's δ shares over its orders: components.ledger.rdp.order_weights of the lifetime budget (ε, δ)
+# A weighted ledger's δ shares over its orders: components.renyi.rdp.order_weights of the lifetime budget (ε, δ)
 # and the grid, both public; recorded when the budget is fixed. None under the older conversions.
 declare(
     Field("cli.ledger", "order_weights", P, "a function of the lifetime budget (policy) and the ledger's order grid "
-          "(a constant of its creation): components.ledger.rdp.order_weights"),
+          "(a constant of its creation): components.renyi.rdp.order_weights"),
 )
 # --- end of h-price ---
 
@@ -616,7 +616,7 @@ declare(
 # is declared here (components/prediction/release.py make_certificate / manifest_of, flows/pmixed.py build).
 _PMX_CALIB = "calibrated from the policy's ε, δ, q and token_budget (components/prediction/mechanism.py): public"
 _PMX_EXCL = ("counts of accounts the policy's patterns exclude: non-persons, so adding or removing a person leaves "
-             "them unchanged (components/planning/people.py)")
+             "them unchanged (components/bounding/people.py)")
 declare(*(Field("pmixed.release", f"certificate.{p}", P, w) for p, w in [
     ("schema", _CONST), ("mechanism", _CONST), ("paper", _CONST), ("threat_model", _CONST),
     ("privacy_unit", _CONST), ("neighbouring", _CONST), ("guarantee_covers", _CONST), ("caveats", _CONST),

@@ -395,8 +395,8 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
         late = False
         if rid is None:
             try:
-                from components.planning.annex import load_annex
-                from components.planning.data import train_rows
+                from components.draws.annex import load_annex
+                from components.draws.data import train_rows
                 rows = train_rows(load_annex(settings.private_dir, dict(plan)))
             except (VeilError, KeyError, TypeError):
                 if plan.get("lifetime_budget") is None and led.budget() is None:

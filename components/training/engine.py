@@ -19,12 +19,12 @@ from components.core.progress import progress as _progress
 from components.core.faults import kill_point
 from components.training import checkpoint as ckpt
 from components.mechanisms import get as get_mechanism
-from components.training.batches import BatchBuilder
-from components.training.data import records_by_user, tokenize_table, user_streams
-from components.training.distributed import DistContext
-from components.training.model_prep import prepare_model
-from components.training.precision import MasterWeights, cast_base, describe as describe_precision
-from components.training.sampling import PoissonSampler
+from components.dpsgd.batches import BatchBuilder
+from components.dpsgd.data import records_by_user, tokenize_table, user_streams
+from components.dpsgd.distributed import DistContext
+from components.dpsgd.model_prep import prepare_model
+from components.dpsgd.precision import MasterWeights, cast_base, describe as describe_precision
+from components.dpsgd.sampling import PoissonSampler
 from components.training import sharding
 from components.training.spec import TrainResult, TrainSpec
 
@@ -36,7 +36,7 @@ def _data_fingerprint(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-# Schema metadata key under which `planning.data.training_records` passes on the sha256 of the
+# Schema metadata key under which `draws.data.training_records` passes on the sha256 of the
 # train-records file it read (the run records it; the certificate compares it with the plan's).
 TRAIN_RECORDS_SHA256_KEY = b"veil.train_records_sha256"
 
@@ -65,7 +65,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     `on_step(steps_done)` is called after every step (tests use it to pace a run).
     `base_dir`: the directory `model` and `tokenizer` were loaded from; its and its tokenizer's
     hashes go into the result (and so into the certificate). The sha256 of the train-records file
-    comes from `data`'s schema metadata when `planning.data.training_records` built it.
+    comes from `data`'s schema metadata when `draws.data.training_records` built it.
     """
     t0 = time.time()
     out_dir = Path(out_dir)
@@ -78,7 +78,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     mech.check_runtime(dctx.world_size)
     if spec.precision != "fp32":
         # the base in 16 bits (a no-op when loaded so); LoRA weights are made float32 by prepare_model,
-        # full fine-tuning's by the master copies below (components/training/precision.py)
+        # full fine-tuning's by the master copies below (components/dpsgd/precision.py)
         model = cast_base(model, spec.precision)
     model = prepare_model(model, spec)
     model.train()

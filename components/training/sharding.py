@@ -32,10 +32,10 @@ import torch.distributed as dist
 from torch import nn
 
 from components.core.errors import VeilError
-from components.training.distributed import DistContext
-from components.training.per_sample import pack, sequence_losses
-from components.training.sampling import noise_seed
-from components.training.step import DPStep
+from components.dpsgd.distributed import DistContext
+from components.dpsgd.per_sample import pack, sequence_losses
+from components.dpsgd.sampling import noise_seed
+from components.dpsgd.step import DPStep
 
 
 def active(spec, dctx: DistContext) -> bool:
@@ -57,7 +57,7 @@ def shard_model(model: nn.Module, dctx: DistContext):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from components.training.grad_samplers import supported
+    from components.dpsgd.grad_samplers import supported
 
     if not supported(model):
         raise VeilError("sharding fsdp: a trainable layer has no per-record sampler (grad_samplers); "

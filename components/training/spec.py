@@ -18,7 +18,7 @@ MECHANISMS = mechanism_names()   # every registered mechanism (components.mechan
 OPTIMIZERS = ("adam", "sgd")
 SHARDINGS = ("none", "fsdp")   # components.training.sharding
 PER_RECORD = ("auto", "mixed", "hooks", "ghost", "vmap")  # how per-record gradients are computed (same numbers)
-PRECISIONS = ("fp32", "bf16", "fp16")  # components.training.precision
+PRECISIONS = ("fp32", "bf16", "fp16")  # components.dpsgd.precision
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class TrainSpec:
       components.training.sharding). Same update, same accounting, same ε.
     precision: "fp32" (default), "bf16" or "fp16" (static loss scale): the base model's dtype. Per-unit
       norms, clipping, the clipped sum, the noise and the trainable (LoRA or master) weights are
-      float32 in all three (components/training/precision.py). Part of `identity()`: a checkpoint
+      float32 in all three (components/dpsgd/precision.py). Part of `identity()`: a checkpoint
       of another precision is not resumed.
     gradient_checkpointing: recompute each decoder layer's activations in the backward instead of
       keeping them (HF models; torch's non-reentrant checkpoint). Memory only: the update is the

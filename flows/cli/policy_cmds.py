@@ -153,7 +153,7 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    from components.planning.annex import load_annex
+    from components.draws.annex import load_annex
 
     # the operator's own terminal: the real snapshot id, from the plan's private annex
     for k, v in p.summary_rows(load_annex(s.private_dir, p.to_dict())):
@@ -189,10 +189,10 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
 
 
 def _audited(s, pol, p) -> dict | None:
-    """User inference with the people this plan's split audits (planning.audit_split.audited_sizing):
+    """User inference with the people this plan's split audits (audit.sizing.audited_sizing):
     exact counts from the private annex, for the operator only."""
-    from components.planning.annex import load_annex
-    from components.planning.audit_split import audited_sizing
+    from components.draws.annex import load_annex
+    from components.audit.sizing import audited_sizing
 
     if pol.spec.privacy_unit != "user":
         return None
@@ -220,8 +220,8 @@ class _null:
 
 
 def _sweep(pol, snap, c_values: Optional[str], json_out: bool) -> None:
-    from components.planning.audit_split import split_for_audit
-    from components.planning.secret_plan import sweep_c
+    from components.draws.audit_split import split_for_audit
+    from components.bounding.secret_plan import sweep_c
 
     if pol.spec.privacy_unit != "secret":
         raise VeilError("--sweep-c: C weighs secrets in the secret-protection LP; this policy's privacy_unit is "

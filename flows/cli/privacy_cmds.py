@@ -119,10 +119,10 @@ def secrets_cmd(
     from components.planning.plan import load_plan
 
     from components.core.settings import load_settings
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
-    from components.planning.annex import plan_snapshot_ref
+    from components.draws.annex import plan_snapshot_ref
 
     plan = load_plan(plan_path).to_dict()
     annex = load_annex(load_settings().private_dir, plan)

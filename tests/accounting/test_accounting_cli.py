@@ -91,7 +91,7 @@ def _write_plan(tmp: Path, *, mechanism="secret", policy_path=None, rates=True) 
     # the training rows live in the plan's private annex, in this Veil home's private area
     from components.core.hashing import sha256_file
     from components.core.settings import load_settings
-    from components.planning.annex import ANNEX_SCHEMA, plan_key, save_annex, seal_annex
+    from components.draws.annex import ANNEX_SCHEMA, plan_key, save_annex, seal_annex
 
     private = load_settings().private_dir
     sealed, digest = seal_annex(plan_key(private), {

@@ -23,7 +23,7 @@ import pytest
 from dp_accounting.dp_event import MixtureOfGaussiansDpEvent
 from scipy.stats import binom
 
-from components.ledger import rdp as R
+from components.renyi import rdp as R
 
 # (label, q, T, σ, δ, measured ratio ceiling): σ puts the PLD ε near 8 or 2
 ULS = [("uls ε≈8 δ=1e-5", 0.2, 40, 1.077, 1e-5, 1.31),

@@ -12,7 +12,7 @@ from scipy import stats
 from components.accounting.private_selection import (draw_trials, expected_trials, gaussian_rdp, rdp_to_epsilon,
                                                      selection_rdp, tnb_pmf)
 from components.core.errors import VeilError
-from components.ledger.rdp import ORDERS
+from components.renyi.rdp import ORDERS
 
 TNB = "truncated-negative-binomial"
 

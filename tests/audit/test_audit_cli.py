@@ -21,7 +21,7 @@ def fake_registry(settings, tmp_path, monkeypatch):
                     "member": [i < 4 for i in range(8)]})
     f = tmp_path / "att.parquet"
     pq.write_table(att, f)
-    from components.planning.annex import attach_annex
+    from components.draws.annex import attach_annex
 
     plan = attach_annex(settings.private_dir,
                         {"sha256": "p", "training": {"seq_len": 32, "seed": 0}, "data": {"snapshot_id": "s1"},

@@ -67,7 +67,7 @@ def world(tmp_path_factory):
 
 
 def _loaded(w, settings, unit="user", eps=0.1, annex=None):
-    from components.planning.annex import attach_annex
+    from components.draws.annex import attach_annex
 
     cert = {"privacy_unit": unit, "epsilon": eps, "delta": 1e-6, "sha256": "c" * 64}
     plan = attach_annex(settings.private_dir, w.plan, annex or w.annex)

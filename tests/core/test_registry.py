@@ -105,7 +105,7 @@ def test_ledger_reservations_gate_registration_and_keep_their_charge(settings, t
     import numpy as np
 
     from components.ledger import Ledger, reserve_release
-    from components.ledger import rdp as R
+    from components.renyi import rdp as R
 
     plan, cert = _plan_and_cert()
     one = R.sampled_gaussian_rdp(0.05, 1.0, 30)

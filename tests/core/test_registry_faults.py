@@ -14,7 +14,7 @@ from test_registry import _W, _plan_and_cert, tiny_adapter, tiny_base  # noqa: F
 
 def _reserved(settings):
     from components.ledger import Ledger, reserve_release
-    from components.ledger import rdp as R
+    from components.renyi import rdp as R
 
     one = R.sampled_gaussian_rdp(0.05, 1.0, 30)
     # a budget a few releases deep: its size is all that matters here (the weighted conversion's weights

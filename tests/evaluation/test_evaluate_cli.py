@@ -69,7 +69,7 @@ def _invoke(release, *args):
 def test_evaluate_json_matches_a_hand_computation(release):
     from catalog.snapshots import load_snapshot
     from components.modeling import load_finetuned
-    from components.planning.annex import load_annex
+    from components.draws.annex import load_annex
 
     r = _invoke(release, "evaluate", "models:/ev/1", "--json")
     assert r.exit_code == 0, r.output
@@ -89,7 +89,7 @@ def test_evaluate_json_matches_a_hand_computation(release):
             texts.append(t)
     assert doc["eval_people"] == len(people) > 0 and doc["eval_records"] == len(texts)
     # never trained on, never audited
-    from components.planning.data import attacker_rows, train_rows
+    from components.draws.data import attacker_rows, train_rows
 
     assert not people & set(train_rows(annex)["user_id"].to_pylist())
     assert not people & set(attacker_rows(annex)["user_id"].to_pylist())
@@ -151,7 +151,7 @@ def test_run_carries_rates_and_caveat_but_no_counts_and_still_verifies(release):
         led.dispose()
     mv = client.get_model_version("ev", "1")
     assert not [k for k in mv.tags if "eval" in k]
-    people = set(__import__("components.planning.annex", fromlist=["load_annex"]).load_annex(
+    people = set(__import__("components.draws.annex", fromlist=["load_annex"]).load_annex(
         s.private_dir, release["result"]["plan"])["eval_users"])
     assert not [p for p in people if any(p in str(v) for v in list(run.data.tags.values()) + list(run.data.params.values()))]
     assert verify_model("models:/ev/1", s).valid
@@ -167,7 +167,7 @@ def test_bad_input_is_one_line_exit_2(release):
 def test_plan_without_evaluation_people_is_refused():
     import pyarrow as pa
 
-    from components.planning.data import evaluation_records
+    from components.draws.data import evaluation_records
 
     plan = {"sha256": "ab" * 32, "evaluation": {"fraction": 0.0}, "data": {"snapshot_id": "s"}}
     with pytest.raises(VeilError, match="evaluation.fraction: 0"):

@@ -25,8 +25,8 @@ def _exhaust(settings, pol, people, eps=None):
     """Charge `people` in one ledger release: a pure-DP ε, or (default) exactly what their filter
     still admits — the budget's whole Rényi curve, nothing left for any later release."""
     from components.ledger import Ledger
-    from components.ledger.ledger import Budget, PersonCost
-    from components.ledger.release import pure_dp_rdp
+    from components.renyi.costs import Budget, PersonCost
+    from components.renyi.costs import pure_dp_rdp
 
     budget = Budget.parse(pol.spec.lifetime_budget.model_dump())
     led = Ledger.open(settings)
@@ -58,8 +58,8 @@ def test_exhausted_people_is_a_per_person_decision(settings, tmp_path, org):
     full = stages.plan(settings, tiny_policy(tmp_path), snapshot_id=ing["snapshot_id"], base_dir=org["base"])
     less = stages.plan(settings, tiny_policy(tmp_path), snapshot_id=ing["snapshot_id"], base_dir=org["base"],
                        exclude_people=sorted(got))
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     # Without the exclusion the planner still never publishes an N̂ counting someone who cannot pay for
     # it: the population charge refuses them and the plan is drawn again without them (issue 22).

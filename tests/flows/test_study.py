@@ -253,7 +253,7 @@ def test_private_selection_charges_the_ledger_as_computed_independently(tiny, tm
     from dp_accounting.rdp import RdpAccountant
 
     from components.ledger import Ledger
-    from components.ledger.rdp import ORDERS
+    from components.renyi.rdp import ORDERS
     from components.planning import load_plan
     from flows.private_selection import run_private_selection
 

@@ -17,8 +17,9 @@ import pytest
 
 from components.accounting.secrets import secret_targets
 from components.certificate import build_certificate
-from components.planning import load_annex, make_plan
-from components.planning.data import train_rows
+from components.planning import make_plan
+from components.draws.annex import load_annex
+from components.draws.data import train_rows
 from components.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]

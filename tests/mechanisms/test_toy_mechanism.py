@@ -34,7 +34,7 @@ class OneRecord(SubsampledGaussian):
         return "records", 1, "every person contributes exactly one record"
 
     def bound(self, ctx: PlanContext, train) -> Bounded:
-        from components.planning.selection import select_records
+        from components.draws.selection import select_records
 
         chosen = select_records(train, 1, "random", seed=ctx.seed, key=ctx.key)
         return Bounded(chosen=chosen, n_units=chosen.num_rows, records_per_user=1)
@@ -59,9 +59,10 @@ def test_a_registered_toy_mechanism_runs_from_policy_to_certificate(toy, tmp_pat
     from components.certificate import build_certificate, recompute_epsilon
     from components.certificate.verify import recheck_guarantee
     from components.ledger.release import release_costs
-    from components.planning import load_annex, make_plan
-    from components.planning.annex import commitment
-    from components.planning.data import training_records
+    from components.planning import make_plan
+    from components.draws.annex import load_annex
+    from components.draws.annex import commitment
+    from components.draws.data import training_records
     from components.policy import load_policy
     from components.training import TrainSpec, train
 

@@ -24,7 +24,7 @@ def tiny_lm():
 
 
 def test_identical_records_give_ratio_one_and_diverse_records_less(tiny_lm):
-    from components.planning.gradient_diversity import estimate_user_grad_ratio
+    from components.draws.gradient_diversity import estimate_user_grad_ratio
 
     torch.set_num_threads(1)
     model, tok = tiny_lm

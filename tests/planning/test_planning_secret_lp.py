@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from components.core.errors import VeilError
-from components.planning.secret_lp import sampling_rates, solve_secret_lp
+from components.bounding.secret_lp import sampling_rates, solve_secret_lp
 
 
 def brute_force_lp(sets: list[set[int]], cap: np.ndarray) -> float:

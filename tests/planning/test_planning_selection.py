@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 import pytest
 
 from components.core.errors import VeilError
-from components.planning.audit_split import split_for_audit
-from components.planning.selection import select_records
+from components.draws.audit_split import split_for_audit
+from components.draws.selection import select_records
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _planning_fixtures import make_snapshot  # noqa: E402

@@ -33,7 +33,7 @@ VARIANTS = "    aliases: [['Jane Doe <Jane.Doe@Example.org>', 'jane.doe@example.
 def test_a_merge_of_case_and_spacing_variants_is_accepted_and_planned_as_one_person(tmp_path):
     import pyarrow as pa
 
-    from components.planning.people import plan_accounts
+    from components.bounding.people import plan_accounts
 
     pol = _training(VARIANTS)
     assert _prediction(tmp_path, VARIANTS).spec.people.aliases == pol.spec.people.aliases

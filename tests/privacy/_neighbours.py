@@ -99,7 +99,7 @@ def snapshot(rows: list[dict], *, upto_week: int | None = None, without: str | N
     keep = [r for r in rows if (upto_week is None or r["week"] <= upto_week)
             and r["user_id"] != without and without not in (r.get("owners") or ())]
     # recipients as the mail connector writes them (metadata to/cc): the policy's people rules make them
-    # owners (components.planning.people), exactly as for a catalog snapshot
+    # owners (components.bounding.people), exactly as for a catalog snapshot
     meta = [json.dumps({"to": [o for o in r["owners"] if o != r["user_id"]]}) if r.get("owners") else "{}"
             for r in keep]
     cols = {"record_id": [r["record_id"] for r in keep], "user_id": [r["user_id"] for r in keep],
@@ -188,7 +188,7 @@ class Home:
     def __init__(self, path: Path, key: bytes):
         from components.core.settings import load_settings
         from components.ledger.keys import key_path
-        from components.planning.annex import KEY_FILE
+        from components.draws.annex import KEY_FILE
 
         self.settings = load_settings(path).ensure()
         private = Path(self.settings.private_dir)
@@ -212,7 +212,7 @@ class Home:
         """A stage refused (VeilError): a refusal on N̂ alone (`PopulationRefusal`, a post-processing of the
         DP estimate) is told apart from any other, and the people that N̂ counted are kept (the check that
         they hold its charge)."""
-        from components.ledger.release import person_rates
+        from components.renyi.costs import person_rates
         from components.mechanisms.gaussian import PopulationRefusal
 
         self.refusals.append(str(e))
@@ -261,7 +261,7 @@ class Home:
             return None
         from components.accounting.secrets import secret_targets
         from components.certificate import build_certificate
-        from components.planning.data import train_rows
+        from components.draws.data import train_rows
         from flows import stages
 
         out = Path(self.settings.runs_dir) / plan["sha256"][:16]
@@ -282,7 +282,7 @@ class Home:
         # the weights stand-in: a function of what DP-SGD reads (the training rows and the plan's σ, q, T,
         # C), as trained weights are; not of the plan's sha (which also moves with fields training never
         # reads, e.g. when an evaluation person is removed)
-        from components.planning.data import training_records
+        from components.draws.data import training_records
 
         rows = training_records(plan, annex, snap.records)
         wdir = out / "weights"
@@ -358,7 +358,7 @@ class Home:
         from components.core.hashing import sha256_json
         from components.evaluation.dp import person_means
         from components.evaluation.release import publish_evaluation
-        from components.planning.data import evaluation_records, training_records
+        from components.draws.data import evaluation_records, training_records
         from flows import stages
 
         annex = stages._annex(self.settings, plan)
@@ -610,8 +610,8 @@ class Finding:
 
 def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]:
     """Everyone a published N̂ counted holds its charge, retired later or not; once per distinct N̂."""
-    from components.planning.data import train_rows
-    from components.ledger.release import person_rates
+    from components.draws.data import train_rows
+    from components.renyi.costs import person_rates
 
     bad = []
     seen: dict[str, int] = {}
@@ -652,8 +652,8 @@ def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]
 
 def person_rates_of(annex: dict) -> dict:
     """person id → their training rows' rates in a plan (from its private annex)."""
-    from components.ledger.release import person_rates
-    from components.planning.data import train_rows
+    from components.renyi.costs import person_rates
+    from components.draws.data import train_rows
 
     return person_rates(train_rows(annex), 0.0)
 

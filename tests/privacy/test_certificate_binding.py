@@ -16,7 +16,7 @@ import torch
 from components.certificate import build_certificate
 from components.core.errors import VeilError
 from components.core.fingerprints import TOKENIZER_FILES, tree_sha256
-from components.planning.annex import commitment
+from components.draws.annex import commitment
 from components.training import TrainSpec, train
 
 warnings.filterwarnings("ignore")
@@ -36,7 +36,7 @@ def _sha(p: Path) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One real 2-step ULS run on a base model saved to disk, its data tagged with the sha256 of
-    the train-records file it came from (as planning.data.training_records does)."""
+    the train-records file it came from (as draws.data.training_records does)."""
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("bind")
     base = tmp / "base"
@@ -109,10 +109,10 @@ def test_weights_changed_after_training_are_refused(run, tmp_path):
 
 
 def test_training_records_pass_on_the_sha256_of_the_file_read(tmp_path):
-    """planning.data.training_records tags its table with the sha256 of the bytes it parsed."""
+    """draws.data.training_records tags its table with the sha256 of the bytes it parsed."""
     import pyarrow.parquet as pq
 
-    from components.planning.data import training_records
+    from components.draws.data import training_records
 
     f = tmp_path / "train.parquet"
     pq.write_table(pa.table({"record_id": ["r1", "r2"], "user_id": ["u", "v"]}), f)

@@ -9,7 +9,7 @@ import json
 
 from catalog.ingest import ingest_source
 from catalog.snapshots import load_snapshot
-from components.planning.people import owners_column
+from components.bounding.people import owners_column
 
 ALL = {"ownership": "all-participants"}
 

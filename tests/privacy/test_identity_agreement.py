@@ -73,7 +73,7 @@ def _earlier(settings) -> Ledger:
 
 
 def test_catalog_planner_ledger_and_partition_count_the_same_people(settings, ingested):
-    from components.planning.people import canonical_records, people_for_plan, plan_accounts
+    from components.bounding.people import canonical_records, people_for_plan, plan_accounts
     from components.prediction import partition
 
     rep, snap = ingested
@@ -121,7 +121,7 @@ def test_a_snapshot_from_before_the_rule_is_planned_as_the_same_people():
     """Ids stored before ingest applied the rule ('Alice' and 'alice' as two user ids) map to one person."""
     import pyarrow as pa
 
-    from components.planning.people import canonical_records, plan_accounts
+    from components.bounding.people import canonical_records, plan_accounts
 
     raw = list(SPELLINGS)
     recs = pa.table({"user_id": [s.strip(" ") for s in raw], "text": ["t"] * len(raw),

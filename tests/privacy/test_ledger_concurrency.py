@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from components.ledger import Budget, Ledger
-from components.ledger import rdp as R
+from components.renyi import rdp as R
 from components.ledger.release import release_costs
 
 PLAN = {"mechanism": "uls", "privacy_unit": "user", "sampling_rate": 0.1, "noise_multiplier": 2.0, "steps": 20,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as rpa
 
-from components.ledger import rdp as R
+from components.renyi import rdp as R
 
 A = np.asarray(R.ORDERS)
 

@@ -13,7 +13,7 @@ from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, String, Tab
 
 from components.core.errors import VeilError
 from components.ledger import Budget, Ledger, PersonCost
-from components.ledger import rdp as R
+from components.renyi import rdp as R
 from components.ledger import store as st
 from components.ledger.ledger import effective_spend
 

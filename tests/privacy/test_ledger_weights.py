@@ -13,7 +13,7 @@ from sqlalchemy import update
 
 from components.core.errors import VeilError
 from components.ledger import Budget, Ledger
-from components.ledger import rdp as R
+from components.renyi import rdp as R
 from components.ledger import store as st
 from components.ledger.release import release_costs
 

@@ -1,4 +1,4 @@
-"""Multi-owner contribution bounding (`components.planning.owners`): the relation the certificate
+"""Multi-owner contribution bounding (`components.bounding.owners`): the relation the certificate
 states, checked on random multi-owner datasets, and the relation it must not state.
 
 * Fixed-graph neighbours (same owner lists, the content of one person's records changed — their
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from components.planning.owners import bound_owners, owner_set, replace_to_add_remove
+from components.bounding.owners import bound_owners, owner_set, replace_to_add_remove
 
 KEY = b"k" * 32
 

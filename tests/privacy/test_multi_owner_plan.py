@@ -24,14 +24,14 @@ from dp_accounting.rdp import RdpAccountant
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.ledger import rdp as _rdp
+from components.renyi import rdp as _rdp
 from components.ledger.release import release_costs
 from components.mechanisms import get
 from components.planning import make_plan
-from components.planning.annex import load_annex, plan_key
-from components.planning.audit_split import held_out
-from components.planning.data import train_rows
-from components.planning.eval_split import is_evaluation_person
+from components.draws.annex import load_annex, plan_key
+from components.draws.audit_split import held_out
+from components.draws.data import train_rows
+from components.draws.eval_split import is_evaluation_person
 from components.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,7 +328,7 @@ def test_evaluation_scores_only_what_a_person_owns_alone(tmp_path):
     as u's, changing v's content moved u's figures as well (one person, many people's means). The
     evaluation keeps only records a person owns alone, so a fixed-graph neighbour (v's content
     rewritten) changes v's evaluation texts and nobody else's."""
-    from components.planning.data import evaluation_records
+    from components.draws.data import evaluation_records
 
     snap = _mail_snapshot()
     (tmp_path / "d").mkdir()

@@ -193,7 +193,7 @@ def test_old_count_rule_is_refused_by_the_policy():
 def test_evaluation_people_are_disjoint_from_training_and_audit(org, holdout, evaluation):
     """Evaluation people are never trained on, never held out, never sampled for the attacker, and the
     draw is each person's own (the same people whatever else is in the org)."""
-    from components.planning.eval_split import is_evaluation_person
+    from components.draws.eval_split import is_evaluation_person
 
     policy = _policy("user", "uls", "random", holdout, 2, evaluation=evaluation)
     records = _records(org)

@@ -20,7 +20,7 @@ import pytest
 
 from components.core.errors import VeilError
 from components.ledger import Ledger, PlanAlreadyReleased
-from components.ledger import rdp as R
+from components.renyi import rdp as R
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "planning"))
@@ -47,7 +47,7 @@ def _plan(home: Path) -> dict:
 
 def _stage_reserve(home: str) -> dict:
     from components.core.settings import load_settings
-    from components.planning.annex import load_annex
+    from components.draws.annex import load_annex
     from flows import stages
 
     settings = load_settings(Path(home))
@@ -66,8 +66,8 @@ def _racer(home: str, start, out) -> None:
 
 def _charges_per_person(settings, plan: dict) -> dict[str, int]:
     """How many charges (one per release that charged them) each of the plan's people holds."""
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
 
     people = {str(u) for u in train_rows(load_annex(settings.private_dir, plan))["user_id"].to_pylist()}
     led = Ledger.open(settings)

@@ -1,4 +1,4 @@
-"""What a plan may publish about the policy's `people` section (components.planning.people).
+"""What a plan may publish about the policy's `people` section (components.bounding.people).
 
 The public part counts only accounts the policy says are not people (bots, service users): adding or
 removing a person — an account no exclusion pattern matches, with all their records, aliases or
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from components.core.errors import VeilError
-from components.planning.people import apply_people, people_sections
+from components.bounding.people import apply_people, people_sections
 from components.planning.plan import assert_public
 
 PEOPLE = {"exclude": ["*[bot]@*", "jenkins@*", "Build Bot*"],

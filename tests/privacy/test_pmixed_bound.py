@@ -160,5 +160,5 @@ def test_lambda_matches_bruteforce_and_is_feasible():
 
 
 def test_ledger_orders_are_the_same_grid():
-    rdp = pytest.importorskip("components.ledger.rdp")
+    rdp = pytest.importorskip("components.renyi.rdp")
     assert tuple(rdp.ORDERS) == ORDERS

@@ -19,8 +19,9 @@ import pytest
 from scipy import stats
 
 from components.certificate import build_certificate, recompute_epsilon
-from components.planning import load_annex, make_plan
-from components.planning.annex import laplace_noise
+from components.planning import make_plan
+from components.draws.annex import load_annex
+from components.draws.annex import laplace_noise
 from components.policy import load_policy
 
 import importlib.util as _ilu
@@ -133,7 +134,7 @@ def test_lifetime_spend_includes_the_population_estimate(tmp_path, snap):
     import numpy as np
 
     from components.ledger.release import release_costs
-    from components.ledger.rdp import ORDERS
+    from components.renyi.rdp import ORDERS
 
     pol = _policy(tmp_path)
     plan = make_plan(pol, snap, private_dir=tmp_path, created_at=WHEN).to_dict()

@@ -28,7 +28,7 @@ KEY = b"\x05" * 32
 def test_a_refusal_on_n_hat_is_charged_to_everyone_it_counted(tmp_path):
     from components.core.errors import VeilError
     from components.ledger import Ledger
-    from components.ledger.release import person_rates
+    from components.renyi.costs import person_rates
     from components.mechanisms.gaussian import PopulationRefusal
     from flows import stages
 
@@ -66,7 +66,7 @@ def _one_release(home, policies: Path, without):
 def noise(monkeypatch):
     """N̂'s Laplace draw replaced by a function of the counted population (as the keyed draw is): 0 for the
     first population planned (the run on D), −100 for any other, or the reverse."""
-    import components.planning.annex as annex
+    import components.draws.annex as annex
 
     def install(refuse_on_d: bool):
         seen: list[str] = []

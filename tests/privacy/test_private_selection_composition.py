@@ -134,8 +134,8 @@ def test_every_population_estimate_is_charged_and_published(org, fake_trials, tm
     computed here independently (dp-accounting's RDP, Theorem 2 with η = 0 written out); the published
     ε is that total's conversion, and the composition lists every N̂."""
     from components.ledger import Ledger
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
     from flows.private_selection import run_private_selection
 
     settings = org["settings"]
@@ -172,9 +172,9 @@ def test_exhausted_people_are_left_out_before_any_plan(org, fake_trials, tmp_pat
     """A person whose spend leaves room for one point's N̂ but not for all P of them is counted by no
     plan: not trained, not held out, not evaluated (a decision from their own ledger row alone)."""
     from components.ledger import Budget, Ledger, PersonCost
-    from components.ledger.release import pure_dp_rdp
-    from components.planning.annex import load_annex
-    from components.planning.data import train_rows
+    from components.renyi.costs import pure_dp_rdp
+    from components.draws.annex import load_annex
+    from components.draws.data import train_rows
     from components.policy import load_policy
     from flows.private_selection import run_private_selection
 

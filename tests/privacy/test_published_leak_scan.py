@@ -35,7 +35,7 @@ def _public_bytes(home: Path) -> list[tuple[str, bytes]]:
 
 def test_nothing_published_names_a_person_a_secret_or_an_exact_count(veil_home, tmp_path, settings):
     from components.modeling import build_base_model
-    from components.planning.annex import load_annex
+    from components.draws.annex import load_annex
     from flows.cli import app
     from flows.cli.core_cmds import run_stages
 

@@ -12,7 +12,7 @@ import pytest
 
 from components.accounting.secrets import DOMINANCE_NOTE, SecretTarget
 from components.certificate import build_certificate, verify_certificate
-from components.planning.secret_plan import untagged_max_rate
+from components.bounding.secret_plan import untagged_max_rate
 
 _h = importlib.util.spec_from_file_location("bound_run", Path(__file__).resolve().parents[1] / "bound_run.py")
 bound_run = importlib.util.module_from_spec(_h)

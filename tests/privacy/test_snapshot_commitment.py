@@ -20,7 +20,8 @@ import pytest
 from components.certificate import build_certificate
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.planning import load_annex, make_plan
+from components.planning import make_plan
+from components.draws.annex import load_annex
 from components.policy import load_policy
 from components.publication import publish
 from components.registry.mlflow_registry import privacy_tags
@@ -109,7 +110,7 @@ def test_public_documents_carry_a_commitment_not_the_snapshots_identity(tmp_path
     assert again["data"]["snapshot_commitment"] == c_d
 
     # the real id and sha256 are in the private annex, which opens the commitment
-    from components.planning.annex import plan_snapshot_ref
+    from components.draws.annex import plan_snapshot_ref
 
     assert plan_snapshot_ref(plan_d, load_annex(private, plan_d)) == (d.snapshot_id, d.sha256)
     assert plan_snapshot_ref(plan_m, load_annex(private, plan_m)) == (d_minus.snapshot_id, d_minus.sha256)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from components.training import TrainSpec, train
-from components.training.sampling import PoissonSampler
+from components.dpsgd.sampling import PoissonSampler
 
 warnings.filterwarnings("ignore")
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0}

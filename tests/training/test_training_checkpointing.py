@@ -13,9 +13,9 @@ import torch
 
 from components.core.errors import VeilError
 from components.training import TrainSpec, train
-from components.training.model_prep import checkpointing_on, set_gradient_checkpointing
-from components.training.per_sample import PerUnitGradients, Unit
-from components.training.step import DPStep
+from components.dpsgd.model_prep import checkpointing_on, set_gradient_checkpointing
+from components.dpsgd.per_sample import PerUnitGradients, Unit
+from components.dpsgd.step import DPStep
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 V = 64
@@ -116,7 +116,7 @@ def test_a_huge_record_is_clipped_to_exactly_C_once(kind, method):
     torch.manual_seed(5)
     ids = torch.as_tensor(IDS[2:3])
     pos = torch.arange(ids.shape[1]).expand_as(ids)
-    from components.training.per_sample import sequence_losses
+    from components.dpsgd.per_sample import sequence_losses
 
     loss = sequence_losses(ref(input_ids=ids, position_ids=pos, use_cache=False).logits, ids, torch.as_tensor(LENS[2:3]))
     names = [n for n, p in ref.named_parameters() if p.requires_grad]

@@ -15,9 +15,9 @@ from scipy import integrate
 from components.accounting.filtered import filtered_noise, min_users
 from components.core.errors import VeilError
 from components.training import TrainSpec, train
-from components.training.filtered import (SparseVector, concentration_score, filtered_mean, keep_probabilities,
+from components.dpsgd.filtered import (SparseVector, concentration_score, filtered_mean, keep_probabilities,
                                           pairwise_distances)
-from components.training.sampling import PoissonSampler
+from components.dpsgd.sampling import PoissonSampler
 
 warnings.filterwarnings("ignore")
 
@@ -165,7 +165,7 @@ def test_keep_probabilities_follow_alg3_ramp():
 
 
 def test_concentration_profile_matches_a_plain_loop(tiny_lm, tiny_tokenizer):
-    from components.training.filtered import concentration_profile
+    from components.dpsgd.filtered import concentration_profile
 
     data = tiny_lm.make_texts(n_users=7, per_user=(1, 3), seed=13)
     model = tiny_lm.make_model()

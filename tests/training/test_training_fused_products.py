@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from components.training import grad_samplers
-from components.training.grad_samplers import Contiguous, _Use, ghost_norm_sq
-from components.training.per_sample import Unit
-from components.training.precision import bmm32, emulate_out_dtype, mm32, native_products
+from components.dpsgd import grad_samplers
+from components.dpsgd.grad_samplers import Contiguous, _Use, ghost_norm_sq
+from components.dpsgd.per_sample import Unit
+from components.dpsgd.precision import bmm32, emulate_out_dtype, mm32, native_products
 from test_training_precision import _flat, _llama, _update
 
 
@@ -193,7 +193,7 @@ def test_no_outputs_held_until_the_backward_ends():
         h.remove()
     hooks._handles = [m.register_forward_hook(spy) for m, _ in hooks.layers]
     seen = {}
-    from components.training.per_sample import sequence_losses
+    from components.dpsgd.per_sample import sequence_losses
 
     def loss_fn(logits, ids, lengths):
         gc.collect()
@@ -212,8 +212,8 @@ def test_finiteness_checks_batched_into_one_sync():
     """DPStep's checks of the noisy update and the weights read one flag for all tensors; they still
     stop a run whose weights are NaN (every unit then contributes zero; the updated weights are NaN)."""
     from components.core.errors import VeilError
-    from components.training.precision import MasterWeights
-    from components.training.step import DPStep, all_finite
+    from components.dpsgd.precision import MasterWeights
+    from components.dpsgd.step import DPStep, all_finite
     from test_training_precision import _batch, _gpt2
 
     assert all_finite([]) and all_finite([torch.ones(3), torch.zeros(2, 2)])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from components.training.grad_samplers import _SAMPLERS, _Use, _ghost_kind, _unit_tokens, ghost_norm_sq
+from components.dpsgd.grad_samplers import _SAMPLERS, _Use, _ghost_kind, _unit_tokens, ghost_norm_sq
 
 
 def _slots(owner: torch.Tensor, n_units: int) -> torch.Tensor:
@@ -120,7 +120,7 @@ def test_on_a_gpu_large_weights_take_the_ghost_path():
     """At 1B scale on a GPU every instantiated per-record gradient is held to the end of the
     backward (B copies of each weight: 111.6 GiB measured on an H200 with the CPU rule); there only
     narrow weights (GQA's k/v projections, LoRA's rank-r matrices) instantiate."""
-    from components.training.grad_samplers import ghost_pays
+    from components.dpsgd.grad_samplers import ghost_pays
 
     L = 1024   # a unit: 2 records × 512 tokens
     assert ghost_pays([(2048, 5632, False)], L, 64, "cuda")      # MLP

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from components.core.errors import VeilError
-from components.training import grad_samplers, per_sample
-from components.training.per_sample import Unit
-from components.training.precision import FP16_LOSS_SCALE, MasterWeights, PRECISIONS, trainable_to_float32
-from components.training.step import DPStep
+from components.dpsgd import grad_samplers, per_sample
+from components.dpsgd.per_sample import Unit
+from components.dpsgd.precision import FP16_LOSS_SCALE, MasterWeights, PRECISIONS, trainable_to_float32
+from components.dpsgd.step import DPStep
 
 ROOT = Path(__file__).resolve().parents[2]
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -171,7 +171,7 @@ def test_16bit_weights_without_a_float32_master_are_refused():
 
 
 def test_llama_bf16_lora_has_float32_adapters_on_a_bf16_base():
-    from components.training.model_prep import prepare_model
+    from components.dpsgd.model_prep import prepare_model
     from components.training.spec import TrainSpec
 
     spec = TrainSpec(mechanism="record", sampling_rate=0.5, noise_multiplier=1.0, clip_norm=1.0, steps=1,
@@ -248,9 +248,10 @@ def test_epsilon_does_not_depend_on_precision(tiny_lm, tiny_tokenizer, tmp_path)
     """(e): policy → plan → train → certificate in fp32 and in bf16: the same ε; the certificate says
     which precision ran."""
     from components.certificate import build_certificate
-    from components.planning import load_annex, make_plan
-    from components.planning.annex import commitment
-    from components.planning.data import training_records
+    from components.planning import make_plan
+    from components.draws.annex import load_annex
+    from components.draws.annex import commitment
+    from components.draws.data import training_records
     from components.policy import load_policy
     from components.training import TrainSpec, train
 

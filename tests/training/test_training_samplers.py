@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from components.core.errors import VeilError
-from components.training import grad_samplers
-from components.training.grad_samplers import supported
-from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
+from components.dpsgd import grad_samplers
+from components.dpsgd.grad_samplers import supported
+from components.dpsgd.per_sample import PerUnitGradients, Unit, sequence_losses
 
 
 def _llama():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from components.training.sampling import PoissonSampler
+from components.dpsgd.sampling import PoissonSampler
 
 
 def test_uniform_rate_and_poisson_batch_size_distribution():

@@ -35,8 +35,9 @@ def _policy(tmp_path: Path, lora: str = "null") -> Path:
 
 
 def _plan(tmp_path: Path):
-    from components.planning import load_annex, make_plan
-    from components.planning.data import training_records
+    from components.planning import make_plan
+    from components.draws.annex import load_annex
+    from components.draws.data import training_records
     from components.policy import load_policy
 
     sys.path.insert(0, str(REPO / "tests" / "planning"))
@@ -59,7 +60,7 @@ def _env():
 
 def test_fsdp_two_ranks_match_single_process_and_certificate(tiny_lm, tiny_tokenizer, tmp_path):
     from components.certificate import build_certificate
-    from components.planning.annex import commitment
+    from components.draws.annex import commitment
 
     plan, annex, data = _plan(tmp_path)
     assert plan["training"]["sharding"] == "fsdp" and plan["training"]["lora"] is None

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import scipy.sparse as sp
 
-from components.planning.secret_lp import _solve
+from components.bounding.secret_lp import _solve
 
 
 def main(tmp: str, method: str, time_limit_s: float) -> None:

@@ -141,7 +141,7 @@ def plan_snapshot_ref(plan: Mapping, annex: Mapping | None = None) -> tuple[str,
     if data.get("snapshot_id") and data.get("snapshot_sha256"):     # a plan from before the commitment
         return str(data["snapshot_id"]), str(data["snapshot_sha256"])
     raise VeilError(f"plan {str(plan.get('sha256'))[:12]}…: its snapshot is named only in its private annex; "
-                    "load the annex (components.planning.annex.load_annex) to find it")
+                    "load the annex (components.draws.annex.load_annex) to find it")
 
 
 def snapshot_label(doc: Mapping) -> str:

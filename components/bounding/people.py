@@ -15,7 +15,7 @@
   record of any of them gets the first one as `user_id`, so a per-user bound covers the person, not
   each address. `record_id` is kept (it names the record's content, and spans point at it).
 - **owners** — an `owners` list column: the writer, plus every To/Cc participant under ownership
-  `all-participants` (`components.planning.owners` bounds each owner's records).
+  `all-participants` (`components.bounding.owners` bounds each owner's records).
 
 Each decision depends on that account alone (its id and its name). The report holds counts only;
 `people_sections` splits it into what a public plan may say and what only the annex may hold

@@ -35,7 +35,7 @@ def user_rng(seed: int, purpose: str, user_id: str, key: bytes | None = None) ->
         digest = hashlib.sha256(f"{purpose}\x00{user_id}".encode()).digest()
         words = [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
     else:
-        from components.planning.annex import prf_seed
+        from components.draws.annex import prf_seed
 
         words = prf_seed(key, purpose, user_id)
     return np.random.default_rng(np.random.SeedSequence([int(seed), *words]))

@@ -23,7 +23,7 @@ def _trainable(model: torch.nn.Module, spec) -> torch.nn.Module:
     from components.modeling import attach_lora
     from components.modeling.lora import plan_lora_config
 
-    from components.training.precision import trainable_to_float32
+    from components.dpsgd.precision import trainable_to_float32
 
     if not isinstance(model, PeftModel):
         # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from components.training.grad_samplers import row_sq_norms
-from components.training.precision import acc, acc_dtype, loss_scale_for
+from components.dpsgd.grad_samplers import row_sq_norms
+from components.dpsgd.precision import acc, acc_dtype, loss_scale_for
 
 
 def sequence_losses(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ class PerUnitGradients:
         has a sampler, else vmap). loss_scale: fp16's static loss scale (None: from the model's
         dtype, precision.loss_scale_for); per-record gradients are unscaled in float32 before any
         norm. Every per-record gradient, norm and sum is float32 for a 16-bit model."""
-        from components.training.grad_samplers import HookPerRecord, supported
+        from components.dpsgd.grad_samplers import HookPerRecord, supported
 
         self.model = model
         self.names = names
@@ -78,7 +78,7 @@ class PerUnitGradients:
             method = "mixed" if supported(model) else "vmap"
         self.method = method
         if method == "vmap":
-            from components.training.model_prep import checkpointing_on
+            from components.dpsgd.model_prep import checkpointing_on
 
             if checkpointing_on(model):
                 # torch.func cannot run through torch's checkpoint (saved-tensor hooks): refused

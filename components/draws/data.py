@@ -1,6 +1,6 @@
 """Read a plan's data back: the exact rows training may touch, texts joined, hashes checked.
 
-The rows live in the plan's private annex (components.planning.annex): every function here takes the
+The rows live in the plan's private annex (components.draws.annex): every function here takes the
 annex from `load_annex(private_dir, plan)`, which has already been checked against the plan.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.planning.annex import annex_file, plan_snapshot_ref
+from components.draws.annex import annex_file, plan_snapshot_ref
 
 # Schema metadata key carrying the sha256 of the train-records file the table was read from: the
 # trainer records it and the certificate checks it against the plan (engine.TRAIN_RECORDS_SHA256_KEY).
@@ -92,7 +92,7 @@ def training_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, 
 
 def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table, *,
                        single_owner: bool = False) -> pa.Table:
-    """(user_id, text) of the plan's evaluation people's records (components.planning.eval_split),
+    """(user_id, text) of the plan's evaluation people's records (components.draws.eval_split),
     sorted by (user_id, record_id), the file's sha256 checked. A plan without an evaluation split (its
     policy's `evaluation.fraction` was 0, or nobody was drawn) is refused in one line.
 
@@ -115,7 +115,7 @@ def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table
         raise VeilError(f"plan: {table.num_rows - joined.num_rows} evaluation record(s) are missing from snapshot "
                         f"{plan_snapshot_ref(plan, annex)[0]}")
     if single_owner and "owners" in snapshot_records.column_names:
-        from components.planning.owners import owner_set
+        from components.bounding.owners import owner_set
 
         owned = dict(zip(snapshot_records.column("record_id").to_pylist(),
                          snapshot_records.column("owners").to_pylist()))

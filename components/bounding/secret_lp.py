@@ -231,7 +231,7 @@ def _linprog_with_deadline(A, b_ub, bounds, method, time_limit_s):
     with tempfile.TemporaryDirectory(prefix="veil-lp-") as tmp:
         np.savez(os.path.join(tmp, "in.npz"), data=A.data, indices=A.indices, indptr=A.indptr,
                  shape=np.array(A.shape), b=b_ub, bounds=bounds)
-        proc = subprocess.Popen([sys.executable, "-m", "components.planning._lp_worker", tmp, method,
+        proc = subprocess.Popen([sys.executable, "-m", "components.bounding._lp_worker", tmp, method,
                                  repr(time_limit_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={**os.environ, "PYTHONPATH": _repo_root() + os.pathsep
                                      + os.environ.get("PYTHONPATH", "")})

@@ -117,11 +117,11 @@ def optimizer_targets(named: list[tuple[str, torch.nn.Parameter]], optimizer: to
     held = [p for g in optimizer.param_groups for p in g["params"]]
     if len(held) != len(named) or any(m.shape != p.shape for m, (_, p) in zip(held, named)):
         raise VeilError("16-bit trainable weights: build the optimizer over "
-                        "components.training.precision.MasterWeights(trainable).params (same order)")
+                        "components.dpsgd.precision.MasterWeights(trainable).params (same order)")
     for m, (n, p) in zip(held, named):
         if p.dtype in _HALF and m.dtype in _HALF:
             raise VeilError(f"trainable weight {n} is {str(p.dtype).replace('torch.', '')} and the optimizer updates "
-                            "it in place: give it a float32 master (components.training.precision.MasterWeights)")
+                            "it in place: give it a float32 master (components.dpsgd.precision.MasterWeights)")
     return held
 
 

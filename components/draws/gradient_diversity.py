@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from components.planning.selection import keyed_order, user_rng
+from components.draws.selection import keyed_order, user_rng
 
 
 def _grad_norm(model, tokenizer, texts: Sequence[str], seq_len: int) -> float:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from components.core.errors import VeilError
 from components.core.canonical import described, round_sig
-from components.planning.secret_lp import LPResult, sampling_rates, solve_secret_lp
+from components.bounding.secret_lp import LPResult, sampling_rates, solve_secret_lp
 
 
 @dataclass(frozen=True)

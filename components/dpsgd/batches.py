@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from components.training.data import TokenizedRecords, random_chunks
-from components.training.per_sample import Unit
+from components.dpsgd.data import TokenizedRecords, random_chunks
+from components.dpsgd.per_sample import Unit
 
 
 class BatchBuilder:

@@ -1,6 +1,6 @@
 """Reserve evaluation people before training: who the fine-tuned model is judged on (`veil evaluate`).
 
-The same rule as the audit's holdout (components.planning.audit_split), and for the same reason —
+The same rule as the audit's holdout (components.draws.audit_split), and for the same reason —
 every decision about one unit depends on that unit alone (docs/privacy/threat-model.md, neighbour
 stability): a person is an *evaluation person* when an independent keyed draw
 PRF(key, "evaluation", seed, user) falls below the policy's public `evaluation.fraction`. Their
@@ -44,7 +44,7 @@ class EvalReservation:
 
 def is_evaluation_person(key: bytes, seed: int, user: str, fraction: float) -> bool:
     """The person's own evaluation draw: independent of every other person and of the holdout draw."""
-    from components.planning.annex import prf_uniform
+    from components.draws.annex import prf_uniform
 
     return fraction > 0 and prf_uniform(key, "evaluation", int(seed), user) < fraction
 

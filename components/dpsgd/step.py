@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from components.training.distributed import DistContext
-from components.training.per_sample import PerUnitGradients, Unit, sequence_losses
-from components.training.precision import acc, acc_dtype, loss_scale_for, optimizer_targets
-from components.training.sampling import noise_seed
+from components.dpsgd.distributed import DistContext
+from components.dpsgd.per_sample import PerUnitGradients, Unit, sequence_losses
+from components.dpsgd.precision import acc, acc_dtype, loss_scale_for, optimizer_targets
+from components.dpsgd.sampling import noise_seed
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
