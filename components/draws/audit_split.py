@@ -37,6 +37,8 @@ import pyarrow as pa
 
 from components.core.errors import VeilError
 from components.draws.eval_split import EvalReservation, empty_reservation, reserve_evaluation
+from components.bounding.owners import owner_set
+from components.draws.annex import prf, prf_seed, prf_uniform
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,6 @@ def _key(key: bytes | None) -> bytes:
 
 def held_out(key: bytes | None, seed: int, user: str, p: float) -> bool:
     """The user's own holdout draw: independent of every other user."""
-    from components.draws.annex import prf_uniform
 
     return p > 0 and prf_uniform(_key(key), "holdout", int(seed), user) < p
 
@@ -104,7 +105,6 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     `owners` (record units only; one owner list per row): records with several owners — the attacker's
     records are drawn per slot of the attribution graph, never per text (`_owner_slots`).
     """
-    from components.draws.annex import prf_seed, prf_uniform
 
     if unit not in UNITS:
         raise VeilError(f"audit split: unknown unit {unit!r}")
@@ -208,8 +208,6 @@ def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners:
     import hashlib
     import hmac
 
-    from components.draws.annex import prf_uniform
-    from components.bounding.owners import owner_set
 
     out_set = {u for u in set(users) if held_out(key, seed, u, holdout)}
     if out_set and len(out_set) == len(set(users)):
@@ -267,7 +265,6 @@ def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = 
     """Synthetic canary users: exactly half held out (keyed order over canary ids only, so it depends
     on no real person), m attacker samples each. (A fixed-size split is not the independent draws the
     one-run ε bound needs: `audit.run._one_run` leaves canaries out of it.)"""
-    from components.draws.annex import prf
 
     k = _key(key)
     ids = sorted(set(records.column("user_id").to_pylist()))
@@ -280,7 +277,6 @@ def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = 
         if t not in d or r < d[t]:
             d[t] = r
     att_rid, att_user, att_member, excluded = [], [], [], {}
-    from components.draws.annex import prf_seed
 
     for u in ids:
         d = by_user[u]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.draws.annex import prf_uniform
 
 EVAL_SCHEMA = pa.schema([("record_id", pa.string()), ("user_id", pa.string())])
 RULE = ("per person: an independent keyed draw reserves each person for evaluation with probability "
@@ -44,7 +45,6 @@ class EvalReservation:
 
 def is_evaluation_person(key: bytes, seed: int, user: str, fraction: float) -> bool:
     """The person's own evaluation draw: independent of every other person and of the holdout draw."""
-    from components.draws.annex import prf_uniform
 
     return fraction > 0 and prf_uniform(key, "evaluation", int(seed), user) < fraction
 

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.core.canonical import round_sig
+from components.draws.annex import prf_seed
 
 SELECTION_DIGITS = 6   # perplexities compared at this precision (machine-independent selection)
 
@@ -35,8 +37,6 @@ def user_rng(seed: int, purpose: str, user_id: str, key: bytes | None = None) ->
         digest = hashlib.sha256(f"{purpose}\x00{user_id}".encode()).digest()
         words = [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
     else:
-        from components.draws.annex import prf_seed
-
         words = prf_seed(key, purpose, user_id)
     return np.random.default_rng(np.random.SeedSequence([int(seed), *words]))
 
@@ -99,7 +99,6 @@ def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exact
         # The base model's perplexities come out of torch kernels whose last bits differ between CPUs;
         # the records they pick go into the plan (its train-records commitment), so they are compared at
         # SELECTION_DIGITS significant digits, ties broken by record id (docs/privacy/plan-identity.md)
-        from components.core.canonical import round_sig
 
         score = np.asarray([round_sig(float(x), SELECTION_DIGITS) for x in score], dtype=float)
     descending = strategy in ("longest", "ppl-high")

@@ -24,10 +24,10 @@ from sqlalchemy.engine import Connection
 
 from components.core import identity as _identity
 from components.core.errors import VeilError
-from components.ledger import keys as _keys
+from components.ledger import keys as _keys, store as st
 from components.renyi import rdp as _rdp
-from components.ledger import store as st
 from components.renyi.costs import Budget, PersonCost, SecretCost
+from components.mechanisms import get as get_mechanism
 
 
 # Releases that post-process an earlier release and charge nobody (record_post_processing).
@@ -545,7 +545,7 @@ class Ledger:
     def secret_rows(self) -> list[dict]:
         """Per secret: pseudonym, class, lifetime KL and γ(κ, KL), releases charged, times dropped.
         PRIVATE (a pseudonym's history) — write it only under the private area."""
-        from components.accounting.secrets import gamma_from_kl
+        from components.accounting.secrets import gamma_from_kl  # startup
 
         with st.read_only(self.engine) as conn:
             classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
@@ -569,7 +569,7 @@ class Ledger:
     def secret_summary(self) -> dict:
         """Per class: κ, γ target, its KL budget, secrets charged, max lifetime KL and γ, secrets dropped
         at least once. Aggregates only."""
-        from components.accounting.secrets import gamma_from_kl, kl_budget
+        from components.accounting.secrets import gamma_from_kl, kl_budget  # startup
 
         with st.read_only(self.engine) as conn:
             classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
@@ -960,7 +960,6 @@ def _one_per_plan(mechanism: str) -> bool:
     """A DP-SGD plan's release (a registered mechanism that is certified from its plan) is unique per plan.
     Releases of other kinds (PMixED's builds, private selections) key theirs on a policy or parameters
     that may be released again on purpose."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return bool(get_mechanism(mechanism).certifiable)
@@ -971,7 +970,6 @@ def _one_per_plan(mechanism: str) -> bool:
 def relation_of(mechanism: str) -> str:
     """The relation a release's charges are under: its mechanism's `ledger_relation` (a mechanism this
     build does not know is read as add/remove, what every mechanism before multi-owner records was)."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(mechanism).ledger_relation
@@ -982,7 +980,6 @@ def relation_of(mechanism: str) -> str:
 def _person_claim(mechanism: str) -> bool:
     """Whether a release of this mechanism is charged to persons. Releases under names the mechanism
     registry does not hold (private selection, population estimates) charge persons a curve of their own."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(mechanism).ledger_person_claim
@@ -1013,7 +1010,7 @@ def effective_spend(by_mechanism: Mapping[str, np.ndarray], orders, *, replace: 
 
 
 def _check_secrets(secrets: Sequence[SecretCost]) -> list[SecretCost]:
-    from components.accounting.secrets import kl_budget
+    from components.accounting.secrets import kl_budget  # startup
 
     out = []
     for c in secrets:
@@ -1037,7 +1034,7 @@ def _reserve_secrets(conn: Connection, rid: int, sec: list[SecretCost], skeys: l
     (a filter's budget cannot move, and γ is only meaningful for the prior it was computed with). A
     secret is charged iff lifetime KL + this release's KL ≤ d_KL(γ‖κ); the decision reads only the
     ledger and that secret's own KL (a function of its public tagging and the release's parameters)."""
-    from components.accounting.secrets import kl_budget
+    from components.accounting.secrets import kl_budget  # startup
 
     if not sec:
         return np.zeros(0, dtype=bool)
@@ -1155,8 +1152,6 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
 def _group_size(mechanism: str, rows: int) -> int:
     """How many unit Gaussians one person's charged rows are, for the non-adaptive estimate: the
     release's mechanism says (a user-sampled release is one, whatever the rows)."""
-    from components.core.errors import VeilError
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(mechanism).ledger_group_size(rows)

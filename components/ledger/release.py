@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from components.core.errors import VeilError
-from components.renyi import rdp as _rdp
+from components.renyi import rdp as _rdp, costs as _costs
 from components.ledger.ledger import Ledger, Reservation
-from components.renyi import costs as _costs
 from components.renyi.costs import Budget, PersonCost, SecretCost, plan_number
 from components.mechanisms import get as get_mechanism
 
@@ -83,7 +82,7 @@ def secret_costs(plan_like: Mapping, targets: Sequence) -> list[SecretCost]:
     (components.accounting.secrets.report_secrets: T × the max-direction per-step KL of the
     Poisson-binomial mixture at the rates of the records holding it) at the plan's σ and planned T.
     `targets`: SecretTarget (secret id `class:value`, rates, κ, γ), e.g. flows.stages.secret_targets."""
-    from components.accounting.secrets import report_secrets
+    from components.accounting.secrets import report_secrets  # startup
 
     if not get_mechanism(str(plan_like.get("mechanism"))).secret_targets:
         raise VeilError("ledger: per-secret KL is charged for secret-protection plans only")

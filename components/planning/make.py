@@ -28,6 +28,7 @@ from components.draws.audit_split import (AuditSplit, keep_trained_members, mask
 from components.audit.sizing import size_audit
 from components.planning.plan import SCHEMA, Plan, seal
 from components.draws.selection import Scorer
+from components.audit import make_canary_users
 
 
 
@@ -104,7 +105,6 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
     conf = policy.spec.audit.canaries
     if conf.users <= 0:
         return None
-    from components.audit import make_canary_users
 
     m = policy.spec.audit.attacker_samples_per_user
     recs = make_canary_users(conf.users, int(conf.records_per_user), seed, substring_words=conf.substring_words)
