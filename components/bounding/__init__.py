@@ -1,4 +1,4 @@
-"""Who is a person and how much each may contribute (floor 3: imports core and accounting).
+"""Who is a person and how much each may contribute (imports core and accounting).
 
 - `people`: a policy's `spec.people` (exclusions, identity rule, aliases, owners) applied to a snapshot;
 - `owners`: multi-owner contribution bounding (every participant's share of a record);

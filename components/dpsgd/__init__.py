@@ -1,4 +1,4 @@
-"""DP-SGD steps and their parts (floor 3: imports core and modeling; torch at module top).
+"""DP-SGD steps and their parts (imports core, accounting and modeling; torch at module top).
 
 Batch selection, clipping and noise kept apart:
 - `sampling` (Poisson draws of units), `batches`, `data` (rows → per-record rates);

@@ -1,4 +1,4 @@
-"""Keyed draws and the plan's private annex (floor 3: imports only core).
+"""Keyed draws and the plan's private annex (imports core and bounding's owners).
 
 Everything a plan decides person by person with its secret key lives here, so that each decision
 about one person depends on that person alone (their id under the key) and never on who else is in

@@ -1,4 +1,4 @@
-"""Policy + snapshot → plan: the stage that asks each mechanism to bound and calibrate (floor 5).
+"""Policy + snapshot → plan: the stage that asks each mechanism to bound and calibrate.
 
     plan = make_plan(load_policy("policies/demo.yaml"), snapshot, private_dir=settings.private_dir)
     path = save_plan(plan, settings.plans_dir)          # the public part

@@ -1,4 +1,4 @@
-"""Rényi curves, costs and the filter's maths (floor 3: imports core; dp-accounting where a curve is computed).
+"""Rényi curves, costs and the filter's maths (imports core; dp-accounting where a curve is computed).
 
 - `rdp`: each release's RDP curve on the ledger's fixed orders, the individual filter's condition,
   ε(δ) of a spend, releases left under a budget;

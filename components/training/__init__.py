@@ -1,4 +1,4 @@
-"""The training stage: a plan's DP training run on an HF causal LM (floor 5).
+"""The training stage: a plan's DP training run on an HF causal LM.
 
     spec = TrainSpec.from_plan(plan)
     result = train(spec, data, model, tokenizer, out_dir)   # data: user_id, text[, rate]
