@@ -177,3 +177,15 @@ def test_held_out_canaries_echo_like_never_drawn_ones(echoed):
     assert rep["verdict"] != FAILED
     lo, hi = rep["report"]["auroc_interval"]
     assert lo < 0.5 < hi
+
+
+def test_policy_prefixes_are_checked():
+    from pydantic import ValidationError
+
+    from components.policy.model import Canaries
+
+    assert Canaries(users=4, records_per_user=4, prefixes=PREFIXES).prefixes == PREFIXES
+    for bad, msg in ((PREFIXES[:3], "each need a distinct one"), (PREFIXES[:3] + [PREFIXES[0]], "appears twice"),
+                     (PREFIXES[:3] + ["  "], "empty"), (PREFIXES[:3] + ["x" * 2001], "at most 2000")):
+        with pytest.raises(ValidationError, match=msg):
+            Canaries(users=4, records_per_user=4, prefixes=bad)
