@@ -187,6 +187,8 @@ def test_echo_audit_of_the_corpus(release):
     import mlflow
 
     assert mlflow.MlflowClient().get_run(doc["run_id"]).data.tags["synthetic.echo_audit.verdict"] == out["verdict"]
+    table = _cli(release, "audit-synthetic", doc["corpus_dir"], "--no-record", "--bootstrap", "10")
+    assert table.exit_code == r.exit_code and "Echo audit of corpus" in table.stdout, table.output
     bad = _cli(release, "audit-synthetic", "no-such-corpus")
     assert bad.exit_code == 2 and bad.stderr.strip().startswith("error: corpus 'no-such-corpus': no such corpus")
 
