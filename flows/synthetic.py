@@ -159,3 +159,83 @@ def _model_run_tags(settings: Settings, run_id: str) -> dict:
     from components.registry.mlflow_registry import _client
 
     return dict(_client(settings).get_run(run_id).data.tags)
+
+
+# --- the canary echo audit (`veil audit-synthetic`) ----------------------------------------------------------
+ECHO_FILE = "echo-audit.json"
+
+
+def corpus_folder(settings: Settings, corpus: str | Path) -> Path:
+    """A corpus folder: a path, or a corpus id (the folder name under VEIL_HOME/synthetic/, or a unique
+    prefix of it)."""
+    p = Path(corpus)
+    if p.is_dir():
+        return p
+    root = Path(settings.home) / "synthetic"
+    text = str(corpus)
+    hits = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
+                  and d.name.startswith(text)) if root.is_dir() and text and "/" not in text else []
+    if len(hits) != 1:
+        raise VeilError(f"corpus {text!r}: " + ("no such corpus folder or id under " + str(root) if not hits else
+                                                f"{len(hits)} corpora start with it; give more of the id"))
+    return hits[0]
+
+
+def audit_synthetic(settings: Settings, corpus: str | Path, *, policy: str | Path | None = None,
+                    bootstrap: int = 100, record: bool = True) -> dict:
+    """The canary echo audit of a corpus (components/audit/echo.py): the corpus (verified) against the plan's
+    canaries, member vs held out. Reads the corpus and the plan's private canary split — never the model.
+    Returns {"public": the section (through the gate), "private": the private report's path, "verdict"}."""
+    from components.audit.echo import echo_audit, echo_canaries, private_json, public_section
+    from components.audit.inputs import audit_reservations
+    from components.audit.run import canary_records_table, resolve_thresholds
+    from components.draws.annex import load_annex
+    from components.planning.plan import load_plan
+    from components.publication import publish
+    from components.registry.synthetic import load_synthetic, record_echo_audit
+    from components.synthetic.corpus import FILES
+
+    folder = corpus_folder(settings, corpus)
+    thresholds_src = None
+    if policy is not None:
+        from components.policy import load_policy
+
+        thresholds_src = load_policy(policy).spec.audit
+    syn = load_synthetic(folder, settings)       # every check: seal, files, the model's certificate and seal
+    model_cert = json.loads((folder / FILES["model_certificate"]).read_text())
+    plan_path = Path(settings.plans_dir) / f"{model_cert.get('plan_sha256')}.json"
+    if not plan_path.is_file():
+        raise VeilError(f"corpus {folder.name}: the model's plan {str(model_cert.get('plan_sha256'))[:12]}… is not in "
+                        f"{settings.plans_dir} (the echo audit runs on the Veil home that trained the model)")
+    plan = load_plan(plan_path).to_dict()
+    annex = load_annex(settings.private_dir, plan) if plan.get("annex") else None
+    res = audit_reservations(plan, annex)
+    recs = canary_records_table(res, settings)
+    if recs is None or recs.num_rows == 0:
+        raise VeilError(f"corpus {folder.name}: the model's plan has no canaries, so there is nothing to echo; set "
+                        "audit.canaries.users and audit.canaries.prefixes in the policy of the next release")
+    conf = (plan.get("audit") or {}).get("canaries") or {}
+    canaries = echo_canaries(recs, res.held_out_users)
+    threshold = resolve_thresholds(thresholds_src, plan)["max_canary_auroc"]
+    seed = int((plan.get("training") or {}).get("seed", 0))
+    private = echo_audit(syn.texts, canaries, model_cert, threshold=threshold, bootstrap=bootstrap, seed=seed)
+    cert = syn.certificate
+    section = public_section(private, corpus={"certificate_sha256": cert["sha256"], "records": cert["corpus"]["records"]},
+                             model={"name": cert["model"]["name"], "version": cert["model"]["version"],
+                                    "certificate_sha256": model_cert["sha256"]})
+    section["canary_kind"] = "echo" if conf.get("prefixes") else "inserted"
+    if not conf.get("prefixes"):
+        section["reasons"].append("the plan's canaries carry their substring inside filler text, not after an "
+                                  "in-distribution prefix (audit.canaries.prefixes): the sampler seldom reaches "
+                                  "them, so a pass here is weak evidence")
+    private_dir = Path(settings.private_dir) / "synthetic" / folder.name
+    private_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(private_dir, 0o700)
+    path = private_dir / ECHO_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private_json({**private, "corpus": folder.name}))
+    public = publish("cli.audit_synthetic", {**section, "private_report": str(path)})
+    if record:
+        record_echo_audit(settings, cert["sha256"], public)
+    return {"public": public, "private": str(path), "verdict": public["verdict"]}

@@ -172,6 +172,13 @@ def _canary_file(res: AuditReservations, settings) -> Path | None:
     return cf
 
 
+def canary_records_table(res: AuditReservations, settings) -> pa.Table | None:
+    """The plan's canary records (every canary, trained and held out; checked against the plan's sha256),
+    or None when the plan has none. Private: the substrings are in `metadata`."""
+    cf = _canary_file(res, settings)
+    return None if cf is None else pq.read_table(cf)
+
+
 def _say(progress: bool, msg: str) -> None:
     if progress:
         print(f"audit: {msg}", file=sys.stderr, flush=True)

@@ -107,7 +107,8 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
         return None
 
     m = policy.spec.audit.attacker_samples_per_user
-    recs = make_canary_users(conf.users, int(conf.records_per_user), seed, substring_words=conf.substring_words)
+    recs = make_canary_users(conf.users, int(conf.records_per_user), seed, substring_words=conf.substring_words,
+                             prefixes=conf.prefixes, key=key)
     c_split = split_canaries(recs.select(["record_id", "user_id", "text"]), m=m, seed=seed, key=key)
     merged = AuditSplit(
         held_out_users=sorted(split.held_out_users + c_split.held_out_users),
@@ -357,7 +358,12 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
                             "per record: users held out by their own keyed draw, each distinct record reserved "
                             "for the attacker by its own keyed draw"),
                   "canaries": {"users": int(audit.canaries.users),
-                               "records_per_user": int(audit.canaries.records_per_user)},
+                               "records_per_user": int(audit.canaries.records_per_user),
+                               # echo canaries (`veil audit-synthetic`): the public openings, stated only
+                               # when the policy gives them so that other plans keep their bytes
+                               **({"prefixes": list(audit.canaries.prefixes),
+                                   "suffix_words": int(audit.canaries.substring_words)}
+                                  if audit.canaries.prefixes else {})},
                   "thresholds": {"max_user_inference_auroc": float(audit.max_user_inference_auroc),
                                  "max_secret_exposure": float(audit.max_secret_exposure),
                                  "max_exposed_fraction": float(audit.max_exposed_fraction)},

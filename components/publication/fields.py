@@ -683,3 +683,29 @@ declare(
 # --- issue 24: the training precision as a flow parameter ----------------------------------------------------
 declare(Field("prefect", "parameters.precision", P, "the operator's training precision override (fp32, bf16, "
               "fp16 or null: a public setting, recorded on the certificate too)"))
+# --- the canary echo audit of a synthetic corpus (h-echo, issue 25) ------------------------------------------
+# `veil audit-synthetic`: the corpus against the plan's echo canaries (components/audit/echo.py). Measured on the
+# private canary split after training, so uncovered: verdicts, count buckets and values on the audit's grids.
+channel("cli.audit_synthetic", "the operator and registry readers: `veil audit-synthetic --json`")
+_ECHO_Q = ("quantized as the model audit's section (components/audit/public.py: count buckets; AUROC and the groups' "
+           "mean echo fraction, both moved at most 1/(n − 1) by one canary, on the AUROC grid; verdicts at 95 % "
+           "simultaneous intervals); marked covered_by_certificate: false")
+_ECHO_T = "tests/audit/test_audit_echo.py"
+declare(
+    *(Field("cli.audit_synthetic", p, P, w) for p, w in [
+        ("schema", _CONST), ("covered_by_certificate", _CONST), ("coverage_note", _CONST), ("statistics.**", _CONST),
+        ("corpus.records", "the operator's --records"), ("model.name", "the registered name"),
+        ("model.version", "the registry's version number"), ("epsilon", "the model certificate's ε"),
+        ("delta", "the model certificate's δ"), ("threshold", _POLICY), ("confidence", _CONST),
+        ("auroc_ceiling", "f(ε, δ) of the model certificate"), ("auroc_ceiling_pld", "f(PLD) of the model certificate"),
+        ("binding_ceiling", "the model certificate's ceiling"),
+        ("canary_kind", "whether the policy gave canary prefixes (a policy value)"),
+        ("private_report", "the private report's path under VEIL_HOME/private (its contents stay there)")]),
+    Field("cli.audit_synthetic", "corpus.certificate_sha256", P, "the corpus certificate's sha256", digest=True),
+    Field("cli.audit_synthetic", "model.certificate_sha256", P, "the model certificate's sha256", digest=True),
+    Field("cli.audit_synthetic", "**", U, "the echo audit's verdicts and quantized aggregates", coarsening=_ECHO_Q,
+          test=_ECHO_T),
+    Field("registry.tag", "synthetic.echo_audit.*", U, "the echo audit's verdict and AUROC bucket (as its --json)",
+          coarsening=_ECHO_Q, test=_ECHO_T),
+)
+# --- end of h-echo ---

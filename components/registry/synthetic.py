@@ -184,3 +184,27 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
             v.run("registry", _check_run, client, run_id, cert, model_cert)
         v.raise_if_invalid(f"synthetic corpus {text}")
     return SyntheticCorpus(table=table, certificate=cert, verification=v.to_dict(), uri=text)
+
+
+def record_echo_audit(settings: Settings, certificate_sha256: str, section: Mapping[str, Any]) -> str | None:
+    """Tag the corpus' run(s) with the echo audit's public verdict and AUROC bucket (`veil audit-synthetic`).
+    Returns the run id tagged last, or None when the corpus was never registered."""
+    from components.registry.mlflow_registry import _client
+
+    client = _client(settings)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id],
+                              filter_string=f"tags.`synthetic.certificate_sha256` = '{certificate_sha256}'")
+    auroc = section.get("auroc")
+    tags = publish("registry.tag", {
+        "synthetic.echo_audit.verdict": str(section.get("verdict")),
+        "synthetic.echo_audit.auroc": "none" if not auroc else f"[{auroc[0]:g}, {auroc[1]:g})"},
+        subject=certificate_sha256)
+    last = None
+    for r in runs:
+        for k, v in tags.items():
+            client.set_tag(r.info.run_id, k, v)
+        last = r.info.run_id
+    return last

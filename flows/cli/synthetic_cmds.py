@@ -65,5 +65,61 @@ def synthesize(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION o
     out.print(t)
 
 
+_STYLE = {"passed": "[green]PASSED[/green]", "failed": "[red]FAILED[/red]",
+          "inconclusive": "[yellow]INCONCLUSIVE[/yellow]"}
+
+
+def _rng(b) -> str:
+    return "—" if not b else f"[{b[0]:g}, {b[1]:g})" if b[1] is not None else f"[{b[0]:g}, …)"
+
+
+def audit_synthetic(corpus: str = typer.Argument(..., help="corpus id (its folder under VEIL_HOME/synthetic/, or a "
+                                                           "unique prefix) or a corpus folder"),
+                    policy: Optional[Path] = typer.Option(None, "--policy", help="policy whose audit thresholds "
+                                                          "apply (default: the plan's)"),
+                    bootstrap: int = typer.Option(100, "--bootstrap", min=2, help="bootstrap resamples of canaries"),
+                    record: bool = typer.Option(True, "--record/--no-record", help="tag the corpus' MLflow run "
+                                                "with the verdict"),
+                    json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """The canary echo audit of a synthetic corpus: how much of each trained canary's random suffix the
+    corpus echoes, against held-out canaries and the certificate's ceiling. Reads the corpus, never the model.
+
+    Exit 0 when PASSED, 1 when FAILED, 3 when INCONCLUSIVE (too few canaries; says how many it needs).
+    Per-canary values go to VEIL_HOME/private/synthetic/<id>/echo-audit.json only. docs/privacy/synthetic-echo.md."""
+    from flows.synthetic import audit_synthetic as run
+
+    s = settings_with_device()
+    quiet_third_party(prefect=False)
+    res = run(s, corpus, policy=policy, bootstrap=bootstrap, record=record)
+    doc = res["public"]
+    if json_out:
+        print_json(doc)
+    else:
+        t = Table(title=f"Echo audit of corpus {doc['corpus']['certificate_sha256'][:16]}: "
+                        f"{_STYLE.get(doc['verdict'], doc['verdict'])}", show_header=False)
+        t.add_column("what", style="bold")
+        t.add_column("value", overflow="fold")
+        t.add_row("canaries", f"{doc['canaries_in'][0]}–{doc['canaries_in'][1] - 1} trained / "
+                              f"{doc['canaries_out'][0]}–{doc['canaries_out'][1] - 1} held out ({doc['canary_kind']})")
+        if doc.get("auroc") is not None:
+            ceil = doc.get("binding_ceiling")
+            t.add_row("bigram AUROC", f"in {_rng(doc['auroc'])}, {doc['confidence']:.0%} interval within "
+                                      f"{_rng(doc['auroc_interval'])} · DP ceiling "
+                                      + ("none (no user-level ε)" if ceil is None else f"{ceil:.3f}"))
+            if doc.get("echo_auroc"):
+                t.add_row("echo AUROC", f"in {_rng(doc['echo_auroc']['auroc'])}")
+            me = doc["mean_echo"]
+            t.add_row("mean echo", f"trained {_rng(me['members'])}, held out {_rng(me['held_out'])} (fraction of the "
+                                   "suffix found contiguous in one record)")
+        for r in doc["reasons"]:
+            t.add_row("[yellow]why[/yellow]", r)
+        t.add_row("coverage", doc["coverage_note"])
+        t.add_row("private report", f"{res['private']} (owner only: per-canary values)")
+        out.print(t)
+    if doc["verdict"] != "passed":
+        raise typer.Exit(3 if doc["verdict"] == "inconclusive" else 1)
+
+
 def register(app: typer.Typer) -> None:
     app.command("synthesize")(synthesize)
+    app.command("audit-synthetic")(audit_synthetic)
