@@ -257,7 +257,7 @@ def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners:
                       attacker=_attacker_table(att_rid, att_user, att_member), train=train,
                       n_eligible=len(set(att_user)), evaluation=reservation)
 
-def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Table:
+def keep_trained_members(attacker: pa.Table, trained_people) -> pa.Table:
     """The attacker table without the "member" rows of people who own no trained record.
 
     The split labels a person a member when they were not held out, but the mechanism's bound runs
@@ -265,15 +265,21 @@ def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Tab
     most k records per owner, so a writer who was not held out can end with nothing trained (1 of 38
     "members" in issue 22, case 7). A member is a person at least one record they own was trained on;
     a person neither trained nor held out is neither member nor (randomly drawn) non-member, so their
-    samples leave the audit. `trained_people`: every owner of a trained record (writers included)."""
+    samples leave the audit. `trained_people`: every owner of a trained record (writers included), as
+    a collection of ids or an Arrow string column (repeats allowed)."""
     if attacker.num_rows == 0:
         return attacker
-    users = attacker.column("user_id").to_pylist()
-    member = attacker.column("member").to_pylist()
-    keep = [i for i, (u, m) in enumerate(zip(users, member)) if not m or u in trained_people]
-    if len(keep) == attacker.num_rows:
+    if isinstance(trained_people, (pa.Array, pa.ChunkedArray)):
+        people = pc.unique(trained_people)
+    else:
+        people = pa.array(sorted({str(p) for p in trained_people}), pa.string())
+    if isinstance(people, pa.ChunkedArray):
+        people = people.combine_chunks()
+    users = attacker.column("user_id")
+    keep = pc.or_(pc.invert(attacker.column("member")), pc.is_in(users, value_set=people.cast(users.type)))
+    if pc.all(keep).as_py():
         return attacker
-    return attacker.take(pa.array(keep, type=pa.int64()))
+    return attacker.filter(keep)
 
 
 def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:

@@ -10,7 +10,7 @@ replays, vectorised over people, exactly what numpy does for each of them:
 * PCG64 seeded from it (`pcg_setseq_128_srandom_r`), its 128-bit LCG step and XSL-RR output, with the
   32-bit half kept for the next `next_uint32` as numpy's bit generator does;
 * `Generator.choice(n, m, replace=False)` for n ≤ 10 000: Floyd's sampling with Lemire's bounded draws,
-  then the Fisher–Yates shuffle of the m picks.
+  then the Fisher–Yates shuffle of the m picks; and `choice(n, m, replace=True)`: m bounded draws.
 
 Nothing here is a new random choice: each row's output is, bit for bit, what that person's own
 Generator returns (tests/planning/test_planning_columns.py compares them). `floyd_choice` checks this
@@ -174,6 +174,15 @@ def _floyd(seeds: np.ndarray, pop: np.ndarray, size: int) -> np.ndarray:
     return idx
 
 
+def _draws_with_replacement(seeds: np.ndarray, pop: np.ndarray, size: int) -> np.ndarray:
+    """(n, size): each row's Generator(PCG64(seed)).choice(pop[row], size, replace=True) — `size`
+    bounded draws on [0, pop − 1] in turn (numpy's `integers` path)."""
+    g = PCG64s(seeds)
+    rows = np.arange(len(pop))
+    hi = (np.asarray(pop, np.int64) - 1).astype(np.uint64)
+    return np.stack([g.bounded(rows, hi).astype(np.int64) for _ in range(size)], axis=1).reshape(len(pop), size)
+
+
 def entropy_rows(seed: int, words: np.ndarray) -> np.ndarray:
     """The uint32 words numpy makes of [seed, w0, w1, w2, w3] (SeedSequence's entropy coercion)."""
     s = int(seed)
@@ -187,11 +196,11 @@ def entropy_rows(seed: int, words: np.ndarray) -> np.ndarray:
     return np.concatenate([np.tile(np.asarray(head, np.uint32), (len(words), 1)), words], axis=1)
 
 
-def _numpy_choice(seed: int, words: np.ndarray, pop: np.ndarray, size: int) -> np.ndarray:
+def _numpy_choice(seed: int, words: np.ndarray, pop: np.ndarray, size: int, replace: bool = False) -> np.ndarray:
     out = np.empty((len(pop), size), np.int64)
     for r in range(len(pop)):
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), *map(int, words[r])]))
-        out[r] = rng.choice(int(pop[r]), size=size, replace=False)
+        out[r] = rng.choice(int(pop[r]), size=size, replace=replace)
     return out
 
 
@@ -212,6 +221,9 @@ def _verified() -> bool:
                 pop[1] = size
                 ok &= bool(np.array_equal(_floyd(seed_states(entropy_rows(seed, words)), pop, size),
                                           _numpy_choice(seed, words, pop, size)))
+                pop[2] = 1
+                ok &= bool(np.array_equal(_draws_with_replacement(seed_states(entropy_rows(seed, words)), pop, size),
+                                          _numpy_choice(seed, words, pop, size, replace=True)))
         _VERIFIED = ok
     return _VERIFIED
 
@@ -237,3 +249,17 @@ def floyd_choice(seed: int, words: np.ndarray, pop: np.ndarray, size: int) -> np
     if big.any():                               # numpy's tail-shuffle path: one Generator each
         out[big] = _numpy_choice(seed, words[big], pop[big], size)
     return out
+
+
+def replace_choice(seed: int, words: np.ndarray, pop: np.ndarray, size: int) -> np.ndarray:
+    """(n, size) int64: row r is `np.random.default_rng(SeedSequence([seed, *words[r]]))
+    .choice(pop[r], size=size, replace=True)`, replayed in numpy (`pop[r] ≥ 1`)."""
+    words = np.asarray(words, dtype=np.uint32).reshape(-1, 4)
+    pop = np.asarray(pop, dtype=np.int64)
+    if len(pop) == 0 or size == 0:
+        return np.empty((len(pop), size), np.int64)
+    if (pop < 1).any():
+        raise ValueError("choice: an empty population")
+    if not _verified():
+        return _numpy_choice(seed, words, pop, size, replace=True)
+    return _draws_with_replacement(seed_states(entropy_rows(seed, words)), pop, size)

@@ -89,13 +89,18 @@ def ref_select(users, rids, texts, k, strategy, seed, exactly_k):
             chosen = ([rows[i] for i in sorted(rng.choice(len(rows), size=k, replace=False))] if len(rows) > k
                       else list(rows))
         else:
-            sign = -1.0 if strategy == "longest" else 1.0
-            chosen = sorted(rows, key=lambda r: (sign * len(texts[r]), rids[r]))[:k]
+            sign = -1.0 if strategy in ("longest", "ppl-high") else 1.0
+            f = _ppl if strategy.startswith("ppl") else len
+            chosen = sorted(rows, key=lambda r: (sign * f(texts[r]), rids[r]))[:k]
         if exactly_k and len(chosen) < k:
             rng = np.random.default_rng(np.random.SeedSequence([int(seed), *prf_seed(KEY, "resample", u)]))
             chosen = chosen + [chosen[i] for i in rng.choice(len(chosen), size=k - len(chosen), replace=True)]
         keep += chosen
     return keep
+
+
+def _ppl(text: str) -> float:
+    return float(len(text.encode()) % 5) + 0.25          # a deterministic stand-in scorer, many ties
 
 
 # --- random odd tables --------------------------------------------------------------------------
@@ -152,26 +157,33 @@ def test_columnar_evaluation_rest_matches_the_reference():
 
 
 @pytest.mark.parametrize("strategy,exactly_k", [("random", False), ("random", True), ("longest", False),
-                                                ("shortest", True)])
+                                                ("shortest", True), ("ppl-high", False), ("ppl-low", True)])
 def test_columnar_selection_matches_the_reference(strategy, exactly_k):
     for case in range(4):
         rng = np.random.default_rng(1000 + case)
         recs = odd_table(rng, 40)
         k = int(rng.integers(1, 4))
-        got = select_records(recs, k, strategy, seed=case, exactly_k=exactly_k, key=KEY)
+        got = select_records(recs, k, strategy, seed=case, exactly_k=exactly_k, key=KEY,
+                             scorer=lambda ts: [_ppl(t) for t in ts])
         want = ref_select(recs["user_id"].to_pylist(), recs["record_id"].to_pylist(), recs["text"].to_pylist(), k,
                           strategy, case, exactly_k)
         assert got.equals(recs.take(pa.array(want, pa.int64()))), (strategy, case)
 
 
-def test_population_digest_matches_the_reference():
+def test_population_digest_matches_the_reference(monkeypatch):
     import hashlib
+
+    from components.draws import annex
 
     recs = odd_table(np.random.default_rng(7), 30)
     h = hashlib.sha256()
     for u, r in sorted(zip(recs["user_id"].to_pylist(), recs["record_id"].to_pylist())):
         h.update(u.encode() + b"\x1f" + r.encode() + b"\n")
-    assert population_digest(KEY, recs) == prf(KEY, "population-digest", h.hexdigest()).hex()
+    want = prf(KEY, "population-digest", h.hexdigest()).hex()
+    assert population_digest(KEY, recs) == want
+    monkeypatch.setattr(annex, "_DIGEST_SLICE", 7)          # several slices, several chunks
+    chunked = pa.concat_tables([recs.slice(0, 11), recs.slice(11, 50), recs.slice(61)])
+    assert population_digest(KEY, chunked) == want
 
 
 def test_prf_columns_are_the_scalar_prf_row_by_row():
