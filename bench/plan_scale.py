@@ -6,9 +6,9 @@ this tree and for an older commit's, on the same synthetic people and the same p
     python bench/plan_scale.py --sizes 10000 --json  # one JSON document instead of the table
     python bench/plan_scale.py --no-baseline         # this tree only
 
-People: `person<n>@org.example`, 1–5 records each (mean 3), one of 50 000 short texts per record
-(about 5 % of a person's records repeat their previous text), record ids 32 hex digits, rows in a
-random order. Each size's snapshot is written once to Parquet and every measurement reads it in a
+People: `person<n>@org.example`, 1–5 records each (mean 3), each record's text one of 50 000 short
+sentences and a number that makes it unique (about 5 % of a person's records repeat their previous
+text verbatim), record ids 32 hex digits, rows in a random order. Each size's snapshot is written once to Parquet and every measurement reads it in a
 fresh interpreter with PYTHONPATH at the tree being measured. The plan key is fixed (32 bytes
 written to the private area before planning), so the two trees must produce the same plan sha256:
 the bench checks it (`same_plan`).
@@ -39,7 +39,7 @@ SIZES = (10_000, 100_000, 1_000_000)
 BIG = 10_000_000
 KEY = bytes(range(32))                 # a fixed plan key: both trees draw the same people
 WHEN = "2026-01-01T00:00:00+00:00"
-_CACHE = Path(tempfile.gettempdir()) / "veil-plan-scale"
+_CACHE = Path(tempfile.gettempdir()) / "veil-plan-scale-v2"
 
 
 # --- synthetic people ---------------------------------------------------------------------------
@@ -47,6 +47,7 @@ def make_records(people: int, seed: int = 0):
     """(record_id, user_id, text) for `people` synthetic people, built with numpy (no per-row Python)."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     rng = np.random.default_rng(seed)
     counts = rng.integers(1, 6, size=people)
@@ -60,9 +61,12 @@ def make_records(people: int, seed: int = 0):
     vocab = pa.array([" ".join(vocab_rng.choice(words, size=int(vocab_rng.integers(3, 12))))
                       + f" #{i}" for i in range(50_000)], pa.string())
     idx = rng.integers(0, len(vocab), size=n)
+    num = np.arange(n)
     repeat = (~first) & (rng.random(n) < 0.05)
     idx[repeat] = idx[np.flatnonzero(repeat) - 1]          # a person's previous text, verbatim
-    text = vocab.take(pa.array(idx))
+    num[repeat] = num[np.flatnonzero(repeat) - 1]
+    # every other text unique, as real messages are (a number after one of the 50 000 sentences)
+    text = pc.binary_join_element_wise(vocab.take(pa.array(idx)), pa.array(num).cast(pa.string()), " ")
     digits = np.char.zfill(np.arange(people).astype("U9"), 9).astype("S9")
     uid = pa.array(np.char.add(np.char.add(b"person", digits), b"@org.example")).cast(pa.string())
     user = uid.take(pa.array(person))

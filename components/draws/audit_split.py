@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.core.errors import VeilError
-from components.draws.columns import as_array, codes, sorted_strings, take, texts
+from components.draws.columns import as_array, codes, sorted_strings, take, take_rows, texts
 from components.draws.eval_split import (EvalReservation, check_fraction, empty_reservation, evaluation_draws,
                                          reservation_of)
 from components.draws.streams import floyd_choice
@@ -131,20 +131,19 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     # texts it holds, as integer codes; every draw below is still one keyed draw per person (or per
     # person's text), vectorised over people (annex.prf_*_column, streams.floyd_choice).
     person, people = codes(records.column("user_id"))
-    content_code, content_values = codes(cont)
-    pairs = texts(person, content_code, records.column("record_id"))
+    pairs = texts(person, cont, records.column("record_id"))
     live = np.ones(len(people), bool)              # people left after the evaluation draw
     reservation = empty_reservation()
     if evaluation > 0:
         drawn = evaluation_draws(k, seed, people, check_fraction(evaluation))
-        reservation = reservation_of(drawn, people, pairs)
+        reservation = reservation_of(drawn, people, pairs, records.column("record_id"))
         live = ~drawn
         if not live.any():
             raise VeilError(f"evaluation.fraction: every one of the {len(reservation.users)} users was drawn into "
                             "evaluation, leaving none to train on; lower the fraction")
     if own is not None:
         rest = np.flatnonzero(live[person])
-        sub = records.take(pa.array(rest)) if evaluation > 0 else records
+        sub = take_rows(records, rest) if evaluation > 0 else records
         cont_rest = take(cont, rest).to_pylist()
         return _owner_slots(sub, sub.column("user_id").to_pylist(), sub.column("record_id").to_pylist(), cont_rest,
                             [own[i] for i in rest], holdout=holdout, seed=seed, key=k,
@@ -163,7 +162,7 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
             for a in range(0, len(g), _CHUNK):
                 gg = g[a:a + _CHUNK]
                 chosen[gg] = prf_uniform_column(k, "attacker-record", int(seed), take(people, pairs.person[gg]),
-                                                take(content_values, pairs.content[gg])) < attacker_record_rate
+                                                take(cont, pairs.rep_row[gg])) < attacker_record_rate
         eligible = len(np.unique(pairs.person[chosen]))
     else:
         distinct = np.bincount(pairs.person, minlength=len(people))
@@ -173,26 +172,23 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
         if holdout > 0 and eligible:
             held[elig_codes] = prf_uniform_column(k, "holdout", int(seed), take(people, elig_codes)) < holdout
         if eligible:
-            # each eligible person's texts sorted (a stable draw), then m of them by the person's own
-            # Generator seeded from PRF(key, "attacker", user): streams replays those Generators
-            g = np.flatnonzero(elig[pairs.person])
-            idx = pc.sort_indices(pa.table({"p": pa.array(pairs.person[g]), "t": take(content_values, pairs.content[g])}),
-                                  sort_keys=[("p", "ascending"), ("t", "ascending")])
-            ranked = g[np.asarray(idx.to_numpy(), np.int64)]
-            starts = np.concatenate(([0], np.cumsum(distinct[elig_codes])[:-1]))
+            # each eligible person's texts sorted (a stable draw): `pairs` are numbered so already, a
+            # person's pairs consecutive; then m of them by the person's own Generator seeded from
+            # PRF(key, "attacker", user), which streams replays
+            starts = np.concatenate(([0], np.cumsum(distinct)[:-1]))[elig_codes]
             words = prf_seed_column(k, "attacker", take(people, elig_codes))
             picks = floyd_choice(int(seed), words, distinct[elig_codes], int(m))
-            chosen[ranked[(starts[:, None] + picks).ravel()]] = True
+            chosen[(starts[:, None] + picks).ravel()] = True
     if held.any() and held.sum() == len(live_codes):
         raise VeilError(f"audit.holdout_users: every one of the {len(live_codes)} users was drawn into the held-out "
                         "group, leaving none to train on; lower the probability")
 
     att = np.flatnonzero(chosen)
-    attacker = pa.table([take(pairs.rep, att), take(people, pairs.person[att]),
+    attacker = pa.table([pairs.rep(records.column("record_id"), att), take(people, pairs.person[att]),
                          pa.array(~held[pairs.person[att]], pa.bool_())], schema=ATTACKER_SCHEMA)
     attacker = attacker.sort_by([("user_id", "ascending"), ("record_id", "ascending")])
     keep = np.flatnonzero(live[person] & ~held[person] & ~chosen[pairs.group])
-    train = records.take(pa.array(keep))
+    train = take_rows(records, keep)
     return AuditSplit(held_out_users=sorted_strings(take(people, np.flatnonzero(held))),
                       trained_users=sorted_strings(take(people, np.unique(person[keep]))),
                       attacker=attacker, train=train, n_eligible=int(eligible), evaluation=reservation)

@@ -67,13 +67,13 @@ def evaluation_draws(key: bytes, seed: int, people, fraction: float) -> np.ndarr
     return prf_uniform_column(key, "evaluation", int(seed), people) < fraction
 
 
-def reservation_of(drawn: np.ndarray, people: pa.Array, pairs: Texts) -> EvalReservation:
+def reservation_of(drawn: np.ndarray, people: pa.Array, pairs: Texts, record_id) -> EvalReservation:
     """The reservation of the people `drawn` (one flag per person code): one row per distinct content
     of each, named by its smallest record id, sorted by (record_id, user_id)."""
     g = np.flatnonzero(drawn[pairs.person])
     if len(g) == 0:
         return empty_reservation()
-    table = pa.table([take(pairs.rep, g), take(people, pairs.person[g])], schema=EVAL_SCHEMA)
+    table = pa.table([pairs.rep(record_id, g), take(people, pairs.person[g])], schema=EVAL_SCHEMA)
     table = table.sort_by([("record_id", "ascending"), ("user_id", "ascending")])
     return EvalReservation(users=sorted_strings(take(people, np.unique(pairs.person[g]))), records=table)
 
@@ -87,10 +87,9 @@ def reserve_evaluation(records: pa.Table, *, fraction: float, seed: int, key: by
     grouped by integer codes (components.draws.columns)."""
     fraction = check_fraction(fraction)
     person, people = codes(records.column("user_id"))
-    content_code, _ = codes(content if content is not None else records.column("text"))
-    pairs = texts(person, content_code, records.column("record_id"))
+    pairs = texts(person, content if content is not None else records.column("text"), records.column("record_id"))
     drawn = evaluation_draws(key, seed, people, fraction)
-    return reservation_of(drawn, people, pairs), np.flatnonzero(~drawn[person])
+    return reservation_of(drawn, people, pairs, records.column("record_id")), np.flatnonzero(~drawn[person])
 
 
 def empty_reservation() -> EvalReservation:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from components.core.errors import VeilError
 from components.core.canonical import round_sig
 from components.draws.annex import prf_seed, prf_seed_column
-from components.draws.columns import codes, take
+from components.draws.columns import codes, take, take_rows
 from components.draws.streams import floyd_choice, replace_choice
 
 SELECTION_DIGITS = 6   # perplexities compared at this precision (machine-independent selection)
@@ -134,7 +134,7 @@ def select_records(records: pa.Table, k: int, strategy: str, *, seed: int, exact
     chosen = order[chosen_pos]                                  # grouped by person, in person-code order
     if exactly_k:
         chosen = _resample_to_k(chosen, person, people, int(k), seed, key)
-    return records.take(pa.array(chosen, type=pa.int64()))
+    return take_rows(records, chosen)
 
 
 def _resample_to_k(chosen: np.ndarray, person: np.ndarray, people: pa.Array, k: int, seed: int,
