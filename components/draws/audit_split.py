@@ -34,11 +34,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components.core.errors import VeilError
-from components.draws.eval_split import EvalReservation, empty_reservation, reserve_evaluation
+from components.draws.columns import as_array, codes, sorted_strings, take, take_rows, texts
+from components.draws.eval_split import (EvalReservation, check_fraction, empty_reservation, evaluation_draws,
+                                         reservation_of)
+from components.draws.streams import floyd_choice
 from components.bounding.owners import owner_set
-from components.draws.annex import prf, prf_seed, prf_uniform
+from components.draws.annex import prf, prf_seed, prf_seed_column, prf_uniform, prf_uniform_column
 
 
 @dataclass(frozen=True)
@@ -112,78 +116,85 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
         raise VeilError(f"audit.holdout_users: {holdout:g} is not a probability below 1 (each person is held out by "
                         "an independent draw; a count would need the private number of users)")
     k = _key(key)
-    users = records.column("user_id").to_pylist()
-    rids = records.column("record_id").to_pylist()
-    cont = list(content) if content is not None else records.column("text").to_pylist()
-    if len(cont) != len(rids):
+    n = records.num_rows
+    cont = as_array(content) if content is not None else records.column("text")
+    if len(cont) != n:
         raise VeilError("audit split: content must have one entry per record")
     own = None
     if owners is not None:
         if unit != "record":
             raise VeilError("audit split: owner lists are for per-record draws (multi-owner records) only")
         own = list(owners)
-        if len(own) != len(rids):
+        if len(own) != n:
             raise VeilError("audit split: owners must have one entry per record")
+    # Columns, not per-record objects: who each row belongs to and which of that person's distinct
+    # texts it holds, as integer codes; every draw below is still one keyed draw per person (or per
+    # person's text), vectorised over people (annex.prf_*_column, streams.floyd_choice).
+    person, people = codes(records.column("user_id"))
+    pairs = texts(person, cont, records.column("record_id"))
+    live = np.ones(len(people), bool)              # people left after the evaluation draw
     reservation = empty_reservation()
     if evaluation > 0:
-        reservation, rest = reserve_evaluation(records, fraction=evaluation, seed=seed, key=k, content=cont)
-        records = records.take(pa.array(rest, type=pa.int64()))
-        users, rids, cont = [users[i] for i in rest], [rids[i] for i in rest], [cont[i] for i in rest]
-        own = None if own is None else [own[i] for i in rest]
-        if not users:
+        drawn = evaluation_draws(k, seed, people, check_fraction(evaluation))
+        reservation = reservation_of(drawn, people, pairs, records.column("record_id"))
+        live = ~drawn
+        if not live.any():
             raise VeilError(f"evaluation.fraction: every one of the {len(reservation.users)} users was drawn into "
                             "evaluation, leaving none to train on; lower the fraction")
     if own is not None:
-        return _owner_slots(records, users, rids, cont, own, holdout=holdout, seed=seed, key=k,
+        rest = np.flatnonzero(live[person])
+        sub = take_rows(records, rest) if evaluation > 0 else records
+        cont_rest = take(cont, rest).to_pylist()
+        return _owner_slots(sub, sub.column("user_id").to_pylist(), sub.column("record_id").to_pylist(), cont_rest,
+                            [own[i] for i in rest], holdout=holdout, seed=seed, key=k,
                             rate=attacker_record_rate, reservation=reservation)
 
-    # user -> content -> smallest record_id holding it (deterministic representative)
-    by_user: dict[str, dict[str, str]] = {}
-    for u, r, t in zip(users, rids, cont):
-        d = by_user.setdefault(u, {})
-        if t not in d or r < d[t]:
-            d[t] = r
-
-    att_rid, att_user, att_member = [], [], []
-    excluded: dict[str, set[str]] = {}
-    out_set: set[str] = set()
-    eligible = 0
-    for u in sorted(by_user):
-        d = by_user[u]
-        if unit == "record":
-            # every decision keyed on the user id or on one text alone
-            if held_out(k, seed, u, holdout):
-                out_set.add(u)
-            chosen = sorted((t for t in d if attacker_record_rate > 0 and
-                             prf_uniform(k, "attacker-record", int(seed), u, t) < attacker_record_rate),
-                            key=lambda t: d[t])
-            if chosen:
-                eligible += 1
-        else:
-            if len(d) < m + 1:
-                continue                               # too few texts: always trained, never audited
-            eligible += 1
-            if held_out(k, seed, u, holdout):
-                out_set.add(u)
-            distinct = sorted(d)                       # this user's texts, sorted for a stable draw
-            rng = np.random.default_rng(np.random.SeedSequence([int(seed), *prf_seed(k, "attacker", u)]))
-            pick = rng.choice(len(distinct), size=m, replace=False)
-            chosen = sorted((distinct[i] for i in pick), key=lambda t: d[t])
-        excluded[u] = set(chosen)
-        for t in chosen:
-            att_rid.append(d[t])
-            att_user.append(u)
-            att_member.append(u not in out_set)
-    if out_set and len(out_set) == len(by_user):
-        raise VeilError(f"audit.holdout_users: every one of the {len(by_user)} users was drawn into the held-out "
+    live_codes = np.flatnonzero(live)
+    live_pair = live[pairs.person]
+    chosen = np.zeros(len(pairs.person), bool)     # per (person, text): reserved for the attacker
+    held = np.zeros(len(people), bool)
+    if unit == "record":
+        # every decision keyed on the user id or on one text alone
+        if holdout > 0:
+            held[live_codes] = prf_uniform_column(k, "holdout", int(seed), take(people, live_codes)) < holdout
+        if attacker_record_rate > 0:
+            g = np.flatnonzero(live_pair)
+            for a in range(0, len(g), _CHUNK):
+                gg = g[a:a + _CHUNK]
+                chosen[gg] = prf_uniform_column(k, "attacker-record", int(seed), take(people, pairs.person[gg]),
+                                                take(cont, pairs.rep_row[gg])) < attacker_record_rate
+        eligible = len(np.unique(pairs.person[chosen]))
+    else:
+        distinct = np.bincount(pairs.person, minlength=len(people))
+        elig = live & (distinct >= m + 1)          # too few texts: always trained, never audited
+        elig_codes = np.flatnonzero(elig)
+        eligible = len(elig_codes)
+        if holdout > 0 and eligible:
+            held[elig_codes] = prf_uniform_column(k, "holdout", int(seed), take(people, elig_codes)) < holdout
+        if eligible:
+            # each eligible person's texts sorted (a stable draw): `pairs` are numbered so already, a
+            # person's pairs consecutive; then m of them by the person's own Generator seeded from
+            # PRF(key, "attacker", user), which streams replays
+            starts = np.concatenate(([0], np.cumsum(distinct)[:-1]))[elig_codes]
+            words = prf_seed_column(k, "attacker", take(people, elig_codes))
+            picks = floyd_choice(int(seed), words, distinct[elig_codes], int(m))
+            chosen[(starts[:, None] + picks).ravel()] = True
+    if held.any() and held.sum() == len(live_codes):
+        raise VeilError(f"audit.holdout_users: every one of the {len(live_codes)} users was drawn into the held-out "
                         "group, leaving none to train on; lower the probability")
 
-    keep = [i for i, (u, t) in enumerate(zip(users, cont)) if u not in out_set and t not in excluded.get(u, ())]
-    train = records.take(pa.array(keep, type=pa.int64()))
-    trained = sorted(set(train.column("user_id").to_pylist()))
-    return AuditSplit(held_out_users=sorted(out_set), trained_users=trained,
-                      attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=eligible,
-                      evaluation=reservation)
+    att = np.flatnonzero(chosen)
+    attacker = pa.table([pairs.rep(records.column("record_id"), att), take(people, pairs.person[att]),
+                         pa.array(~held[pairs.person[att]], pa.bool_())], schema=ATTACKER_SCHEMA)
+    attacker = attacker.sort_by([("user_id", "ascending"), ("record_id", "ascending")])
+    keep = np.flatnonzero(live[person] & ~held[person] & ~chosen[pairs.group])
+    train = take_rows(records, keep)
+    return AuditSplit(held_out_users=sorted_strings(take(people, np.flatnonzero(held))),
+                      trained_users=sorted_strings(take(people, np.unique(person[keep]))),
+                      attacker=attacker, train=train, n_eligible=int(eligible), evaluation=reservation)
+
+
+_CHUNK = 1 << 20       # (person, text) pairs drawn per batch for record units (bounds the message copies)
 
 
 def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners: list, *, holdout: float,
@@ -242,7 +253,7 @@ def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners:
                       attacker=_attacker_table(att_rid, att_user, att_member), train=train,
                       n_eligible=len(set(att_user)), evaluation=reservation)
 
-def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Table:
+def keep_trained_members(attacker: pa.Table, trained_people) -> pa.Table:
     """The attacker table without the "member" rows of people who own no trained record.
 
     The split labels a person a member when they were not held out, but the mechanism's bound runs
@@ -250,15 +261,21 @@ def keep_trained_members(attacker: pa.Table, trained_people: set[str]) -> pa.Tab
     most k records per owner, so a writer who was not held out can end with nothing trained (1 of 38
     "members" in issue 22, case 7). A member is a person at least one record they own was trained on;
     a person neither trained nor held out is neither member nor (randomly drawn) non-member, so their
-    samples leave the audit. `trained_people`: every owner of a trained record (writers included)."""
+    samples leave the audit. `trained_people`: every owner of a trained record (writers included), as
+    a collection of ids or an Arrow string column (repeats allowed)."""
     if attacker.num_rows == 0:
         return attacker
-    users = attacker.column("user_id").to_pylist()
-    member = attacker.column("member").to_pylist()
-    keep = [i for i, (u, m) in enumerate(zip(users, member)) if not m or u in trained_people]
-    if len(keep) == attacker.num_rows:
+    if isinstance(trained_people, (pa.Array, pa.ChunkedArray)):
+        people = pc.unique(trained_people)
+    else:
+        people = pa.array(sorted({str(p) for p in trained_people}), pa.string())
+    if isinstance(people, pa.ChunkedArray):
+        people = people.combine_chunks()
+    users = attacker.column("user_id")
+    keep = pc.or_(pc.invert(attacker.column("member")), pc.is_in(users, value_set=people.cast(users.type)))
+    if pc.all(keep).as_py():
         return attacker
-    return attacker.take(pa.array(keep, type=pa.int64()))
+    return attacker.filter(keep)
 
 
 def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = None) -> AuditSplit:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pyarrow.compute as pc
+
 from components.mechanisms.base import Bounded, PlanContext, register
 from components.mechanisms.gaussian import SubsampledGaussian
 from components.draws.selection import REDRAWN_PER_VISIT, select_records
@@ -38,7 +40,7 @@ class ULS(SubsampledGaussian):
         else:
             chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
                                     key=ctx.key)
-        return Bounded(chosen=chosen, n_units=len(set(chosen.column("user_id").to_pylist())),
+        return Bounded(chosen=chosen, n_units=int(pc.count_distinct(chosen.column("user_id")).as_py()),
                        records_per_user=int(ctx.k), caveats=caveats)
 
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
@@ -237,9 +238,10 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
 
     # members are people the model actually trained on: the bound may have left a non-held-out person
     # with nothing (multi-owner), and their samples must not be scored as a member's
-    trained_people = set(bounded.chosen.column("user_id").to_pylist())
+    cols = [bounded.chosen.column("user_id").cast(pa.string())]
     if bounded.owners is not None:
-        trained_people |= {str(o) for row in bounded.owners.to_pylist() for o in (row or ())}
+        cols.append(pc.drop_null(pc.list_flatten(bounded.owners)).cast(pa.string()))
+    trained_people = pa.chunked_array([c for col in cols for c in getattr(col, "chunks", [col])], pa.string())
     split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
     train_tbl = _train_table(bounded)
     files = {"train_records": _write_parquet(_sorted(train_tbl), out_dir, "train"),
@@ -290,7 +292,7 @@ def _annex_body(policy, snapshot, split: AuditSplit, canaries: _Canaries | None,
         "held_out_users": list(split.held_out_users),
         "canary_users": list(canaries.users) if canaries is not None else [],
         **named,
-        "counts": {"n_train_users": len(set(bounded.chosen.column("user_id").to_pylist())),
+        "counts": {"n_train_users": int(pc.count_distinct(bounded.chosen.column("user_id")).as_py()),
                    "n_train_records": int(train_tbl.num_rows), "n_units": int(bounded.n_units),
                    "n_held_out_users": len(split.held_out_users), "n_attacker_records": int(split.attacker.num_rows),
                    "n_audit_eligible_users": int(split.n_eligible)},
