@@ -422,6 +422,12 @@ class Tagger:
         self._matchers.append(m)
 
     @property
+    def mask_only(self) -> bool:
+        """`tag(texts, mask=…)` looks only at the rows `mask` marks (no rule without a prefilter, no
+        NER, which read every row)."""
+        return not self._unfiltered and self.ner is None
+
+    @property
     def has_path_rules(self) -> bool:
         return bool(self._globs)
 

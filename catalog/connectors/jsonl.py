@@ -9,7 +9,6 @@ memory whole: it is quarantined from its first 64 KiB and skipped to its newline
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Iterator
@@ -106,9 +105,9 @@ class JsonlSource(StreamedFile):
                     carry = b""
                     skipping = True
                 continue
-            block, carry = buf[:cut + 1], buf[cut + 1:]
-            yield from self._block(block, offset, line)
-            line += block.count(b"\n")
+            # A view, not a copy of the 16 MiB block (the carry, a partial line, is copied)
+            block, carry = memoryview(buf)[:cut + 1], buf[cut + 1:]
+            line += yield from self._block(block, offset, line)
             offset += len(block)
             if len(carry) > self.max_line_bytes:
                 yield self._oversized(line + 1, offset, carry)
@@ -116,7 +115,7 @@ class JsonlSource(StreamedFile):
                 carry = b""
                 skipping = True
         if carry and not skipping:
-            yield from self._block(carry + b"\n", offset, line)
+            yield from self._block(memoryview(carry + b"\n"), offset, line)
 
     def _oversized(self, line: int, offset: int, head: bytes) -> pa.Table:
         rows = RawRows(self.meta_names)
@@ -125,7 +124,8 @@ class JsonlSource(StreamedFile):
         return rows.table()
 
     # -- one block ------------------------------------------------------------------------------------
-    def _block(self, block: bytes, offset: int, first_line: int) -> Iterator[pa.Table]:
+    def _block(self, block: memoryview, offset: int, first_line: int):
+        """Yields the block's rows; returns how many lines it held (its newlines)."""
         arr = np.frombuffer(block, dtype=np.uint8)
         ends = np.flatnonzero(arr == 10)
         starts = np.empty_like(ends)
@@ -138,7 +138,7 @@ class JsonlSource(StreamedFile):
         fast = None
         if not (lengths > self.max_line_bytes).any():
             try:
-                block.decode("utf-8")
+                str(block, "utf-8")  # not UTF-8: the block goes line by line
                 fast = self._parse(block, int(lengths.max(initial=0)))
             except (UnicodeDecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 fast = None
@@ -157,13 +157,14 @@ class JsonlSource(StreamedFile):
             arrays = [cols[f] for f in RAW.names] + [pa.nulls(n, pa.binary())] + \
                      [fast.column(m) for m in self.meta_names]
             yield pa.Table.from_arrays(arrays, names=names)
-            return
-        yield self._slow(block, offset, first_line, starts, ends, blank)
+            return len(ends)
+        yield self._slow(bytes(block), offset, first_line, starts, ends, blank)
+        return len(ends)
 
     def _read(self, block: bytes, longest: int, schema: pa.Schema, unexpected: str) -> pa.Table:
         bs = max(1 << 20, 2 * (longest + 1))
         return pj.read_json(
-            io.BytesIO(block),
+            pa.BufferReader(block),  # (zero-copy over the block's bytes)
             read_options=pj.ReadOptions(use_threads=False, block_size=bs),
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected,
                                           newlines_in_values=False),
