@@ -34,10 +34,13 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from catalog import shards as shard_mod
 from catalog import snapshots as snap_mod
 from catalog import recipients, store
 from catalog.connectors.base import FieldMap, meta_col
+from catalog.connectors.jsonl import JsonlSource
 from catalog.dedup import OnlineDedup
+from catalog.ner import load_ner
 from catalog.tagging import Tagger
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
@@ -86,8 +89,6 @@ class IngestReport:
 
 def _connector(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int):
     if fmt == "jsonl":
-        from catalog.connectors.jsonl import JsonlSource
-
         return JsonlSource(source, fields, max_line_bytes=max(4 * max_record_bytes, 1 << 16))
     if fmt == "csv":
         from catalog.connectors.tabular import CsvSource
@@ -183,8 +184,13 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
     """
 
 
+_SPANS = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("secret_id", pa.string()),
+                    ("secret_class", pa.string()), ("detector", pa.string()), ("detector_version", pa.string()),
+                    ("start", pa.int64()), ("end", pa.int64())])
+
+
 def _spans_table(spans, seqs: pa.Array, rids: pa.Array) -> pa.Table:
-    """`seqs[i]` and `rids[i]` belong to `spans[i]`."""
+    """`seqs[i]` and `rids[i]` belong to `spans[i]` (columns: _SPANS)."""
     return pa.table({
         "seq": seqs.cast(pa.int64()),
         "record_id": rids.cast(pa.string()),
@@ -202,11 +208,13 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
                   metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
                   progress: bool = False, source_field: str | None = "source", path_field: str | None = "path",
                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, keep_duplicates: bool = False,
-                  ner: str | Path | None = None) -> IngestReport:
+                  ner: str | Path | None = None, shards: int = 1) -> IngestReport:
     """Read `source` (format `fmt`), tag secrets with `rules` (a list of rule dicts, a policy path, or
     None for the built-in credential/email/phone detectors), merge into the catalog, cut a snapshot.
     `ner`: a local token-classification model directory for names and places (default: the
-    `VEIL_NER_MODEL` environment variable; neither: the pass is off, and `report.ner` says so)."""
+    `VEIL_NER_MODEL` environment variable; neither: the pass is off, and `report.ner` says so).
+    `shards`: worker processes for the per-record work of a JSONL file (catalog/shards.py); the
+    snapshot is the same as with one."""
     t0 = time.perf_counter()
     source = Path(source)
     if fmt not in FORMATS:
@@ -217,17 +225,16 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
         raise VeilError(f"{source}: {fmt} source must be a file")
     if fmt in ("maildir", "git", "debian-changelog") and not source.is_dir():
         raise VeilError(f"{source}: {fmt} source must be a directory")
+    shard_mod.check(source, fmt, shards)
     fields = FieldMap(user=user_field, text=text_field, id=id_field, time=time_field, source=source_field,
                       path=path_field, metadata=tuple(metadata_fields))
-    from catalog.ner import load_ner
-
     ner_plugin, ner_status = load_ner(ner)
     tagger = Tagger(rules, ner=ner_plugin)
     try:
         return _ingest(source, fmt, fields, max_record_bytes, settings=settings, tagger=tagger, rules=rules,
                        progress=progress, keep_duplicates=keep_duplicates, time_field=time_field,
                        user_field=user_field, text_field=text_field, id_field=id_field, path_field=path_field,
-                       ner_status=ner_status, t0=t0)
+                       ner_status=ner_status, t0=t0, shards=shards, ner=ner)
     except OSError as e:          # a full disk, an unreadable source: the file and the cause, one line
         raise VeilError(_os_problem(e, source, settings)) from None
     except duckdb.IOException as e:
@@ -255,7 +262,7 @@ def _os_problem(e: Exception, source: Path, settings: Settings) -> str:
 
 def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, settings: Settings, tagger,
             rules, progress: bool, keep_duplicates: bool, time_field, user_field, text_field, id_field,
-            path_field, ner_status: str, t0: float) -> IngestReport:
+            path_field, ner_status: str, t0: float, shards: int = 1, ner=None) -> IngestReport:
     conn = _connector(source, fmt, fields, max_record_bytes)
     has_meta_cols = fmt in ("jsonl", "csv", "parquet")
     sql = _stage_sql(fields.metadata, has_meta_cols, conn.default_source, time_field if has_meta_cols else "Date",
@@ -268,12 +275,22 @@ def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, 
     options = {"format": fmt, "fields": asdict(fields), "max_record_bytes": max_record_bytes}
     if keep_duplicates:
         options["keep_duplicates"] = True
+
+    def source_reader():
+        if shards == 1:
+            return _connector(source, fmt, fields, max_record_bytes)
+        return shard_mod.ShardedJsonl(source, fields, workers=shards, max_record_bytes=max_record_bytes, sql=sql,
+                                      rules=tagger.rules, ner=ner, tmp_dir=settings.cache_dir / "ingest-tmp",
+                                      ingest_id=ingest_id, work=_shard_work)
+
+    if shards > 1:
+        conn = source_reader()
     try:
         report = _run(settings, conn, sql, tagger, progress=progress, exact=keep_duplicates, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
     except _PrefixCollision:
         # Two different records share a 64-bit id prefix (odds ~n²/2⁶⁵): redo with exact dedup.
-        conn = _connector(source, fmt, fields, max_record_bytes)
+        conn = source_reader()
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
                       source=source, fmt=fmt, options=options, started=started)
     if report.accepted:
@@ -378,17 +395,27 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
         stage = _StageFile(tmp_dir / f"{ingest_id}.stage.arrow")
         bar = None
         try:
-            bar = _progress(progress, conn)
+            sharded = isinstance(conn, shard_mod.ShardedJsonl)
+            bar = None if sharded else _progress(progress, conn)
             staged = pq.ParquetWriter(staged_path, _STAGED, compression="none") if exact else None
             read = 0  # records the connector offered, counted as they arrive (checked against staging)
             try:
+                # Sharded: worker processes did the per-record work (catalog/shards.py); their parts
+                # are staged here, in source order, as this process' own batches are below.
+                for kind, t in (conn.parts() if sharded else ()):
+                    if kind == "spans":
+                        _insert_spans(con, t)
+                    elif t.num_rows:
+                        read += t.num_rows
+                        _stage_tagged(con, t, t, None, stage, staged, dedup, builder)
                 # Four threads: parse (pyarrow.json, single-threaded: less CPU than its thread pool),
                 # validate+hash+candidate test (DuckDB on one thread, RE2), this one (staging,
                 # tagging), the snapshot writer. Measured per thread on 1M records: 2.1 / 3.4 / 3.3 /
                 # 1.3 CPU s — balanced, where one reader thread doing parse and validation was the
                 # longest at 5.4 s (docs/catalog.md, Memory and speed).
-                for batch, out in _prefetch(_prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
-                                            transform=_Normalizer(sql, tagger)):
+                for batch, out in (() if sharded else _prefetch(
+                        _prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
+                        transform=_Normalizer(sql, tagger))):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, stage, staged, dedup, builder)
@@ -797,11 +824,40 @@ def _stage_tagged(con, batch: pa.Table, out: pa.Table, spans: pa.Table | None, s
             keep[at[dedup.keep(rows.column("record_id").take(pa.array(at)))]] = True
         builder.add_records((rows if keep.all() else rows.filter(pa.array(keep))).drop_columns(["seq"]))
     if spans is not None and spans.num_rows:
-        con.register("sp", spans)
-        try:
-            con.execute("INSERT INTO span_stage SELECT * FROM sp")
-        finally:
-            con.unregister("sp")
+        _insert_spans(con, spans)
+
+
+def _insert_spans(con, spans: pa.Table) -> None:
+    con.register("sp", spans)
+    try:
+        con.execute("INSERT INTO span_stage SELECT * FROM sp")
+    finally:
+        con.unregister("sp")
+
+
+def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_record_bytes: int, sql: str,
+                rules, ner, part: str, spans_part: str) -> dict:
+    """One part of a sharded ingest (catalog/shards.py), in a worker process: the per-record work of
+    an ingest — the same steps as `_run`'s pipeline — written to `part` (rows, shards.PART) and
+    `spans_part` (_SPANS). Line numbers count from the part's first line."""
+    conn = JsonlSource(Path(path), FieldMap(**{**fields, "metadata": tuple(fields["metadata"])}),
+                       max_line_bytes=max(4 * max_record_bytes, 1 << 16), start=start, end=end, check_mapping=first)
+    tagger = Tagger(rules, ner=load_ner(ner)[0])
+    rows = 0
+    with ipc.new_file(part, shard_mod.PART) as w, ipc.new_file(spans_part, _SPANS) as ws:
+        for batch, out in _prefetch(_prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
+                                    transform=_Normalizer(sql, tagger)):
+            rows += batch.num_rows
+            if not batch.num_rows:
+                continue
+            spans = _tag_batch(batch, out, tagger)
+            text = batch.column("text")
+            cols = [out.column(n) if n != "text" else text for n in shard_mod.PART.names]
+            w.write_table(pa.Table.from_arrays([c.cast(f.type) for c, f in zip(cols, shard_mod.PART)],
+                                                schema=shard_mod.PART))
+            if spans is not None:
+                ws.write_table(spans.cast(_SPANS))
+    return {"rows": rows, "lines": conn.lines}
 
 
 def _update_users(con, *, parent_records: int) -> None:

@@ -31,12 +31,20 @@ class JsonlSource(StreamedFile):
     # two more: catalog/ingest.py), plus the raw block being cut. 8 MiB blocks
     # save ~180 MB of peak RSS on 1M records but cost ~15 % more CPU (per-block fixed costs in
     # pyarrow.json and the stage query); speed is the target here (docs/catalog.md, Memory and speed).
-    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20):
+    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20,
+                 start: int = 0, end: int | None = None, check_mapping: bool = True):
+        """`start`/`end`: one shard of the file (catalog/shards.py): bytes [start, end), cut at line
+        starts; its line numbers count from the shard's first line (`lines`: how many it held) and
+        its byte offsets from the file's start. `check_mapping`: the first block's test for a wrong
+        --user-field/--text-field (the first shard's only: the unsharded ingest runs it once)."""
         fields.check()
         self.path = Path(path)
         self.fields = fields
         self.max_line_bytes = max_line_bytes
-        self.stream = HashedStream(self.path, block=block)
+        self.stream = HashedStream(self.path, block=block, start=start, end=end)
+        self.start = start
+        self.check_mapping = check_mapping
+        self.lines = 0   # lines read (blank and bad ones too), once the stream is done
         names = fields.wanted()
         self._read_names = frozenset(names)
         self._schema = pa.schema([(n, pa.string()) for n in names])
@@ -44,7 +52,7 @@ class JsonlSource(StreamedFile):
 
     # -- the stream, cut into whole-line blocks ------------------------------------------------------
     def batches(self) -> Iterator[pa.Table]:
-        checked = False
+        checked = not self.check_mapping
         for t in self._batches():
             if not checked:
                 checked = self._check_mapping(t)
@@ -77,10 +85,10 @@ class JsonlSource(StreamedFile):
 
     def _batches(self) -> Iterator[pa.Table]:
         carry = b""
-        offset = 0      # byte offset of `carry` in the decompressed stream
+        offset = self.start  # byte offset of `carry` in the decompressed stream
         line = 0        # lines before `carry`
         skipping = False
-        first = True
+        first = self.start == 0   # (a byte-order mark can only open the file)
         for data in self.stream.chunks():
             if first:
                 first = False
@@ -115,7 +123,8 @@ class JsonlSource(StreamedFile):
                 carry = b""
                 skipping = True
         if carry and not skipping:
-            yield from self._block(memoryview(carry + b"\n"), offset, line)
+            line += yield from self._block(memoryview(carry + b"\n"), offset, line)
+        self.lines = line
 
     def _oversized(self, line: int, offset: int, head: bytes) -> pa.Table:
         rows = RawRows(self.meta_names)

@@ -124,3 +124,53 @@ def test_golden_snapshot_of_two_ingests(settings, tmp_path):
     second = _digest(settings, _ingest(settings, write(tmp_path / "b.jsonl", lines(1, 300) + lines(2, 900))))
     assert first == GOLDEN_FIRST
     assert second == GOLDEN_SECOND
+
+
+def test_sharded_ingest_writes_the_same_snapshot(settings, tmp_path, monkeypatch):
+    """Cut into many small parts (2 workers), the same two ingests give the golden snapshots: ids,
+    record ids, quarantine (positions and byte offsets) and counts."""
+    from catalog import shards
+
+    monkeypatch.setattr(shards, "MIN_PART_BYTES", 1 << 15)   # parts of 32 KB: 12 of the first file
+    a = write(tmp_path / "a.jsonl", lines(1, 1500))
+    assert len(shards.cut(a, 12)) == 12
+    first = _digest(settings, ingest_source(a, "jsonl", settings=settings, time_field="ts",
+                                            metadata_fields=("team", "to"), rules=RULES, shards=2))
+    b = write(tmp_path / "b.jsonl", lines(1, 300) + lines(2, 900))
+    second = _digest(settings, ingest_source(b, "jsonl", settings=settings, time_field="ts",
+                                             metadata_fields=("team", "to"), rules=RULES, shards=2))
+    assert first == GOLDEN_FIRST
+    assert second == GOLDEN_SECOND
+    assert not list((settings.cache_dir / "ingest-tmp").glob("*.arrow"))   # parts removed
+
+
+def test_cut_ranges_start_at_lines_and_cover_the_file(tmp_path):
+    from catalog.shards import cut
+
+    p = tmp_path / "x.jsonl"
+    data = b"".join(b'{"user":"u","text":"' + b"x" * (i % 50) + b'"}\n' for i in range(500)) + b'{"no newline":1}'
+    p.write_bytes(data)
+    for n in (1, 2, 7, 64, 10_000):
+        r = cut(p, n)
+        assert r[0][0] == 0 and r[-1][1] == len(data)
+        assert all(a < b for a, b in r) and all(r[i][1] == r[i + 1][0] for i in range(len(r) - 1))
+        assert all(data[a - 1:a] == b"\n" for a, _ in r[1:])
+
+
+def test_shards_refused_for_gzip_and_other_formats(settings, tmp_path):
+    import gzip
+
+    import pytest
+
+    from components.core.errors import VeilError
+
+    g = tmp_path / "a.jsonl.gz"
+    g.write_bytes(gzip.compress(b'{"user":"u","text":"t"}\n'))
+    with pytest.raises(VeilError, match="uncompressed JSONL"):
+        ingest_source(g, "jsonl", settings=settings, shards=2)
+    c = tmp_path / "a.csv"
+    c.write_text("user,text\nu,t\n")
+    with pytest.raises(VeilError, match="only a JSONL file"):
+        ingest_source(c, "csv", settings=settings, shards=2)
+    with pytest.raises(VeilError, match="--shards"):
+        ingest_source(c, "csv", settings=settings, shards=0)
