@@ -835,6 +835,9 @@ def _insert_spans(con, spans: pa.Table) -> None:
         con.unregister("sp")
 
 
+_WORKER: dict = {}   # a shard worker process' state, kept between its parts (_shard_work)
+
+
 def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_record_bytes: int, sql: str,
                 rules, ner, part: str, spans_part: str) -> dict:
     """One part of a sharded ingest (catalog/shards.py), in a worker process: the per-record work of
@@ -842,11 +845,18 @@ def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_
     `spans_part` (_SPANS). Line numbers count from the part's first line."""
     conn = JsonlSource(Path(path), FieldMap(**{**fields, "metadata": tuple(fields["metadata"])}),
                        max_line_bytes=max(4 * max_record_bytes, 1 << 16), start=start, end=end, check_mapping=first)
-    tagger = Tagger(rules, ner=load_ner(ner)[0])
+    # A worker runs several parts: the tagger (compiled rules), the normalizer's DuckDB and DataFusion
+    # sessions and its person-id memo are made once per process, not once per part.
+    key = sha256_json({"sql": sql, "rules": rules, "ner": str(ner)})
+    if _WORKER.get("key") != key:
+        tagger = Tagger(rules, ner=load_ner(ner)[0])
+        _WORKER.update(key=key, tagger=tagger, normalizer=_Normalizer(sql, tagger))
+    tagger, norm = _WORKER["tagger"], _WORKER["normalizer"]
     rows = 0
     with ipc.new_file(part, shard_mod.PART) as w, ipc.new_file(spans_part, _SPANS) as ws:
+        # (a lambda: _prefetch closes a transform that has close(); this one serves the next part too)
         for batch, out in _prefetch(_prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
-                                    transform=_Normalizer(sql, tagger)):
+                                    transform=lambda b: norm(b)):
             rows += batch.num_rows
             if not batch.num_rows:
                 continue
