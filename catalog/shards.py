@@ -15,6 +15,10 @@ writes the same snapshot, record ids, quarantine and counts as an unsharded one 
 them), and the ingest's `options` do not name the shard count (re-ingesting either way is the same
 source).
 
+The workers are spawned, so a script that calls `ingest_source(..., shards=N)` needs Python's
+`if __name__ == "__main__":` guard (a spawned process imports the main module); `veil ingest` has it.
+`keep_duplicates` works the same sharded (the exact path stages the parts' valid rows).
+
 Only uncompressed JSONL is cut this way (a gzip stream has no byte ranges). There are more parts
 than workers (`PARTS_PER_WORKER` each, of at least `MIN_PART_BYTES`), so the writer starts on the
 first part while the workers are still on later ones. Part files hold people's text: they live in
