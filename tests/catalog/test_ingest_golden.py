@@ -127,8 +127,9 @@ def test_golden_snapshot_of_two_ingests(settings, tmp_path):
 
 
 def test_sharded_ingest_writes_the_same_snapshot(settings, tmp_path, monkeypatch):
-    """Cut into many small parts (2 workers), the same two ingests give the golden snapshots: ids,
-    record ids, quarantine (positions and byte offsets) and counts."""
+    """Cut into many small parts (2 workers), the first source gives the golden snapshot: ids, record
+    ids, quarantine (positions and byte offsets) and counts; the second, sharded too (the dedup
+    against the catalog, the parent's records), gives the second golden snapshot."""
     from catalog import shards
 
     monkeypatch.setattr(shards, "MIN_PART_BYTES", 1 << 15)   # parts of 32 KB: 12 of the first file
