@@ -101,6 +101,13 @@ def test_pmixed_corpus_charges_exactly_what_it_draws(settings, veil_home, tiny_b
                 [("synthetic", pcert["ledger"]["ledger_release_id"], charged_first)]
         finally:
             led.dispose()
+        r = _cli(veil_home, "ledger", "--json")        # every field the ledger view shows passes the gate
+        assert r.exit_code == 0, r.output
+        row = json.loads(r.stdout)["post_processing_releases"][0]
+        assert (row["source"], row["tokens_charged"], row["records_kept"]) == ("pmixed", charged_first, 4)
+        from flows.cli.synthetic_cmds import summary_line
+        assert summary_line(doc).startswith(f"4 records (unconditional) drawn through PMixED, {charged_first} private "
+                                            "tokens charged; covered by its user-level ε=")
 
         # tampering: the PMixED certificate beside the corpus (ε halved, re-hashed), or a record
         copy = tmp_path / "copy"
@@ -148,5 +155,6 @@ def test_pmixed_corpus_charges_exactly_what_it_draws(settings, veil_home, tiny_b
         assert tb.spent(eid) == 40
         got = load_synthetic(doc2["uri"], settings)
         assert got.table.num_rows == doc2["records_kept"] and got.certificate["tokens"]["charged"] == 2
+        assert "stopped: the token budget ran out after" in summary_line(doc2)
     finally:
         tb.dispose()
