@@ -234,7 +234,7 @@ def plot(out: dict, path: Path) -> None:
         ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
         ax.set_ylabel("perplexity on evaluation people (DP release)")
         ax.set_title(f"downstream perplexity, DP-released (ε={pub['epsilon']:g}, δ={pub['delta']:g})", fontsize=10)
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(f"Synthetic text from {out['model']} (model ε={out['epsilon']:.3g}), {out['records']} records each",
                  fontsize=10)
     fig.tight_layout()
