@@ -87,6 +87,7 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
 
     tagger = Tagger(SCAN_RULES if policy is None else str(policy))
 
+    _refuse_pmixed_without_flag(settings, model_uri)
     with step(f"loading and verifying {model_uri}", on=progress):
         loaded, model_seal = model_release(settings, model_uri)
     with bar("synthesize", records, on=progress) as advance:
@@ -282,3 +283,17 @@ def _model_run_tags_for(settings: Settings, model_uri: str) -> dict:
 
     mv = _resolve_version(_client(settings), model_uri)
     return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id}
+
+
+def _refuse_pmixed_without_flag(settings: Settings, model_uri: str) -> None:
+    """A PMixED ensemble's URI without --pmixed: say so in one line (drawing through it spends its budget, so
+    it is never the default), instead of failing the DP model checks it was never meant to pass."""
+    from components.registry.mlflow_registry import _client, _resolve_version
+
+    try:
+        mv = _resolve_version(_client(settings), model_uri)
+    except Exception:  # noqa: BLE001 - an unknown URI is load_model's to refuse, in its own words
+        return
+    if (mv.tags or {}).get("privacy.schema") == "veil.certificate.pmixed/v1":
+        raise VeilError(f"{model_uri} is a PMixED ensemble: pass --pmixed to draw the corpus through it (every "
+                        "token is charged to its token budget)")

@@ -133,6 +133,10 @@ def test_pmixed_corpus_charges_exactly_what_it_draws(settings, veil_home, tiny_b
         assert len(lines) == 1 and f"has {left} left: at most {left // 8} records of 8 tokens fit" in lines[0], r.stderr
         r = _cli(veil_home, "synthesize", uri, "--pmixed", "--records", "2", "--seed", "3")
         assert r.exit_code == 2 and "--seed: not with --pmixed" in r.stderr, r.output
+        r = _cli(veil_home, "synthesize", uri, "--records", "2")         # never spent by default
+        assert r.exit_code == 2 and r.stderr.strip() == (f"error: {uri} is a PMixED ensemble: pass --pmixed to draw "
+                                                         "the corpus through it (every token is charged to its token "
+                                                         "budget)"), r.output
         assert tb.spent(eid) == charged_first
 
         # concurrent serving spends the rest after this corpus' 2nd token: it stops, keeps what it drew
