@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from flows.cli.common import out, print_json, quiet_third_party, settings_with_device
+from flows.cli.common import check_device_now, out, print_json, quiet_third_party, settings_with_device
 
 
 def summary_line(doc: dict) -> str:
@@ -20,6 +20,13 @@ def summary_line(doc: dict) -> str:
     inh = doc["inherits"]
     g = (f"ε={inh['epsilon']:.3g}, δ={inh['delta']:.0e}" if inh.get("epsilon") is not None else "per-class γ")
     hits = sum(doc["scan"].values())
+    if doc.get("source") == "pmixed":
+        stop = (f", stopped: the token budget ran out after {doc['records_kept']} of {doc['records']}"
+                if doc["stopped_by_budget"] else "")
+        return (f"{doc['records_kept']} records ({doc['conditioning']}) drawn through PMixED, {doc['tokens_charged']} "
+                f"private tokens charged{stop}; covered by its {inh['privacy_unit']}-level {g}; scan: {hits} detector "
+                f"match{'es' if hits != 1 else ''}; load with components.registry.load_synthetic("
+                f"{doc['uri'] or doc['corpus_dir']!r})")
     return (f"{doc['records']} records ({doc['conditioning']}), inherits {inh['privacy_unit']}-level {g}; "
             f"scan: {hits} detector match{'es' if hits != 1 else ''}; load with "
             f"components.registry.load_synthetic({doc['uri'] or doc['corpus_dir']!r})")
@@ -30,22 +37,41 @@ def synthesize(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION o
                prompts: Optional[Path] = typer.Option(None, "--prompts",
                                                       help="public prompts YAML (control codes); default: "
                                                            "unconditional"),
-               seed: int = typer.Option(0, "--seed", help="sampling seed (same seed, same model: same bytes)"),
+               seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default 0; same seed, same "
+                                                                     "model: same bytes)"),
                max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="tokens sampled per record at most"),
-               temperature: float = typer.Option(1.0, "--temperature", help="sampling temperature"),
-               top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1: the model's distribution)"),
+               temperature: Optional[float] = typer.Option(None, "--temperature", help="sampling temperature "
+                                                                                   "(default 1)"),
+               top_p: Optional[float] = typer.Option(None, "--top-p", help="nucleus sampling mass (default 1: the "
+                                                                           "model's distribution)"),
+               pmixed: bool = typer.Option(False, "--pmixed",
+                                           help="MODEL_URI is a PMixED ensemble: draw every token through it, "
+                                                "charged to its token budget before it is drawn (no seed, "
+                                                "temperature or top-p: its certified sampler)"),
                policy: Optional[Path] = typer.Option(None, "--policy",
                                                      help="scan with this policy's tagging rules (default: every "
                                                           "built-in detector)"),
                json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
     """Sample a synthetic corpus from a registered, verified model: certified (it inherits the model's
     guarantee), sealed, scanned for secrets, recorded in the ledger (no extra charge) and registered."""
-    from flows.synthetic import synthesize as run
+    from components.core.errors import VeilError
+    from flows.synthetic import synthesize as run, synthesize_pmixed
 
     s = settings_with_device()
     quiet_third_party(prefect=False)   # no flow here: importing Prefect would bind its console to this stderr
-    res = run(s, model_uri, records=records, prompts_path=prompts, seed=seed, max_new_tokens=max_new_tokens,
-              temperature=temperature, top_p=top_p, policy=policy, progress=not json_out)
+    if pmixed:
+        given = [n for n, v in (("--seed", seed), ("--temperature", temperature), ("--top-p", top_p)) if v is not None]
+        if given:
+            # a caller-known seed makes the draw a function of the adapters alone; another temperature or
+            # top-p samples a distribution the ensemble's certificate does not cover
+            raise VeilError(f"{', '.join(given)}: not with --pmixed (the ensemble draws from the OS CSPRNG at its "
+                            "certified temperature)")
+        res = synthesize_pmixed(s, model_uri, records=records, prompts_path=prompts, max_new_tokens=max_new_tokens,
+                                policy=policy, progress=not json_out, device=check_device_now(s))
+    else:
+        res = run(s, model_uri, records=records, prompts_path=prompts, seed=0 if seed is None else seed,
+                  max_new_tokens=max_new_tokens, temperature=1.0 if temperature is None else temperature,
+                  top_p=1.0 if top_p is None else top_p, policy=policy, progress=not json_out)
     doc = res["public"]
     if json_out:
         print_json(doc)
@@ -53,12 +79,20 @@ def synthesize(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION o
     t = Table(title=f"Synthetic corpus from {model_uri}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
-    t.add_row("records", f"{doc['records']} ({doc['conditioning']})")
+    if doc.get("source") == "pmixed":
+        t.add_row("records", f"{doc['records_kept']} of {doc['records']} ({doc['conditioning']}), drawn through "
+                             f"PMixED ensemble {doc['ensemble_id'][:12]}…")
+        t.add_row("token budget", f"{doc['tokens_charged']} private tokens charged, each before its draw"
+                  + ("; STOPPED: the budget ran out (concurrent serving) — the records drawn are kept"
+                     if doc["stopped_by_budget"] else ""))
+    else:
+        t.add_row("records", f"{doc['records']} ({doc['conditioning']})")
     t.add_row("guarantee", doc["statement"])
     t.add_row("files", f"{doc['corpus_dir']}/records.parquet, records.jsonl (sha256 {doc['corpus_sha256'][:12]}…)")
     t.add_row("certificate", f"{doc['certificate_sha256'][:16]}… (sealed)")
     t.add_row("registry", doc["uri"] or "not registered")
-    t.add_row("ledger", f"release {doc['ledger_release_id']} (synthetic: post-processing, no charge)")
+    t.add_row("ledger", f"release {doc['ledger_release_id']} (synthetic: post-processing, no charge"
+              + (": the ensemble's build charged its whole token budget)" if doc.get("source") == "pmixed" else ")"))
     t.add_row("secret scan", ", ".join(f"{c} {n}" for c, n in sorted(doc["scan"].items())) +
               f" record(s) matched; the matches: {res['private']['scan_matches']} (private)")
     t.add_row("load it", f"components.registry.load_synthetic({doc['uri'] or doc['corpus_dir']!r})")
