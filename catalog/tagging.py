@@ -81,6 +81,28 @@ def compile_re2(pattern: str, *, case_sensitive: bool = True, as_bytes: bool = F
     return re2.compile(p.encode() if as_bytes else p, _RE2_OPTS)
 
 
+def _match_spans(rx, raw: bytes):
+    """Each match of `rx` (compiled on bytes) in `raw`, as its groups' byte spans (index 0: the whole
+    match; (-1, -1): a group that did not take part) — what google-re2's `finditer` yields for bytes,
+    the same loop, without a match object (and its bounds checks) per match: the exact pass runs
+    this for every candidate row and named pattern."""
+    inner = getattr(rx, "_regexp", None)
+    anchor = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
+    if inner is None or anchor is None:  # another binding's layout: its public API
+        for hit in rx.finditer(raw):
+            yield [hit.span(g) for g in range(rx.groups + 1)]
+        return
+    pos, end = 0, len(raw)
+    while True:
+        spans = inner.Match(anchor, raw, pos, end)
+        if spans[0] == (-1, -1):
+            return
+        yield spans
+        if pos == end:
+            return
+        pos = pos + 1 if pos == spans[0][1] else spans[0][1]  # an empty match: step on (finditer's rule)
+
+
 # How often (in batches) the candidate test times its two layouts again (Tagger._scan).
 _REPROBE = 16
 
@@ -422,6 +444,12 @@ class Tagger:
         self._matchers.append(m)
 
     @property
+    def mask_only(self) -> bool:
+        """`tag(texts, mask=…)` looks only at the rows `mask` marks (no rule without a prefilter, no
+        NER, which read every row)."""
+        return not self._unfiltered and self.ner is None
+
+    @property
     def has_path_rules(self) -> bool:
         return bool(self._globs)
 
@@ -470,12 +498,11 @@ class Tagger:
         raw = text.encode("utf-8", "surrogatepass")
         ascii_only = len(raw) == len(text)
         for m in (self._matchers if matchers is None else matchers):
-            for hit in m.regex.finditer(raw):
+            for spans in _match_spans(m.regex, raw):
                 if m.group is None:  # the first group that matched (detect-secrets' convention)
-                    start, end = next((sp for sp in (hit.span(g) for g in range(1, m.regex.groups + 1))
-                                       if sp[0] >= 0 and sp[1] > sp[0]), hit.span(0))
+                    start, end = next((sp for sp in spans[1:] if sp[0] >= 0 and sp[1] > sp[0]), spans[0])
                 else:
-                    start, end = hit.span(m.group)
+                    start, end = spans[m.group]
                 if start < 0 or end <= start:
                     continue
                 if not ascii_only:  # byte offsets -> code points (text[start:end] is the value)

@@ -147,8 +147,8 @@ def exhausted_people(settings: Settings, pol, user_ids, *, population_epsilons=N
     import numpy as np
 
     from components.ledger import Ledger  # startup
-    from components.ledger.ledger import Budget  # startup
-    from components.ledger.release import pure_dp_rdp  # startup
+    from components.renyi.costs import Budget  # startup
+    from components.renyi.costs import pure_dp_rdp  # startup
 
     eps = [planned_population_epsilon(pol)] if population_epsilons is None else [float(e) for e in population_epsilons]
     eps = [e for e in eps if e > 0]

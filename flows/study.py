@@ -73,7 +73,7 @@ def nonprivate_adjust(spec, data):
 def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[list[str], list[str]]:
     """(user ids, texts) of the plan's evaluation people, at most `max_records` of them: a stable
     subset (by a hash of each record), so every point of a study scores the same texts."""
-    from components.planning import evaluation_records  # startup
+    from components.draws.data import evaluation_records  # startup
     from components.draws.annex import load_annex  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)

@@ -85,6 +85,7 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
 
     tagger = Tagger(SCAN_RULES if policy is None else str(policy))
 
+    _refuse_pmixed_without_flag(settings, model_uri)
     with step(f"loading and verifying {model_uri}", on=progress):
         loaded, model_seal = model_release(settings, model_uri)
     with bar("synthesize", records, on=progress) as advance:
@@ -157,3 +158,218 @@ def _model_run_tags(settings: Settings, run_id: str) -> dict:
     from components.registry.mlflow_registry import _client  # startup
 
     return dict(_client(settings).get_run(run_id).data.tags)
+
+
+# --- the canary echo audit (`veil audit-synthetic`) ----------------------------------------------------------
+ECHO_FILE = "echo-audit.json"
+
+
+def corpus_folder(settings: Settings, corpus: str | Path) -> Path:
+    """A corpus folder: a path, or a corpus id (the folder name under VEIL_HOME/synthetic/, or a unique
+    prefix of it)."""
+    p = Path(corpus)
+    if p.is_dir():
+        return p
+    root = Path(settings.home) / "synthetic"
+    text = str(corpus)
+    hits = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
+                  and d.name.startswith(text)) if root.is_dir() and text and "/" not in text else []
+    if len(hits) != 1:
+        raise VeilError(f"corpus {text!r}: " + ("no such corpus folder or id under " + str(root) if not hits else
+                                                f"{len(hits)} corpora start with it; give more of the id"))
+    return hits[0]
+
+
+def audit_synthetic(settings: Settings, corpus: str | Path, *, policy: str | Path | None = None,
+                    bootstrap: int = 100, record: bool = True) -> dict:
+    """The canary echo audit of a corpus (components/audit/echo.py): the corpus (verified) against the plan's
+    canaries, member vs held out. Reads the corpus and the plan's private canary split — never the model.
+    Returns {"public": the section (through the gate), "private": the private report's path, "verdict"}."""
+    from components.audit.echo import echo_audit, echo_canaries, private_json, public_section
+    from components.audit.inputs import audit_reservations
+    from components.audit.run import canary_records_table, resolve_thresholds
+    from components.draws.annex import load_annex
+    from components.planning.plan import load_plan
+    from components.publication import publish
+    from components.registry.synthetic import load_synthetic, record_echo_audit
+    from components.synthetic.corpus import FILES
+
+    folder = corpus_folder(settings, corpus)
+    thresholds_src = None
+    if policy is not None:
+        from components.policy import load_policy
+
+        thresholds_src = load_policy(policy).spec.audit
+    syn = load_synthetic(folder, settings)       # every check: seal, files, the model's certificate and seal
+    model_cert = json.loads((folder / FILES["model_certificate"]).read_text())
+    plan_path = Path(settings.plans_dir) / f"{model_cert.get('plan_sha256')}.json"
+    if not plan_path.is_file():
+        raise VeilError(f"corpus {folder.name}: the model's plan {str(model_cert.get('plan_sha256'))[:12]}… is not in "
+                        f"{settings.plans_dir} (the echo audit runs on the Veil home that trained the model)")
+    plan = load_plan(plan_path).to_dict()
+    annex = load_annex(settings.private_dir, plan) if plan.get("annex") else None
+    res = audit_reservations(plan, annex)
+    recs = canary_records_table(res, settings)
+    if recs is None or recs.num_rows == 0:
+        raise VeilError(f"corpus {folder.name}: the model's plan has no canaries, so there is nothing to echo; set "
+                        "audit.canaries.users and audit.canaries.prefixes in the policy of the next release")
+    conf = (plan.get("audit") or {}).get("canaries") or {}
+    canaries = echo_canaries(recs, res.held_out_users)
+    threshold = resolve_thresholds(thresholds_src, plan)["max_canary_auroc"]
+    seed = int((plan.get("training") or {}).get("seed", 0))
+    private = echo_audit(syn.texts, canaries, model_cert, threshold=threshold, bootstrap=bootstrap, seed=seed)
+    cert = syn.certificate
+    section = public_section(private, corpus={"certificate_sha256": cert["sha256"], "records": cert["corpus"]["records"]},
+                             model={"name": cert["model"]["name"], "version": cert["model"]["version"],
+                                    "certificate_sha256": model_cert["sha256"]})
+    section["canary_kind"] = "echo" if conf.get("prefixes") else "inserted"
+    if not conf.get("prefixes"):
+        section["reasons"].append("the plan's canaries carry their substring inside filler text, not after an "
+                                  "in-distribution prefix (audit.canaries.prefixes): the sampler seldom reaches "
+                                  "them, so a pass here is weak evidence")
+    private_dir = Path(settings.private_dir) / "synthetic" / folder.name
+    private_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(private_dir, 0o700)
+    path = private_dir / ECHO_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private_json({**private, "corpus": folder.name}))
+    public = publish("cli.audit_synthetic", {**section, "private_report": str(path)})
+    if record:
+        record_echo_audit(settings, cert["sha256"], public)
+    return {"public": public, "private": str(path), "verdict": public["verdict"]}
+def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, prompts_path: str | Path | None = None,
+                      max_new_tokens: int = 64, policy: str | Path | None = None, register: bool = True,
+                      progress: bool = True, device: str = "cpu") -> dict:
+    """`veil synthesize MODEL_URI --pmixed`: draw the corpus through a registered PMixED ensemble, each token
+    charged to its token budget before it is drawn. Refused up front when records × max_new_tokens exceed
+    the tokens left; stopped cleanly (what was drawn kept) if concurrent serving spends the budget first.
+    Certified as part of that release's transcript, sealed, scanned, recorded, registered like `synthesize`."""
+    from components.certificate import code_version
+    from components.certificate.seal import load_signing_key
+    from components.core.progress import progress as bar, step
+    from components.ledger import Ledger
+    from components.prediction.budget import TokenBudget
+    from components.prediction.release import open_ensemble, resolve
+    from components.publication import publish
+    from components.registry.synthetic import register_synthetic
+    from components.synthetic import load_prompts
+    from components.synthetic.corpus import build_pmixed_certificate, seal_corpus, write_records
+    from components.synthetic.pmixed import SAMPLER, check_budget, generate_pmixed_records
+
+    prompts = load_prompts(prompts_path) if prompts_path else None
+    if not 1 <= records <= 10_000_000:
+        raise VeilError(f"--records {records}: must be between 1 and 10000000")
+    if not 1 <= max_new_tokens <= 4096:
+        raise VeilError(f"--max-new-tokens {max_new_tokens}: must be between 1 and 4096")
+    if policy is not None and not Path(policy).is_file():
+        raise VeilError(f"--policy {policy}: no such policy file")
+    from catalog.tagging import Tagger
+
+    tagger = Tagger(SCAN_RULES if policy is None else str(policy))
+    with step(f"loading and verifying {model_uri}", on=progress):
+        resolved = resolve(settings, model_uri)           # certificate hash, ε recomputed, the registered one
+    pcert = resolved["certificate"]
+    eid = pcert["ensemble_id"]
+    tb = TokenBudget.open(settings)
+    try:
+        check_budget(records, max_new_tokens, tb.remaining(eid), eid)   # before the adapters are even loaded
+        ens = open_ensemble(settings, resolved, device=device)          # each adapter against its commitment
+
+        def charge() -> bool:
+            return tb.charge(eid, 1)      # one durable row per token, committed before the token is drawn
+
+        with bar("synthesize (PMixED)", records, on=progress) as advance:
+            done = [0]
+
+            def tick(n: int) -> None:
+                advance(n - done[0])
+                done[0] = n
+            recs, facts = generate_pmixed_records(ens, records, max_new_tokens, charge, prompts, progress=tick)
+    finally:
+        tb.dispose()
+    if not recs:
+        raise VeilError(f"synthesize --pmixed: the budget of ensemble {eid[:12]}… was spent before the first token "
+                        "(concurrent serving): no corpus")
+    counts, matches = scan_records(recs, tagger=tagger)
+    publish("synthetic.pmixed.records", {"records": recs})
+
+    root = Path(settings.home) / "synthetic"
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    client_tags = _model_run_tags_for(settings, model_uri)
+    ledger_of = (pcert.get("ledger") or {}).get("ledger_release_id")
+    try:
+        corpus = write_records(recs, tmp)
+        generation = {"conditioning": "public-control-codes" if prompts else "unconditional",
+                      "start": "the ensemble's document boundary (BOS), then the prompt's text",
+                      "reads_private_data": False, "sampler": SAMPLER,
+                      "sampling": {"records": records, "max_new_tokens": max_new_tokens,
+                                   "temperature": pcert["ensemble"]["temperature"]},
+                      "prompts": None if prompts is None else {
+                          "sha256": prompts.sha256, **prompts.public(),
+                          "records_per_code": dict(zip([p.code for p in prompts.prompts], prompts.allot(records)))}}
+        model = {"name": client_tags["name"], "version": client_tags["version"], "run_id": client_tags["run_id"],
+                 "uri": model_uri, "ledger_release_id": None if ledger_of is None else int(ledger_of)}
+        cert = build_pmixed_certificate(model=model, pmixed_cert=pcert, generation=generation, corpus=corpus,
+                                        tokens_charged=facts["tokens_charged"], code_version=code_version())
+        seal_corpus(tmp, cert, pcert, None, load_signing_key(settings))
+        final = root / cert["sha256"][:16]
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    scan_path = Path(settings.private_dir) / "synthetic" / cert["sha256"][:16] / "scan.jsonl"
+    _write_private_jsonl(scan_path, matches)
+    led = Ledger.open(settings)
+    try:
+        release_id = led.record_post_processing(
+            kind="synthetic", release_key=cert["sha256"], of_release=model["ledger_release_id"],
+            params={"model": model["name"], "model_version": str(model["version"]), "records": records,
+                    "records_kept": len(recs), "source": "pmixed", "tokens_charged": facts["tokens_charged"],
+                    "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"]},
+            detail={"certificate_sha256": cert["sha256"]})
+    finally:
+        led.dispose()
+    reg = None
+    if register:
+        with step("registering the corpus", on=progress):
+            reg = register_synthetic(settings, final, scan=counts, ledger_release_id=release_id)
+    public = publish("cli.synthesize", {
+        "model_uri": model_uri, "source": "pmixed", "records": records, "records_kept": len(recs),
+        "tokens_charged": facts["tokens_charged"], "stopped_by_budget": facts["stopped_by_budget"],
+        "ensemble_id": eid, "corpus_dir": str(final),
+        "uri": None if reg is None else reg["uri"], "run_id": None if reg is None else reg["run_id"],
+        "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"],
+        "parquet_sha256": corpus["parquet_sha256"], "ledger_release_id": release_id,
+        "inherits": cert["inherits"], "conditioning": generation["conditioning"],
+        "sampling": {"records": records, "max_new_tokens": max_new_tokens}, "scan": counts,
+        "statement": cert["statement"]})
+    return {"public": public, "private": {"scan_matches": str(scan_path),
+                                          "matched_records": len({m["index"] for m in matches}),
+                                          "tokens_per_record": facts["tokens_per_record"]}}
+
+
+def _model_run_tags_for(settings: Settings, model_uri: str) -> dict:
+    """The registered version a URI names: its name, version and run id (lineage of the corpus)."""
+    from components.registry.mlflow_registry import _client, _resolve_version
+
+    mv = _resolve_version(_client(settings), model_uri)
+    return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id}
+
+
+def _refuse_pmixed_without_flag(settings: Settings, model_uri: str) -> None:
+    """A PMixED ensemble's URI without --pmixed: say so in one line (drawing through it spends its budget, so
+    it is never the default), instead of failing the DP model checks it was never meant to pass."""
+    from components.registry.mlflow_registry import _client, _resolve_version
+
+    try:
+        mv = _resolve_version(_client(settings), model_uri)
+    except Exception:  # noqa: BLE001 - an unknown URI is load_model's to refuse, in its own words
+        return
+    if (mv.tags or {}).get("privacy.schema") == "veil.certificate.pmixed/v1":
+        raise VeilError(f"{model_uri} is a PMixED ensemble: pass --pmixed to draw the corpus through it (every "
+                        "token is charged to its token budget)")

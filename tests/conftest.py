@@ -57,7 +57,7 @@ def _pinned_plan_key():
     that module-scoped fixtures which plan (they are set up before any function-scoped fixture) get
     the pinned key too: a function-scoped pin left test_planning_plan's module plan on a random key,
     refused about one run in eleven."""
-    from components.planning import annex
+    from components.draws import annex
 
     mp = pytest.MonkeyPatch()
     mp.setattr(annex, "_new_key", lambda n: b"\x05" * n)

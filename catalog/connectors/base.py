@@ -102,28 +102,37 @@ def as_text(v) -> str | None:
 
 
 class HashedStream:
-    """Reads a file in blocks, decompressing gzip (by magic bytes), hashing the bytes on disk."""
+    """Reads a file in blocks, decompressing gzip (by magic bytes), hashing the bytes on disk.
 
-    def __init__(self, path: Path, block: int = 16 << 20):
+    `start`/`end`: only those bytes of an uncompressed file (one shard of a sharded ingest,
+    catalog/shards.py; its sha256 is then of those bytes only)."""
+
+    def __init__(self, path: Path, block: int = 16 << 20, start: int = 0, end: int | None = None):
         self.path = Path(path)
         self.block = block
         self.sha = hashlib.sha256()
         self.bytes_read = 0          # on disk
         self.size = self.path.stat().st_size
+        self.start, self.end = start, end
 
     @property
     def sha256(self) -> str:
         return self.sha.hexdigest()
 
     def chunks(self) -> Iterator[bytes]:
+        ranged = self.start > 0 or self.end is not None
+        left = (self.size if self.end is None else self.end) - self.start
         with open(self.path, "rb") as f:
             head = f.read(2)
-            f.seek(0)
+            if ranged and head == GZIP_MAGIC:
+                raise VeilError(f"{self.path}: a gzip file cannot be read in byte ranges (shards); decompress it first")
+            f.seek(self.start)
             dec = zlib.decompressobj(wbits=47) if head == GZIP_MAGIC else None
             while True:
-                data = f.read(self.block)
+                data = f.read(min(self.block, left) if ranged else self.block)
                 if not data:
                     break
+                left -= len(data)
                 self.sha.update(data)
                 self.bytes_read += len(data)
                 if dec is None:

@@ -9,7 +9,6 @@ memory whole: it is quarantined from its first 64 KiB and skipped to its newline
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Iterator
@@ -32,12 +31,20 @@ class JsonlSource(StreamedFile):
     # two more: catalog/ingest.py), plus the raw block being cut. 8 MiB blocks
     # save ~180 MB of peak RSS on 1M records but cost ~15 % more CPU (per-block fixed costs in
     # pyarrow.json and the stage query); speed is the target here (docs/catalog.md, Memory and speed).
-    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20):
+    def __init__(self, path: Path, fields: FieldMap, *, max_line_bytes: int = 4 << 20, block: int = 16 << 20,
+                 start: int = 0, end: int | None = None, check_mapping: bool = True):
+        """`start`/`end`: one shard of the file (catalog/shards.py): bytes [start, end), cut at line
+        starts; its line numbers count from the shard's first line (`lines`: how many it held) and
+        its byte offsets from the file's start. `check_mapping`: the first block's test for a wrong
+        --user-field/--text-field (the first shard's only: the unsharded ingest runs it once)."""
         fields.check()
         self.path = Path(path)
         self.fields = fields
         self.max_line_bytes = max_line_bytes
-        self.stream = HashedStream(self.path, block=block)
+        self.stream = HashedStream(self.path, block=block, start=start, end=end)
+        self.start = start
+        self.check_mapping = check_mapping
+        self.lines = 0   # lines read (blank and bad ones too), once the stream is done
         names = fields.wanted()
         self._read_names = frozenset(names)
         self._schema = pa.schema([(n, pa.string()) for n in names])
@@ -45,7 +52,7 @@ class JsonlSource(StreamedFile):
 
     # -- the stream, cut into whole-line blocks ------------------------------------------------------
     def batches(self) -> Iterator[pa.Table]:
-        checked = False
+        checked = not self.check_mapping
         for t in self._batches():
             if not checked:
                 checked = self._check_mapping(t)
@@ -78,10 +85,10 @@ class JsonlSource(StreamedFile):
 
     def _batches(self) -> Iterator[pa.Table]:
         carry = b""
-        offset = 0      # byte offset of `carry` in the decompressed stream
+        offset = self.start  # byte offset of `carry` in the decompressed stream
         line = 0        # lines before `carry`
         skipping = False
-        first = True
+        first = self.start == 0   # (a byte-order mark can only open the file)
         for data in self.stream.chunks():
             if first:
                 first = False
@@ -106,9 +113,9 @@ class JsonlSource(StreamedFile):
                     carry = b""
                     skipping = True
                 continue
-            block, carry = buf[:cut + 1], buf[cut + 1:]
-            yield from self._block(block, offset, line)
-            line += block.count(b"\n")
+            # A view, not a copy of the 16 MiB block (the carry, a partial line, is copied)
+            block, carry = memoryview(buf)[:cut + 1], buf[cut + 1:]
+            line += yield from self._block(block, offset, line)
             offset += len(block)
             if len(carry) > self.max_line_bytes:
                 yield self._oversized(line + 1, offset, carry)
@@ -116,7 +123,8 @@ class JsonlSource(StreamedFile):
                 carry = b""
                 skipping = True
         if carry and not skipping:
-            yield from self._block(carry + b"\n", offset, line)
+            line += yield from self._block(memoryview(carry + b"\n"), offset, line)
+        self.lines = line
 
     def _oversized(self, line: int, offset: int, head: bytes) -> pa.Table:
         rows = RawRows(self.meta_names)
@@ -125,7 +133,8 @@ class JsonlSource(StreamedFile):
         return rows.table()
 
     # -- one block ------------------------------------------------------------------------------------
-    def _block(self, block: bytes, offset: int, first_line: int) -> Iterator[pa.Table]:
+    def _block(self, block: memoryview, offset: int, first_line: int):
+        """Yields the block's rows; returns how many lines it held (its newlines)."""
         arr = np.frombuffer(block, dtype=np.uint8)
         ends = np.flatnonzero(arr == 10)
         starts = np.empty_like(ends)
@@ -138,7 +147,7 @@ class JsonlSource(StreamedFile):
         fast = None
         if not (lengths > self.max_line_bytes).any():
             try:
-                block.decode("utf-8")
+                str(block, "utf-8")  # not UTF-8: the block goes line by line
                 fast = self._parse(block, int(lengths.max(initial=0)))
             except (UnicodeDecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 fast = None
@@ -157,13 +166,14 @@ class JsonlSource(StreamedFile):
             arrays = [cols[f] for f in RAW.names] + [pa.nulls(n, pa.binary())] + \
                      [fast.column(m) for m in self.meta_names]
             yield pa.Table.from_arrays(arrays, names=names)
-            return
-        yield self._slow(block, offset, first_line, starts, ends, blank)
+            return len(ends)
+        yield self._slow(bytes(block), offset, first_line, starts, ends, blank)
+        return len(ends)
 
     def _read(self, block: bytes, longest: int, schema: pa.Schema, unexpected: str) -> pa.Table:
         bs = max(1 << 20, 2 * (longest + 1))
         return pj.read_json(
-            io.BytesIO(block),
+            pa.BufferReader(block),  # (zero-copy over the block's bytes)
             read_options=pj.ReadOptions(use_threads=False, block_size=bs),
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected,
                                           newlines_in_values=False),

@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from components.core.errors import VeilError
+from components.accounting.accountant import calibrate, epsilon as gaussian_epsilon
 
 VARIANTS = ("veil", "seed")
 SVT_SENSITIVITY = 2.0          # of s^conc under replace-one, N public: 2(N−1)/N < 2
@@ -101,7 +102,6 @@ def filtered_noise(*, epsilon: float, delta: float, steps: int, n_users: int, ta
 
 def calibrate_filtered(*, epsilon: float, delta: float, steps: int):
     """σ such that `steps` full-batch (q = 1) Gaussian steps are (ε/2, δ/2)-DP."""
-    from components.accounting.accountant import calibrate
 
     return calibrate("record", epsilon=epsilon / 2.0, delta=delta / 2.0, sampling_rate=1.0, steps=int(steps))
 
@@ -109,7 +109,6 @@ def calibrate_filtered(*, epsilon: float, delta: float, steps: int):
 def filtered_epsilon(*, epsilon: float, delta: float, noise_multiplier: float, steps_run: int) -> dict:
     """The (ε, δ) of a veil-variant run that made `steps_run` noisy updates (and may have halted):
     ε/2 for the sparse vector (whatever it answered) + the Gaussian steps' ε at δ/2."""
-    from components.accounting.accountant import epsilon as gaussian_epsilon
 
     delta1, _ = test_margin(epsilon, delta, max(1, steps_run))
     eps_g = 0.0 if steps_run == 0 else gaussian_epsilon(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from components.accounting import events as ev
 from components.core.errors import VeilError
+from components.accounting.accountant import FLOAT_ALLOWANCE, _composed
 
 LIFETIME_DISCRETIZATION = 1e-4
 
@@ -53,8 +54,6 @@ class LifetimeSpend:
 
 
 def lifetime_epsilon(releases: list[Release], delta: float) -> LifetimeSpend:
-    from components.accounting.accountant import FLOAT_ALLOWANCE, _composed
-
     if not 0 < delta < 1:
         raise VeilError(f"lifetime budget: delta must be in (0, 1), got {delta}")
     pld = None

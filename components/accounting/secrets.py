@@ -28,6 +28,7 @@ import numpy as np
 from scipy import special
 
 from components.core.errors import VeilError
+from components.core.canonical import EPSILON_DIGITS, ceil_sig, epsilon_up, sigma_up
 
 DEFAULT_SENSITIVITY = 2.0
 SENSITIVITY_REASON = (
@@ -101,7 +102,6 @@ def published_bounds(kl: float, steps: int, kappa: float) -> tuple[float, float,
     (components.core.canonical: machine-independent, never below the computed values): the per-step KL
     rounded up, the run's KL = steps × that (so a verifier recomputes it exactly from the per-step
     figure), γ from that KL rounded up."""
-    from components.core.canonical import EPSILON_DIGITS, ceil_sig, epsilon_up
 
     T, raw = int(steps), float(kl)
     if T <= 0 or raw <= 0.0:
@@ -377,7 +377,6 @@ def calibrate_secrets(targets: Iterable[SecretTarget], *, steps: int, sensitivit
         raise VeilError("secrets: no secret is ever sampled (all rates 0); nothing to calibrate")
     # σ as published (rounded up: more noise), and the per-secret bounds at it as published (rounded
     # up): step σ up until every published γ still meets its target (components.core.canonical)
-    from components.core.canonical import sigma_up
 
     sigma = sigma_up(sigma)
     for _ in range(20):

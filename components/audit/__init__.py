@@ -10,6 +10,7 @@
 - `public`: what may be published (verdicts, quantized class-level aggregates); `inputs`: the one
   reader of the plan's membership reservations (held-out and canary users, attacker files).
 - `report`: private report, plots, keys; `run`: `run_audit`, the whole audit of one model.
+- `echo`: the canary echo audit of a synthetic corpus (echo canaries against the corpus alone).
 """
 from components.audit.canaries import make_canary_users
 from components.audit.ceiling import (auroc_ceiling, auroc_ceiling_from_pld, auroc_ceiling_from_profile,

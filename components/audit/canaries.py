@@ -23,6 +23,7 @@ import pyarrow as pa
 from components.audit.exposure import Draw, Shape, SecretProbe
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
+from components.draws.annex import prf_seed
 
 CANARY_DOMAIN = "canary.veil.invalid"  # .invalid: can never collide with a real address
 
@@ -66,13 +67,20 @@ def _filler(rng: np.random.Generator, n: int) -> str:
 
 
 def make_canary_users(n: int, records_per_user: int, seed: int, *, texts: Sequence[str] | None = None,
-                      substring_words: int = 10, source: str = "canary") -> pa.Table:
+                      substring_words: int = 10, source: str = "canary", prefixes: Sequence[str] | None = None,
+                      key: bytes | None = None) -> pa.Table:
     """Records of `n` canary users with `records_per_user` records each, to inject at plan time.
 
     Base texts are drawn (without replacement within a user) from `texts` (e.g. the public corpus) or,
     when none are given, generated from the word list. Returns the snapshot record schema: record_id
     (sha256 of user and text), user_id (`canary-NNN@canary.veil.invalid`), text, source, created_at
     (null), metadata (JSON with `canary: true` and the substring — catalog-private).
+
+    `prefixes` (echo canaries, "The Canary's Echo", ICML 2025): public in-distribution openings. Each
+    record is then one of them (drawn without replacement within the user) followed by the substring —
+    an in-distribution prefix the sampler reaches on its own, then a high-perplexity suffix only
+    memorisation can continue. The draws use `key` (the plan's key; required here): with the public
+    seed alone anyone could compute the suffixes, and a corpus could carry them without any leak.
     """
     if n < 0 or records_per_user < 1 or substring_words < 1:
         raise VeilError(f"canaries: need n >= 0, records_per_user >= 1, substring_words >= 1; got "
@@ -80,18 +88,31 @@ def make_canary_users(n: int, records_per_user: int, seed: int, *, texts: Sequen
     pool = [t for t in (texts or []) if t and t.strip()]
     if texts is not None and len(pool) < records_per_user:
         raise VeilError(f"canaries: {len(pool)} usable base texts, need at least records_per_user={records_per_user}")
-    rng = np.random.default_rng([seed, 3])
+    heads = list(prefixes or [])
+    if heads:
+        if key is None:
+            raise VeilError("canaries: echo canaries (prefixes) are drawn with the plan's key; none was given")
+        if len(set(heads)) < records_per_user:
+            raise VeilError(f"canaries: {len(set(heads))} distinct prefixes, need at least "
+                            f"records_per_user={records_per_user}")
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), *prf_seed(key, "echo-canaries")]))
+    else:
+        rng = np.random.default_rng([seed, 3])
     shape = canary_shape(substring_words)
     rows = []
     for i in range(n):
         user = f"canary-{i:03d}@{CANARY_DOMAIN}"
         s = shape.sample(rng)
-        if pool:
-            base = [pool[int(j)] for j in rng.choice(len(pool), size=records_per_user, replace=False)]
+        if heads:
+            texts_i = [heads[int(j)].rstrip() + " " + s
+                       for j in rng.choice(len(heads), size=records_per_user, replace=False)]
         else:
-            base = [_filler(rng, int(rng.integers(12, 40))) for _ in range(records_per_user)]
-        for b in base:
-            text = _insert(b, s, rng)
+            if pool:
+                base = [pool[int(j)] for j in rng.choice(len(pool), size=records_per_user, replace=False)]
+            else:
+                base = [_filler(rng, int(rng.integers(12, 40))) for _ in range(records_per_user)]
+            texts_i = [_insert(b, s, rng) for b in base]
+        for text in texts_i:
             rows.append({"record_id": sha256_bytes(f"{user}\x00{text}".encode()), "user_id": user, "text": text,
                          "source": source, "created_at": None,
                          "metadata": json.dumps({"canary": True, "substring": s}, sort_keys=True)})

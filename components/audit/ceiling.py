@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from components.core.errors import VeilError
+from components.mechanisms import get as get_mechanism
 
 
 def _check(epsilon: float, delta: float) -> None:
@@ -114,8 +115,6 @@ def certificate_pld(certificate, *, discretization: float = 1e-3):
     pessimistic and composed over the steps actually run. Record- and secret-level certificates (and
     mechanisms without a PLD) give None: their PLD says nothing about a whole user.
     """
-    from components.core.errors import VeilError
-    from components.mechanisms import get as get_mechanism
 
     if not certificate or certificate.get("privacy_unit") != "user":
         return None
@@ -137,7 +136,6 @@ def certificate_ceilings(certificate) -> dict:
         return {"auroc_ceiling": 1.0, "auroc_ceiling_pld": None}
     out = {"auroc_ceiling": auroc_ceiling(float(certificate["epsilon"]), float(certificate["delta"])),
            "auroc_ceiling_pld": None}
-    from components.core.errors import VeilError
 
     try:
         pld = certificate_pld(certificate)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.audit.ceiling import tpr_ceiling
+from components.audit.ceiling import tpr_ceiling, tpr_ceiling_from_pld
 from components.audit.metrics import roc_from_groups
 from components.audit.public import SECTION_SCHEMA  # noqa: F401  (re-exported for old imports)
 
@@ -114,8 +114,6 @@ def roc_plot(scores: np.ndarray, labels: np.ndarray, path: str | Path, *, epsilo
     grid = np.logspace(-4, 0, 400)
     pld_curve = None
     if pld is not None:
-        from components.audit.ceiling import tpr_ceiling_from_pld
-
         pld_curve = tpr_ceiling_from_pld(grid, pld)
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), dpi=110)
     for ax, log in zip(axes, (False, True)):
@@ -170,8 +168,6 @@ def ceiling_plot(path: str | Path, *, epsilon: float | None, delta: float | None
             ax.plot(grid, tpr_ceiling(grid, epsilon, delta), color="crimson", lw=1.2,
                     label=f"DP ceiling (ε={epsilon:.3g}, δ={delta:.1g})")
         if pld is not None:
-            from components.audit.ceiling import tpr_ceiling_from_pld
-
             ax.plot(grid, tpr_ceiling_from_pld(grid, pld), color="darkorange", lw=1.2,
                     label="ceiling of the certified mechanism (PLD)")
         _finish_roc_axes(ax, grid, log)

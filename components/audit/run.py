@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from components.audit import public as pub
 from components.audit.canaries import canary_probes, is_canary
-from components.audit.ceiling import certificate_ceilings
+from components.audit.ceiling import certificate_ceilings, certificate_pld
 from components.audit.exposure import exposure_summary, probes_from_spans, probes_from_truth, secret_exposure
 from components.audit.inputs import AuditReservations, audit_reservations
 from components.audit.report import ceiling_plot, private_dir, ref_key, roc_plot, secret_ref, write_private
@@ -34,8 +34,11 @@ from components.audit.user_inference import (_check_samples, aggregate_user_scor
 from components.audit.verdict import (DEFAULT_EXPOSED_FRACTION, FAILED, INCONCLUSIVE, PASSED, combine,
                                       exposure_verdict, gate_decision)
 from components.core.errors import VeilError
-from components.draws.annex import snapshot_label
+from components.draws.annex import snapshot_label, load_annex, prf_uniform
 from components.core.hashing import sha256_file, sha256_json
+from components.audit.metrics import balance_by_thinning, one_run_epsilon_lower_bound
+from components.audit.verdict import candidates_for_limit
+from components.draws.data import train_rows
 
 LEGACY_MAX_CANDIDATES = 1000
 
@@ -70,7 +73,6 @@ class AuditResult:
 
 def _user_pld(cert):
     """The certificate's user-level privacy-loss distribution for the plots, or None."""
-    from components.audit.ceiling import certificate_pld
 
     try:
         return certificate_pld(cert)
@@ -97,7 +99,6 @@ def audit_settings(policy_audit: Any, plan: Mapping) -> dict:
     """What the audit runs with: the plan's sizing (`audit.sizing`, sized by the planner from the
     policy, N̂ and the certified ε), else the given policy's values, else the defaults. The scheduled
     flow and `veil run` pass nothing else: no verdict depends on a CLI-only knob."""
-    from components.audit.verdict import candidates_for_limit
 
     sz = (plan.get("audit") or {}).get("sizing") or {}
     get = ((lambda k: policy_audit.get(k)) if isinstance(policy_audit, Mapping)
@@ -171,6 +172,13 @@ def _canary_file(res: AuditReservations, settings) -> Path | None:
     return cf
 
 
+def canary_records_table(res: AuditReservations, settings) -> pa.Table | None:
+    """The plan's canary records (every canary, trained and held out; checked against the plan's sha256),
+    or None when the plan has none. Private: the substrings are in `metadata`."""
+    cf = _canary_file(res, settings)
+    return None if cf is None else pq.read_table(cf)
+
+
 def _say(progress: bool, msg: str) -> None:
     if progress:
         print(f"audit: {msg}", file=sys.stderr, flush=True)
@@ -196,7 +204,6 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     if annex is None and plan.get("annex"):
         # A public plan: its membership reservations are in the private annex, checked against the
         # plan's commitment.
-        from components.draws.annex import load_annex
 
         annex = load_annex(settings.private_dir, plan)
     res = audit_reservations(plan, annex)
@@ -286,8 +293,6 @@ def run_audit(loaded, snapshot_records: pa.Table, *, policy_thresholds: Any = No
     elif secret_spans is not None and secret_spans.num_rows:
         train_ids = None
         if annex is not None and annex.get("train_records_file"):
-            from components.draws.data import train_rows
-
             train_ids = train_rows(annex)["record_id"].to_pylist()
         else:
             tf = plan.get("data", {}).get("train_records_file")
@@ -469,8 +474,6 @@ def _one_run(scores: pa.Table, canary_mask, plan: Mapping, res: AuditReservation
     probability p; `balance_by_thinning` with a keyed uniform per person). Canaries are left out: exactly
     half of them are held out, and a fixed-size split is not the independent draws the theorem needs.
     Private: counts of guesses; `public.public_one_run` rounds it."""
-    from components.audit.metrics import balance_by_thinning, one_run_epsilon_lower_bound
-    from components.draws.annex import prf_uniform
 
     audit = plan.get("audit") or {}
     p = float(audit.get("holdout_probability") or 0.0)

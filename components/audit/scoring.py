@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from components.core.errors import VeilError
+from components.core.progress import progress
+from components.modeling import sequence_logprobs as _lp
 
 
 def _device(model):
@@ -146,7 +148,6 @@ def sequence_logprobs(model, tokenizer, texts: Sequence[str], *, seq_len: int, b
     Delegates to `components.modeling.sequence_logprobs` (one definition of log p(x) for the whole
     platform); chunked here only to drive the progress bar.
     """
-    from components.modeling import sequence_logprobs as _lp
 
     texts = list(texts)
     out = np.zeros(len(texts), dtype=np.float64)
@@ -180,6 +181,4 @@ def reference_of(model, reference=None):
 
 
 def _progress(label: str | None, total: int):
-    from components.core.progress import progress
-
     return progress(f"audit: {label}" if label else "", total, on=bool(label), transient=True)

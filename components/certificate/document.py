@@ -10,8 +10,8 @@ from typing import Any, Mapping, Sequence
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.publication import publish
-from components.mechanisms import get as get_mechanism
-from components.mechanisms import names as mechanism_names
+from components.mechanisms import get as get_mechanism, names as mechanism_names
+from components.core.fingerprints import weights_fingerprint
 
 SCHEMA = "veil.certificate/v1"
 
@@ -77,7 +77,6 @@ def plan_data_fingerprint(plan: Mapping[str, Any]) -> str | None:
 
 def _bind_run(plan: Mapping[str, Any], train_result: Mapping[str, Any]) -> None:
     """Refuse a run that is not the plan's run: k and selection, the data it read, steps, weights."""
-    from components.core.fingerprints import weights_fingerprint
 
     def refuse(what: str) -> None:
         raise VeilError(f"training result does not match plan {str(plan.get('sha256', '?'))[:12]}…: {what}: "
@@ -153,11 +152,6 @@ def _population(plan: Mapping[str, Any]) -> dict:
     return dict(pop)
 
 
-def population_epsilon(doc: Mapping[str, Any]) -> float:
-    """ε spent on the DP population estimate N̂ (0 when N is public under the neighbouring relation)."""
-    return float(((doc.get("dataset") or {}).get("population") or {}).get("epsilon") or 0.0)
-
-
 def _snapshot_fields(data: Mapping[str, Any]) -> dict:
     """The certificate's snapshot binding: the plan's salted commitment (issue 22: the snapshot's id and
     sha256 are content hashes, a membership test for anyone who knows the rest of the data). A plan from
@@ -211,7 +205,7 @@ def _utility_forecast(plan: Mapping[str, Any], train_result: Mapping[str, Any]) 
     """The plan's utility forecast (components.planning.forecast), carried over; recomputed from the
     plan's public numbers and the run's trainable-parameter count d when the plan had no d (planned
     without the base model) or another one. Utility, not privacy: nothing here bounds a risk."""
-    from components.planning.forecast import plan_forecast
+    from components.planning.forecast import plan_forecast  # startup
 
     fc = plan.get("utility_forecast")
     d = train_result.get("trainable_params")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+from components.certificate.document import population_epsilon
+from components.mechanisms import get as get_mechanism
 
 _UNIT = {
     "user": "each person (everything one person contributed, all of their records together)",
@@ -26,7 +28,6 @@ def promises(cert: Mapping[str, Any], *, epsilon: float | None = None,
              gamma: Mapping[str, float] | None = None) -> list[str]:
     """Plain sentences, most important first. `epsilon`/`gamma`: the values verification recomputed
     (preferred over the certificate's own statement)."""
-    from components.mechanisms import get as get_mechanism
 
     lines: list[str] = []
     unit = cert.get("privacy_unit")
@@ -60,7 +61,6 @@ def promises(cert: Mapping[str, Any], *, epsilon: float | None = None,
         coverage = None
     if coverage:
         lines.append(f"Coverage: {coverage}.")
-    from components.certificate.document import population_epsilon
 
     if population_epsilon(cert):
         lines.append("The number of people trained is itself private: ε includes the noisy count's share.")

@@ -42,6 +42,10 @@ GAMMA_RTOL = 1e-9   # γ = gamma_from_kl(T · KL_step, κ) is closed-form up to 
 # the last-bit differences between CPUs (LAST_BITS_RTOL — inside the accountant's own 1e-7 allowance
 # already added to every ε). Anything lower states less privacy loss than the parameters give.
 from components.core.canonical import EPSILON_DIGITS  # noqa: E402
+from components.accounting.secrets import gamma_from_kl
+from components.certificate.document import recompute_epsilon, verify_certificate
+from components.certificate.seal import check_seal
+from components.mechanisms import get as get_mechanism
 
 PUBLISHED_RTOL = 10.0 ** (1 - EPSILON_DIGITS)
 LAST_BITS_RTOL = 1e-9
@@ -111,8 +115,6 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
     one; each class' recomputed γ. A certificate whose stated numbers are not what its
     mechanism, σ, q and steps give — ε edited, or steps edited beside an unchanged ε — is refused.
     """
-    from components.certificate.document import recompute_epsilon
-    from components.mechanisms import get as get_mechanism
 
     mech = get_mechanism(cert.get("mechanism"))
     if cert.get("privacy_unit") != mech.privacy_unit or cert.get("neighbouring") != mech.neighbouring:
@@ -149,7 +151,6 @@ def recheck_guarantee(cert: Mapping[str, Any]) -> tuple[float | None, dict | Non
 def _coverage(cert: Mapping[str, Any]) -> str | None:
     """What the certificate's guarantee covers, from its mechanism (not from the document: a forged
     sentence would otherwise be repeated as verified)."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(cert.get("mechanism")).coverage(cert)
@@ -174,8 +175,6 @@ def _cached_epsilon(cert: Mapping[str, Any], compute) -> float:
 
 
 def _recheck_secrets(cert: Mapping[str, Any]) -> dict[str, float]:
-    from components.accounting.secrets import gamma_from_kl
-
     steps = int(cert["steps"])
     out = {}
     for cls, c in (cert.get("secrets") or {}).items():
@@ -347,8 +346,6 @@ def verify_package(artifacts: Mapping[str, str], trusted: Mapping[str, Any],
     `artifacts` maps the pyfunc's artifact names to local paths (`certificate`, `seal`, `plan`,
     `base_model`, and `adapter` or `model` for fine-tuned weights). Returns (verification, certificate, seal).
     """
-    from components.certificate.document import verify_certificate
-    from components.certificate.seal import check_seal
 
     v = v or Verification()
     cert = seal = None

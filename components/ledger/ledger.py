@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +24,10 @@ from sqlalchemy.engine import Connection
 
 from components.core import identity as _identity
 from components.core.errors import VeilError
-from components.ledger import keys as _keys
+from components.ledger import keys as _keys, store as st
 from components.renyi import rdp as _rdp
-from components.ledger import store as st
+from components.renyi.costs import Budget, PersonCost, SecretCost
+from components.mechanisms import get as get_mechanism
 
 
 # Releases that post-process an earlier release and charge nobody (record_post_processing).
@@ -36,44 +37,6 @@ POST_PROCESSING_KINDS = ("synthetic",)
 def default_url(settings) -> str:
     url = getattr(settings, "ledger_url", None)
     return url or f"sqlite:///{Path(settings.private_dir).resolve() / 'ledger.db'}"
-
-
-@dataclass(frozen=True)
-class Budget:
-    epsilon: float
-    delta: float
-
-    @classmethod
-    def parse(cls, b) -> "Budget | None":
-        if b is None:
-            return None
-        if isinstance(b, Budget):
-            return b
-        get = b.get if isinstance(b, Mapping) else (lambda k: getattr(b, k))
-        out = cls(float(get("epsilon")), float(get("delta")))
-        _rdp.rdp_budget(out.epsilon, out.delta)  # validates
-        return out
-
-
-@dataclass(frozen=True)
-class PersonCost:
-    """One person's cost in one release: their rows, their q' and the RDP curve on the ledger's orders."""
-    rows: int
-    sampling_rate: float
-    rdp: np.ndarray = field(compare=False)
-
-
-@dataclass(frozen=True)
-class SecretCost:
-    """One secret's KL in one release (components.accounting.secrets: T × per-step KL at the rates of the
-    records holding it) and its class' prior κ and lifetime posterior target γ. `secret_id` is the
-    catalog's `class:value`: it stays in memory; the ledger stores only its HMAC pseudonym."""
-    secret_id: str
-    secret_class: str
-    kl: float
-    kappa: float
-    gamma: float
-    records: int = 0
 
 
 class PlanAlreadyReleased(VeilError):
@@ -388,7 +351,7 @@ class Ledger:
         N̂ is published with the plan, before any reservation, and counts every unit the plan trains on —
         including people the training reservation will later retire. So it is a release of its own (kind
         `population`), charged when it is first published: `release_key` names it (the planner's keyed
-        digest of the counted population and the estimate's parameters, planning.annex); a second plan
+        digest of the counted population and the estimate's parameters, draws.annex); a second plan
         drawing the same N̂ publishes nothing new and is charged nothing. All or nothing: when someone
         counted cannot afford it under the filter, nothing is written and they are named
         (`refused`): the caller plans again without them, which draws fresh noise, before anything is
@@ -582,7 +545,7 @@ class Ledger:
     def secret_rows(self) -> list[dict]:
         """Per secret: pseudonym, class, lifetime KL and γ(κ, KL), releases charged, times dropped.
         PRIVATE (a pseudonym's history) — write it only under the private area."""
-        from components.accounting.secrets import gamma_from_kl
+        from components.accounting.secrets import gamma_from_kl  # startup
 
         with st.read_only(self.engine) as conn:
             classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
@@ -606,7 +569,7 @@ class Ledger:
     def secret_summary(self) -> dict:
         """Per class: κ, γ target, its KL budget, secrets charged, max lifetime KL and γ, secrets dropped
         at least once. Aggregates only."""
-        from components.accounting.secrets import gamma_from_kl, kl_budget
+        from components.accounting.secrets import gamma_from_kl, kl_budget  # startup
 
         with st.read_only(self.engine) as conn:
             classes = {r.secret_class: (float(r.kappa), float(r.gamma)) for r in conn.execute(select(st.secret_classes))}
@@ -997,7 +960,6 @@ def _one_per_plan(mechanism: str) -> bool:
     """A DP-SGD plan's release (a registered mechanism that is certified from its plan) is unique per plan.
     Releases of other kinds (PMixED's builds, private selections) key theirs on a policy or parameters
     that may be released again on purpose."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return bool(get_mechanism(mechanism).certifiable)
@@ -1008,7 +970,6 @@ def _one_per_plan(mechanism: str) -> bool:
 def relation_of(mechanism: str) -> str:
     """The relation a release's charges are under: its mechanism's `ledger_relation` (a mechanism this
     build does not know is read as add/remove, what every mechanism before multi-owner records was)."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(mechanism).ledger_relation
@@ -1019,7 +980,6 @@ def relation_of(mechanism: str) -> str:
 def _person_claim(mechanism: str) -> bool:
     """Whether a release of this mechanism is charged to persons. Releases under names the mechanism
     registry does not hold (private selection, population estimates) charge persons a curve of their own."""
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(mechanism).ledger_person_claim
@@ -1050,7 +1010,7 @@ def effective_spend(by_mechanism: Mapping[str, np.ndarray], orders, *, replace: 
 
 
 def _check_secrets(secrets: Sequence[SecretCost]) -> list[SecretCost]:
-    from components.accounting.secrets import kl_budget
+    from components.accounting.secrets import kl_budget  # startup
 
     out = []
     for c in secrets:
@@ -1074,7 +1034,7 @@ def _reserve_secrets(conn: Connection, rid: int, sec: list[SecretCost], skeys: l
     (a filter's budget cannot move, and γ is only meaningful for the prior it was computed with). A
     secret is charged iff lifetime KL + this release's KL ≤ d_KL(γ‖κ); the decision reads only the
     ledger and that secret's own KL (a function of its public tagging and the release's parameters)."""
-    from components.accounting.secrets import kl_budget
+    from components.accounting.secrets import kl_budget  # startup
 
     if not sec:
         return np.zeros(0, dtype=bool)
@@ -1192,8 +1152,6 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
 def _group_size(mechanism: str, rows: int) -> int:
     """How many unit Gaussians one person's charged rows are, for the non-adaptive estimate: the
     release's mechanism says (a user-sampled release is one, whatever the rows)."""
-    from components.core.errors import VeilError
-    from components.mechanisms import get as get_mechanism
 
     try:
         return get_mechanism(mechanism).ledger_group_size(rows)

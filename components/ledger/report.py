@@ -17,6 +17,13 @@ import os
 from pathlib import Path
 
 from components.ledger.ledger import Ledger, pld_estimate_max
+from components.core.errors import VeilError
+from components.draws.annex import load_annex
+from components.draws.data import train_rows
+from components.ledger import store as st
+from components.ledger.release import forecast_release, releases_for_fresh_person
+from components.mechanisms import get as get_mechanism
+from components.renyi.costs import Budget
 
 PEOPLE_CSV = "ledger-people.csv"
 SECRETS_CSV = "ledger-secrets.csv"
@@ -101,7 +108,6 @@ def latest_plan(settings, led: Ledger) -> Path | None:
 
     from sqlalchemy import select
 
-    from components.ledger import store as st
 
     with st.read_only(led.engine) as conn:
         rows = conn.execute(select(st.releases.c.plan_sha256, st.releases.c.kind)
@@ -126,12 +132,7 @@ def plan_forecast(settings, led: Ledger, plan_doc: dict) -> dict | None:
     `people` (PRIVATE, administrators only): over the plan's people, the min and median of the releases of
     it each can still take, and how many people its next reservation would retire — priced and filtered
     exactly as the reservation does (Ledger.forecast). None without a budget."""
-    from components.ledger.release import forecast_release, releases_for_fresh_person
-    from components.ledger.ledger import Budget
-    from components.draws.annex import load_annex
-    from components.draws.data import train_rows
 
-    from components.mechanisms import get as get_mechanism
 
     budget = led.budget() or Budget.parse(plan_doc.get("lifetime_budget"))
     if budget is None or not get_mechanism(str(plan_doc.get("mechanism"))).ledger_curve:
@@ -157,8 +158,7 @@ def ledger_report(settings, *, estimate: bool = True, plan: Path | None = None) 
         path = Path(plan) if plan is not None else latest_plan(settings, led)
         doc["forecast"] = None
         if path is not None:
-            from components.core.errors import VeilError
-            from components.planning.plan import load_plan
+            from components.planning.plan import load_plan  # startup
 
             try:
                 doc["forecast"] = plan_forecast(settings, led, load_plan(path).to_dict())

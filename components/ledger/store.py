@@ -35,6 +35,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from components.core.errors import VeilError
+from components.core.sqlite_files import check_existing, unreadable
 
 SCHEMA_VERSION = "veil.ledger/v2"
 # v1 (before issue 27): curves as JSON in `ledger_charges`, no running spend. Opened once by this code, a v1
@@ -200,8 +201,6 @@ def make_engine(url: str, *, tables: MetaData | None = None, what: str = "ledger
     """An engine whose `begin()` is serializable for the ledger's purposes (module docstring). `tables`: what
     a new SQLite file is created with (default: the ledger's); `what`/`restore` word its refusals."""
     if url.startswith("sqlite"):
-        from components.core.sqlite_files import check_existing
-
         path = _sqlite_path(url)
         if path is None or str(path) in ("", ":memory:"):
             raise VeilError(f"{what} url {url!r}: an SQLite {what} must be a file (sqlite:////absolute/path.db)")
@@ -254,7 +253,6 @@ def _retryable(e: BaseException) -> bool:
 
 def _damaged(engine: Engine, e: BaseException) -> VeilError | None:
     """A damaged SQLite file (SQLite's own words) as one line with what to restore."""
-    from components.core.sqlite_files import unreadable
 
     if engine.dialect.name == "sqlite" and unreadable(e):
         msg = str(getattr(e, "orig", e)).splitlines()[0]

@@ -26,6 +26,8 @@ import pyarrow as pa
 
 from components.core.errors import VeilError
 from components.mechanisms.base import get, names
+from components.draws.gradient_diversity import estimate_user_grad_ratio
+from components.draws.selection import REDRAWN_PER_VISIT
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class MechanismChoice:
 
 
 def _sigma(mechanism: str, q: float, *, epsilon, delta, steps, k, cache_dir) -> float:
-    from components.accounting import calibrate
+    from components.accounting import calibrate  # startup
 
     return float(calibrate(mechanism, epsilon=epsilon, delta=delta, sampling_rate=q, steps=steps, k=k,
                            cache_dir=cache_dir).noise_multiplier)
@@ -206,7 +208,6 @@ def resolve(policy, train: pa.Table, *, steps: int, batch: int, user_grad_ratio=
     tr = spec.training
     ratio = user_grad_ratio
     if ratio is None and base_model is not None and spec.privacy_unit == "user":
-        from components.draws.gradient_diversity import estimate_user_grad_ratio
 
         say("estimating per-user gradient diversity at the base model")
         g_values = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= k]
@@ -229,7 +230,6 @@ def resolve(policy, train: pa.Table, *, steps: int, batch: int, user_grad_ratio=
     if mech.bounds_records:
         batch, k = choice.expected_batch_size, choice.records_per_user
         decision.update({"expected_batch_size": int(batch), "records_per_user": int(k)})
-    from components.draws.selection import REDRAWN_PER_VISIT
 
     if selection in REDRAWN_PER_VISIT and not mech.per_user_clip:
         selection = "random"

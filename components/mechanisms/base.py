@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.renyi import rdp as _rdp
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class Mechanism:
 
     def make_step(self, spec, model, optimizer, *, n_units: int, private_seed: int, dctx, expected: float):
         """The step runner: `runner(step, units, ids, lengths) -> (Σ loss, records, halted)`."""
-        from components.dpsgd.step import DPStep
+        from components.dpsgd.step import DPStep  # startup
 
         return PlainStep(DPStep(model, optimizer, private=True, clip_norm=float(spec.clip_norm),
                                 noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,
@@ -201,8 +202,6 @@ class Mechanism:
         return None if target is None else float(epsilon) <= float(target) + 1e-12
 
     def describe(self, doc: Mapping) -> str:
-        from components.certificate.document import population_epsilon
-
         eps_n = population_epsilon(doc)
         acc = doc.get("accountant") or {}
         return (f"{doc['privacy_unit']}-level ε={doc['epsilon']:.4f}, δ={doc['delta']:g} "
@@ -223,7 +222,7 @@ class Mechanism:
         """The composed PLD of a whole user under this mechanism, or None (no user-level PLD)."""
         if self.privacy_unit != "user" or self.accounting_model is None:
             return None
-        from components.accounting import composed_pld
+        from components.accounting import composed_pld  # startup
 
         if certificate.get("privacy_unit") != self.privacy_unit:
             return None
@@ -243,9 +242,7 @@ class Mechanism:
 
     def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
         """One person's Poisson-sampled rows' RDP under this mechanism's relation (add/remove:
-        `ledger.rdp.rows_rdp`); the Gaussian family's `ledger_costs` prices every person with it."""
-        from components.renyi import rdp as _rdp
-
+        `renyi.rdp.rows_rdp`); the Gaussian family's `ledger_costs` prices every person with it."""
         return _rdp.rows_rdp(rates, sigma, steps, orders)
 
     def ledger_population_rows(self, rows: int) -> int:
@@ -255,6 +252,11 @@ class Mechanism:
     def ledger_group_size(self, rows: int) -> int:
         """Sensitivity multiple of one person with `rows` charged rows (the non-adaptive PLD estimate)."""
         return max(1, int(rows))
+
+
+def population_epsilon(doc: Mapping[str, Any]) -> float:
+    """ε spent on the DP population estimate N̂ (0 when N is public under the neighbouring relation)."""
+    return float(((doc.get("dataset") or {}).get("population") or {}).get("epsilon") or 0.0)
 
 
 class PlainStep:

@@ -26,9 +26,13 @@ from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, PlanContext, register
 from components.mechanisms.els import ELS
 from components.mechanisms.gaussian import accounting_section
+from components.bounding.owners import bound_owners, owner_set, replace_to_add_remove
+from components.draws.audit_split import held_out
+from components.draws.eval_split import is_evaluation_person
+from components.renyi import rdp as _rdp
 
-# components.bounding.owners.RELATION (a test checks they agree; planning imports the registry, so the
-# registry imports planning lazily)
+# components.bounding.owners.RELATION (a test checks they agree; kept here too so that the relation
+# a certificate names is readable from the mechanism alone)
 RELATION = "replace_owned_records_fixed_graph"
 
 CAVEAT = ("multi-owner records (people.ownership: all-participants): the guarantee is under the fixed-attribution-graph "
@@ -70,10 +74,6 @@ class ELSOwners(ELS):
         return None         # the per-owner greedy decides (the plan's `ownership` section says its order)
 
     def bound(self, ctx: PlanContext, train: pa.Table) -> Bounded:
-        from components.draws.audit_split import held_out
-        from components.draws.eval_split import is_evaluation_person
-        from components.bounding.owners import bound_owners
-
         spec = ctx.spec
         owners = _owners_of(train, ctx.owners)
         # A record trains only if none of its owners is reserved (evaluation or audit holdout). The
@@ -102,7 +102,7 @@ class ELSOwners(ELS):
                        caveats=[CAVEAT], owners=owner_col)
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
-        from components.accounting import calibrate as calibrate_sigma
+        from components.accounting import calibrate as calibrate_sigma  # startup
 
         spec = ctx.spec
         target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
@@ -118,7 +118,6 @@ class ELSOwners(ELS):
         cal = calibrate_sigma("els", epsilon=eps_k, delta=delta_k, sampling_rate=q, steps=ctx.steps,
                               k=self.accounting_k(ctx.k), cache_dir=ctx.cache_dir)
         accounting = accounting_section(cal, "els")
-        from components.bounding.owners import replace_to_add_remove
 
         eps, delta = replace_to_add_remove(accounting["epsilon"], delta_k)
         accounting.update(_replace_section(accounting["epsilon"], delta_k, eps, delta, int(ctx.k)))
@@ -135,8 +134,6 @@ class ELSOwners(ELS):
 
     # --- certificate ----------------------------------------------------------------------------
     def certify(self, plan: Mapping, train_result: Mapping, *, steps: int, caveats: list[str], **inputs) -> dict:
-        from components.bounding.owners import replace_to_add_remove
-
         delta_k = float(plan["accounting"]["delta_group"])
         eps_k, event, meta = _group_epsilon(plan, steps, delta_k, self.accounting_k(plan.get("records_per_user")))
         eps, delta = replace_to_add_remove(eps_k, delta_k)
@@ -161,8 +158,6 @@ class ELSOwners(ELS):
         }
 
     def recompute_epsilon(self, doc: Mapping) -> float:
-        from components.bounding.owners import replace_to_add_remove
-
         stated = (doc.get("accountant") or {}).get("mechanism")
         if stated != "els":
             raise VeilError(f"certificate: mechanism {self.name!r} is accounted as 'els', but the certificate's "
@@ -197,9 +192,8 @@ class ELSOwners(ELS):
 
     # --- ledger ---------------------------------------------------------------------------------
     def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
-        """Every owner of a trained record is charged (ledger.person_rates expands `owners`), under the
+        """Every owner of a trained record is charged (renyi.costs.person_rates expands `owners`), under the
         replace relation (components.renyi.rdp.replace_rows_rdp)."""
-        from components.renyi import rdp as _rdp
 
         return _rdp.replace_rows_rdp(rates, sigma, steps, orders)
 
@@ -215,7 +209,7 @@ def _replace_section(eps_k: float, delta_k: float, eps: float, delta: float, k: 
 
 def _group_epsilon(doc: Mapping, steps: int, delta_k: float, k: int) -> tuple[float, dict, dict]:
     """ELS's ε_k at δ_k for adding/removing ≤ k records, at the document's q, σ and `steps`."""
-    from components.accounting import epsilon as account
+    from components.accounting import epsilon as account  # startup
 
     if steps == 0:
         return 0.0, {"name": "NoOpDpEvent"}, {}
@@ -232,7 +226,6 @@ def _owners_of(train: pa.Table, owners: pa.Table | None) -> list[tuple[str, ...]
     position: a record id names content, and under the relation u's content may become a copy of a
     record u is not on — joined on the id, that record would take u's owners); else the people rules'
     `owners` table joined on record_id; the writer alone for rows that have none (canary users)."""
-    from components.bounding.owners import owner_set
 
     lookup: dict[str, list] = {}
     if owners is not None and "owners" not in train.column_names:

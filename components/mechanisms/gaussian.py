@@ -17,7 +17,11 @@ import numpy as np
 
 from components.core.canonical import described_event, epsilon_up, round_sig, sum_up
 from components.core.errors import VeilError
-from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext
+from components.draws.annex import laplace_noise, population_digest, prf
+from components.draws.selection import select_records
+from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext, population_epsilon
+from components.renyi import rdp as _rdp
+from components.renyi.costs import Budget, PersonCost, releases_for_fresh_person
 
 
 def library_version() -> str:
@@ -47,12 +51,10 @@ def population_estimate(key: bytes, *, mechanism: str, unit: str, sensitivity: i
                         n_exact: int, epsilon_total: float, fraction: float, counted: str) -> tuple[dict, dict]:
     """(public section, annex section) of the DP estimate N̂ = N + Laplace(Δ/ε_N).
 
-    The noise is keyed on what N counts (`counted`: planning.annex.population_digest of the trained
+    The noise is keyed on what N counts (`counted`: draws.annex.population_digest of the trained
     units) and on the release's parameters: re-planning the same population gives the same N̂ (nothing
     new is released, no averaging), and any other population draws fresh noise — a release of its own,
     which the ledger charges to everyone it counts (`release_key`, ledger.charge_population)."""
-    from components.draws.annex import laplace_noise, prf
-
     eps_n = float(fraction) * float(epsilon_total)
     scale = sensitivity / eps_n
     parts = ("population/v2", counted, mechanism, int(k), repr(float(scale)))
@@ -109,8 +111,7 @@ class SubsampledGaussian(Mechanism):
         raise NotImplementedError
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
-        from components.accounting import calibrate as calibrate_sigma
-        from components.draws.annex import population_digest
+        from components.accounting import calibrate as calibrate_sigma  # startup
 
         spec = ctx.spec
         target = {"epsilon": float(spec.target.epsilon), "delta": float(spec.target.delta)}
@@ -171,11 +172,7 @@ class SubsampledGaussian(Mechanism):
         calibration is asked for that σ's PLD ε and its σ checked to fit — so the plan's σ is one the
         filter admits `releases` times, and its ε the largest (to the calibration's tolerance) that does.
         Returns (the calibration, the plan's public `schedule` section)."""
-        from components.accounting import calibrate as calibrate_sigma
-        from components.accounting import epsilon as account
-        from components.renyi import rdp as _rdp
-        from components.ledger.ledger import Budget
-        from components.ledger.release import releases_for_fresh_person
+        from components.accounting import calibrate as calibrate_sigma, epsilon as account  # startup
 
         spec = ctx.spec
         n = int(spec.schedule.releases)
@@ -186,7 +183,7 @@ class SubsampledGaussian(Mechanism):
 
         def left(sigma: float) -> float:
             return releases_for_fresh_person(
-                {"mechanism": self.name, "sampling_rate": q, "noise_multiplier": float(sigma), "steps": ctx.steps,
+                self, {"mechanism": self.name, "sampling_rate": q, "noise_multiplier": float(sigma), "steps": ctx.steps,
                  "records_per_user": bounded.records_per_user, "data": {"population": population}},
                 budget, tuple(orders), conversion, weights)
 
@@ -223,7 +220,7 @@ class SubsampledGaussian(Mechanism):
 
     # --- certificate ----------------------------------------------------------------------------
     def certify(self, plan: Mapping, train_result: Mapping, *, steps: int, caveats: list[str], **_inputs) -> dict:
-        from components.accounting import epsilon as account
+        from components.accounting import epsilon as account  # startup
 
         model = self.accounting_model
         delta = float(plan["target"]["delta"])
@@ -263,8 +260,7 @@ class SubsampledGaussian(Mechanism):
         }
 
     def recompute_epsilon(self, doc: Mapping) -> float:
-        from components.accounting import epsilon as account
-        from components.certificate.document import population_epsilon
+        from components.accounting import epsilon as account  # startup
 
         stated = (doc.get("accountant") or {}).get("mechanism")
         if stated != self.accounting_model:
@@ -282,9 +278,6 @@ class SubsampledGaussian(Mechanism):
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """Each of a person's rows is its own Poisson draw at its rate; their rows' RDP (module
         components.renyi.rdp for the derivation)."""
-        from components.renyi import rdp as _rdp
-        from components.ledger.ledger import PersonCost
-
         sigma, steps = float(plan["noise_multiplier"]), int(plan["steps"])
         cache: dict[tuple, tuple[float, np.ndarray]] = {}
         out = {}
@@ -311,8 +304,6 @@ class UserBounded(SubsampledGaussian):
         return int(records_per_user or 0)
 
     def bound(self, ctx: PlanContext, train) -> Bounded:
-        from components.draws.selection import select_records
-
         chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
                                 exactly_k=self.exactly_k, key=ctx.key)
         return Bounded(chosen=chosen, n_units=chosen.num_rows, records_per_user=int(ctx.k))

@@ -26,7 +26,7 @@ class NonPrivate(Mechanism):
         return float(rates.sum())
 
     def make_step(self, spec, model, optimizer, *, n_units: int, private_seed: int, dctx, expected: float):
-        from components.dpsgd.step import DPStep
+        from components.dpsgd.step import DPStep  # startup
 
         return PlainStep(DPStep(model, optimizer, private=False, clip_norm=float(spec.clip_norm),
                                 noise_multiplier=float(spec.noise_multiplier), expected_batch_size=expected,

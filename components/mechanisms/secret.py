@@ -8,6 +8,7 @@ import numpy as np
 
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext, register
+from components.dpsgd.data import record_rates
 
 TAGGED_ONLY = ("the guarantee covers tagged occurrences only: a secret the tagger missed (no detector "
                "matched it) is trained on as an untagged record and gets nothing from the per-secret bounds "
@@ -31,7 +32,7 @@ class Secret(Mechanism):
 
     # --- planning -------------------------------------------------------------------------------
     def bound(self, ctx: PlanContext, train) -> Bounded:
-        from components.bounding.secret_plan import plan_secret_rates
+        from components.bounding.secret_plan import plan_secret_rates  # startup
 
         ctx.say("solving the secret LP")
         lp_section, rates, chosen = plan_secret_rates(ctx.policy, train, ctx.snapshot.secret_spans,
@@ -40,7 +41,7 @@ class Secret(Mechanism):
                        extra={"secret_lp": lp_section})
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
-        from components.bounding.secret_plan import calibrate_secret
+        from components.bounding.secret_plan import calibrate_secret  # startup
 
         chosen = bounded.chosen
         q = ctx.batch / max(1, chosen.num_rows)       # the mean per-record rate, for display and training
@@ -66,8 +67,6 @@ class Secret(Mechanism):
             bad("selection", f"random-chunk needs per-user clipping (uls), not {self.name}")
 
     def unit_rates(self, spec, data, tok, by_user) -> np.ndarray:
-        from components.dpsgd.data import record_rates
-
         rates = record_rates(data)
         mean_rate = float(rates.sum()) / len(rates) if len(rates) else 0.0
         if len(rates) and abs(mean_rate - float(spec.sampling_rate)) > 1e-6 * max(1e-12, float(spec.sampling_rate)):
@@ -84,8 +83,8 @@ class Secret(Mechanism):
                 secret_targets=None, untagged_rate=None, **_inputs) -> dict:
         """Per-secret posterior bounds (seed 004, Lemma 3.2, KL case), aggregated per class: secret ids
         carry the secrets' values, so the certificate — a registered document — holds aggregates only."""
-        from components.accounting import LIBRARY_VERSION
-        from components.accounting.secrets import (
+        from components.accounting import LIBRARY_VERSION  # startup
+        from components.accounting.secrets import (  # startup
             DEFAULT_SENSITIVITY,
             DOMINANCE_NOTE,
             SENSITIVITY_REASON,

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pyarrow.compute as pc
+
 from components.mechanisms.base import Bounded, PlanContext, register
 from components.mechanisms.gaussian import SubsampledGaussian
+from components.draws.selection import REDRAWN_PER_VISIT, select_records
+from components.renyi import rdp as _rdp
+from components.renyi.costs import PersonCost
 
 
 class ULS(SubsampledGaussian):
@@ -26,7 +31,6 @@ class ULS(SubsampledGaussian):
     def bound(self, ctx: PlanContext, train) -> Bounded:
         """random / random-chunk keep every record (the trainer draws G afresh at every visit, so the
         bound holds by the clipped mean); deterministic strategies fix each user's k records here."""
-        from components.draws.selection import REDRAWN_PER_VISIT, select_records
 
         caveats = []
         if ctx.selection in ("random",) + REDRAWN_PER_VISIT:
@@ -36,13 +40,11 @@ class ULS(SubsampledGaussian):
         else:
             chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
                                     key=ctx.key)
-        return Bounded(chosen=chosen, n_units=len(set(chosen.column("user_id").to_pylist())),
+        return Bounded(chosen=chosen, n_units=int(pc.count_distinct(chosen.column("user_id")).as_py()),
                        records_per_user=int(ctx.k), caveats=caveats)
 
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """One Poisson draw per person per step, whatever their row count: the sampled Gaussian's RDP."""
-        from components.renyi import rdp as _rdp
-        from components.ledger.ledger import PersonCost
 
         q = float(plan["sampling_rate"])
         curve = _rdp.sampled_gaussian_rdp(q, float(plan["noise_multiplier"]), int(plan["steps"]), orders)

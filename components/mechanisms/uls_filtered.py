@@ -34,7 +34,7 @@ class FilteredULS(ULS):
         return super().check_policy(spec)
 
     def calibrate(self, ctx: PlanContext, bounded: Bounded) -> Calibrated:
-        from components.accounting.filtered import calibrate_filtered, filtered_noise
+        from components.accounting.filtered import calibrate_filtered, filtered_noise  # startup
 
         spec = ctx.spec
         n_units = int(bounded.n_units)
@@ -91,8 +91,8 @@ class FilteredULS(ULS):
         return "uls"
 
     def make_step(self, spec, model, optimizer, *, n_units: int, private_seed: int, dctx, expected: float):
-        from components.accounting.filtered import filtered_noise
-        from components.dpsgd.filtered import FilteredStep, SparseVector
+        from components.accounting.filtered import filtered_noise  # startup
+        from components.dpsgd.filtered import FilteredStep, SparseVector  # startup
 
         f = spec.filter
         variant = f.get("variant", "veil")
@@ -122,8 +122,8 @@ class FilteredULS(ULS):
     def certify(self, plan: Mapping, train_result: Mapping, *, steps: int, caveats: list[str], **_inputs) -> dict:
         """ε/2 for the sparse vector + the full-batch Gaussian steps' ε at δ/2; δ = δ/2 + e^ε·δ1
         (components.accounting.filtered). `steps` are the Gaussian steps (certified_steps)."""
-        from components.accounting import LIBRARY_VERSION
-        from components.accounting.filtered import filtered_epsilon, filtered_noise
+        from components.accounting import LIBRARY_VERSION  # startup
+        from components.accounting.filtered import filtered_epsilon, filtered_noise  # startup
 
         f = dict(plan.get("filter") or {})
         pop = (plan.get("data") or {}).get("population") or {}
@@ -164,7 +164,7 @@ class FilteredULS(ULS):
         }
 
     def recompute_epsilon(self, doc: Mapping) -> float:
-        from components.accounting.filtered import filtered_epsilon
+        from components.accounting.filtered import filtered_epsilon  # startup
 
         f = doc["filter"]
         return float(filtered_epsilon(epsilon=float(f["epsilon"]), delta=float(f["delta"]),

@@ -9,7 +9,6 @@ The measure is seed 001's per-coordinate noise variance, eq. (7): the step's upd
 deviation σC/B, while the largest possible signal — a mean of clipped gradients has norm at most C —
 spread over d coordinates is C/√d per coordinate. Equivalently, noise norm σC√d/B against a signal
 norm ≤ C:
-
     per-step ratio   ρ₁ = σ√d / B
     run ratio        ρ_T = ρ₁ / √T
 
@@ -41,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.mechanisms import get as get_mechanism
+from components.renyi.rdp import rows_rdp, sampled_gaussian_rdp
 
 HOPELESS_AT = 1.0       # ρ_T at or above: hopeless
 OK_BELOW = 0.3          # ρ_T below: ok; in between: marginal
@@ -89,7 +89,6 @@ def _eps(mech: str, *, q: float, sigma: float, steps: int, delta: float, k: int)
       which is never below the certificate's mixture accounting."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
-    from components.renyi.rdp import rows_rdp, sampled_gaussian_rdp
 
     q = min(float(q), 1.0)
     if mech in ("els", "group-tight") and int(k) > 1:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from components.core.errors import VeilError
@@ -23,10 +24,12 @@ from components.mechanisms.gaussian import PopulationRefusal
 from components.draws.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
 from components.draws.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
-from components.draws.audit_split import (AuditSplit, keep_trained_members, masked_texts, size_audit,
-                                             split_canaries, split_for_audit)
+from components.draws.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
+                                          split_for_audit)
+from components.audit.sizing import size_audit
 from components.planning.plan import SCHEMA, Plan, seal
 from components.draws.selection import Scorer
+from components.audit import make_canary_users
 
 
 
@@ -103,10 +106,10 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
     conf = policy.spec.audit.canaries
     if conf.users <= 0:
         return None
-    from components.audit import make_canary_users
 
     m = policy.spec.audit.attacker_samples_per_user
-    recs = make_canary_users(conf.users, int(conf.records_per_user), seed, substring_words=conf.substring_words)
+    recs = make_canary_users(conf.users, int(conf.records_per_user), seed, substring_words=conf.substring_words,
+                             prefixes=conf.prefixes, key=key)
     c_split = split_canaries(recs.select(["record_id", "user_id", "text"]), m=m, seed=seed, key=key)
     merged = AuditSplit(
         held_out_users=sorted(split.held_out_users + c_split.held_out_users),
@@ -235,9 +238,10 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
 
     # members are people the model actually trained on: the bound may have left a non-held-out person
     # with nothing (multi-owner), and their samples must not be scored as a member's
-    trained_people = set(bounded.chosen.column("user_id").to_pylist())
+    cols = [bounded.chosen.column("user_id").cast(pa.string())]
     if bounded.owners is not None:
-        trained_people |= {str(o) for row in bounded.owners.to_pylist() for o in (row or ())}
+        cols.append(pc.drop_null(pc.list_flatten(bounded.owners)).cast(pa.string()))
+    trained_people = pa.chunked_array([c for col in cols for c in getattr(col, "chunks", [col])], pa.string())
     split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
     train_tbl = _train_table(bounded)
     files = {"train_records": _write_parquet(_sorted(train_tbl), out_dir, "train"),
@@ -288,7 +292,7 @@ def _annex_body(policy, snapshot, split: AuditSplit, canaries: _Canaries | None,
         "held_out_users": list(split.held_out_users),
         "canary_users": list(canaries.users) if canaries is not None else [],
         **named,
-        "counts": {"n_train_users": len(set(bounded.chosen.column("user_id").to_pylist())),
+        "counts": {"n_train_users": int(pc.count_distinct(bounded.chosen.column("user_id")).as_py()),
                    "n_train_records": int(train_tbl.num_rows), "n_units": int(bounded.n_units),
                    "n_held_out_users": len(split.held_out_users), "n_attacker_records": int(split.attacker.num_rows),
                    "n_audit_eligible_users": int(split.n_eligible)},
@@ -356,7 +360,12 @@ def _public_body(policy, snapshot, mech, ctx: PlanContext, bounded: Bounded, cal
                             "per record: users held out by their own keyed draw, each distinct record reserved "
                             "for the attacker by its own keyed draw"),
                   "canaries": {"users": int(audit.canaries.users),
-                               "records_per_user": int(audit.canaries.records_per_user)},
+                               "records_per_user": int(audit.canaries.records_per_user),
+                               # echo canaries (`veil audit-synthetic`): the public openings, stated only
+                               # when the policy gives them so that other plans keep their bytes
+                               **({"prefixes": list(audit.canaries.prefixes),
+                                   "suffix_words": int(audit.canaries.substring_words)}
+                                  if audit.canaries.prefixes else {})},
                   "thresholds": {"max_user_inference_auroc": float(audit.max_user_inference_auroc),
                                  "max_secret_exposure": float(audit.max_secret_exposure),
                                  "max_exposed_fraction": float(audit.max_exposed_fraction)},

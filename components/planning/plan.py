@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.publication import publish
+from components.mechanisms import get as get_mechanism
+from components.planning.forecast import describe
 
 SCHEMA = "veil.plan/v2"   # v2: public part + private annex (v1 plans listed who was held out)
 REQUIRED_KEYS = (
@@ -91,7 +93,6 @@ class Plan:
         data, audit = d["data"], d["audit"]
         acc = d["accounting"]
         target = d["target"]
-        from components.mechanisms import get as get_mechanism
 
         rows = [
             ("policy", f"{d['policy']['name']} ({d['policy']['sha256'][:12]}…)"),
@@ -158,8 +159,6 @@ class Plan:
             rows.append(("evaluation", f"each person with probability {f:g}, never trained on (who: private annex)"
                          if f else "none (evaluation.fraction: 0): `veil evaluate` has nobody to evaluate on"))
         if d.get("utility_forecast"):
-            from components.planning.forecast import describe
-
             rows.append(("utility forecast", describe(d["utility_forecast"])))
         if d.get("decision", {}).get("reason"):
             rows.append(("why", d["decision"]["reason"]))

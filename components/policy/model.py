@@ -259,6 +259,32 @@ class Canaries(_Strict):
         default=8, ge=2, le=10_000,
         description="Records each canary user writes. A public value: sizing canaries from the real users' "
                     "counts would make every user's data move the canaries.")
+    prefixes: list[str] = Field(
+        default_factory=list, max_length=10_000,
+        description="Echo canaries ('The Canary's Echo', ICML 2025): public in-distribution openings (e.g. the "
+                    "synthetic prompts' texts, a changelog bullet). When given, each canary record is one of "
+                    "them followed by the canary's random suffix of substring_words words, drawn with the plan's "
+                    "key; `veil audit-synthetic` measures how much of each suffix a synthetic corpus echoes. "
+                    "Empty: the substring is inserted into filler text (seed 003).")
+
+    @field_validator("prefixes")
+    @classmethod
+    def _prefixes(cls, v: list[str]) -> list[str]:
+        for i, p in enumerate(v):
+            if not p.strip():
+                raise ValueError(f"prefixes[{i}]: empty; give the public opening of a record")
+            if len(p) > 2000:
+                raise ValueError(f"prefixes[{i}]: {len(p)} characters, at most 2000")
+        if len(set(v)) != len(v):
+            raise ValueError("prefixes: an entry appears twice; each record of a canary needs its own opening")
+        return v
+
+    @model_validator(mode="after")
+    def _enough_prefixes(self) -> "Canaries":
+        if self.prefixes and len(self.prefixes) < self.records_per_user:
+            raise ValueError(f"@prefixes@ prefixes: {len(self.prefixes)} given, a canary's {self.records_per_user} "
+                             "records (records_per_user) each need a distinct one")
+        return self
 
 
 class Audit(_Strict):
@@ -276,7 +302,7 @@ class Audit(_Strict):
     max_secret_exposure: float = Field(default=4.0, ge=0, description="Largest allowed exposure (bits).")
     canaries: Canaries = Field(default_factory=Canaries)
     # Everything a verdict depends on is here, so the scheduled flow and `veil run` audit exactly as the
-    # plan sized it (components.draws.audit_split.size_audit); `veil audit` flags only override.
+    # plan sized it (components.audit.sizing.size_audit); `veil audit` flags only override.
     require: Literal["passed", "not_failed"] = Field(
         default="passed",
         description="What the promotion gate requires of the audit: 'passed' (the data show every gate below its "

@@ -159,18 +159,26 @@ class Ensemble:
     def encode(self, prompt: str) -> list[int]:
         bos = [] if self.tokenizer.bos_token_id is None else [int(self.tokenizer.bos_token_id)]
         # verbose=False: a prompt past the model's positions is refused by `generate` in Veil's own words
-        return bos + list(self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"])
+        ids = bos + list(self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"])
+        if not ids and self.tokenizer.eos_token_id is not None:
+            # an empty prompt (an unconditional synthetic record) with a tokenizer that has no BOS: start after
+            # the EOS that ends a document, not from zero tokens (a forward needs one)
+            ids = [int(self.tokenizer.eos_token_id)]
+        return ids
 
     def _forward(self, ids, cache, rows: Sequence[int]):
         out = self.model.forward(ids, cache, rows)
         return out.logits[:, -1, :].double().cpu().numpy(), out.past_key_values
 
     def generate(self, prompt: str, max_tokens: int, *, charge: Callable[[], bool],
-                 public_only: bool = False, rng=None) -> dict:
+                 public_only: bool = False, rng=None, stop_when_refused: bool = False) -> dict:
         """Up to `max_tokens` tokens. Before each private token `charge()` must durably count it and return
-        True; when it returns False the rest is public-only (p₀), or generation stops if `charge` raised.
+        True; when it returns False the rest is public-only (p₀) — or, with `stop_when_refused` (a synthetic
+        corpus: no public-only tail inside a private record), generation stops there, keeping the tokens
+        drawn so far — or generation stops if `charge` raised.
 
-        Returns {"ids", "text", "private_tokens", "public_tokens"}; nothing about λ, S or probabilities."""
+        Returns {"ids", "text", "private_tokens", "public_tokens", "refused"}; nothing about λ, S or
+        probabilities. `refused`: whether `charge()` said no."""
         import torch
 
         self.check_prompt(prompt)
@@ -182,6 +190,7 @@ class Ensemble:
         eos = self.tokenizer.eos_token_id
         out: list[int] = []
         private = public = 0
+        refused = False
         with self._lock:
             rows = [0] if public_only else self.rows
             x = torch.tensor([ids] * len(rows), dtype=torch.long, device=self.device)
@@ -189,6 +198,10 @@ class Ensemble:
             for _ in range(max_tokens):
                 lp0 = mixing.log_softmax64(logits[0], self.temperature)
                 use_private = not public_only and charge()  # durable charge BEFORE anything is drawn
+                if not use_private and not public_only:
+                    refused = True
+                    if stop_when_refused:
+                        break
                 if use_private:
                     sel = mixing.poisson_select(self.n, self.q, rng)
                     lps = [mixing.log_softmax64(logits[1 + i], self.temperature) for i in sel]
@@ -210,7 +223,7 @@ class Ensemble:
                 x = torch.tensor([[tok]] * len(rows), dtype=torch.long, device=self.device)
                 logits, cache = self._forward(x, cache, rows)
         text = self.tokenizer.decode([t for t in out if t != eos], skip_special_tokens=True)
-        return {"ids": out, "text": text, "private_tokens": private, "public_tokens": public}
+        return {"ids": out, "text": text, "private_tokens": private, "public_tokens": public, "refused": refused}
 
 
 def _keep_first_row(cache):

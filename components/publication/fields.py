@@ -683,3 +683,88 @@ declare(
 # --- issue 24: the training precision as a flow parameter ----------------------------------------------------
 declare(Field("prefect", "parameters.precision", P, "the operator's training precision override (fp32, bf16, "
               "fp16 or null: a public setting, recorded on the certificate too)"))
+# --- the canary echo audit of a synthetic corpus (h-echo, issue 25) ------------------------------------------
+# `veil audit-synthetic`: the corpus against the plan's echo canaries (components/audit/echo.py). Measured on the
+# private canary split after training, so uncovered: verdicts, count buckets and values on the audit's grids.
+channel("cli.audit_synthetic", "the operator and registry readers: `veil audit-synthetic --json`")
+_ECHO_Q = ("quantized as the model audit's section (components/audit/public.py: count buckets; AUROC and the groups' "
+           "mean echo fraction, both moved at most 1/(n − 1) by one canary, on the AUROC grid; verdicts at 95 % "
+           "simultaneous intervals); marked covered_by_certificate: false")
+_ECHO_T = "tests/audit/test_audit_echo.py"
+declare(
+    *(Field("cli.audit_synthetic", p, P, w) for p, w in [
+        ("schema", _CONST), ("covered_by_certificate", _CONST), ("coverage_note", _CONST), ("statistics.**", _CONST),
+        ("corpus.records", "the operator's --records"), ("model.name", "the registered name"),
+        ("model.version", "the registry's version number"), ("epsilon", "the model certificate's ε"),
+        ("delta", "the model certificate's δ"), ("threshold", _POLICY), ("confidence", _CONST),
+        ("auroc_ceiling", "f(ε, δ) of the model certificate"), ("auroc_ceiling_pld", "f(PLD) of the model certificate"),
+        ("binding_ceiling", "the model certificate's ceiling"),
+        ("canary_kind", "whether the policy gave canary prefixes (a policy value)"),
+        ("private_report", "the private report's path under VEIL_HOME/private (its contents stay there)")]),
+    Field("cli.audit_synthetic", "corpus.certificate_sha256", P, "the corpus certificate's sha256", digest=True),
+    Field("cli.audit_synthetic", "model.certificate_sha256", P, "the model certificate's sha256", digest=True),
+    Field("cli.audit_synthetic", "**", U, "the echo audit's verdicts and quantized aggregates", coarsening=_ECHO_Q,
+          test=_ECHO_T),
+    Field("registry.tag", "synthetic.echo_audit.*", U, "the echo audit's verdict and AUROC bucket (as its --json)",
+          coarsening=_ECHO_Q, test=_ECHO_T),
+)
+# --- end of h-echo ---
+# --- synthetic text: PMixED-sourced corpora and downstream utility (h-synth2, issue 25) ------------------------
+# bench/synthetic_quality.py --downstream releases, as ONE evaluation release (components.evaluation.release),
+# the DP model's and each synthetic-trained fine-tune's scores on the evaluation people, logged on a run of
+# the experiment `veil-bench-synthetic`.
+declare(
+    *(Field("registry.metric", f"eval_{m}_{w}", DP, f"{w.replace('_', ' ')} on the evaluation people of the public "
+            f"base fine-tuned non-privately on the {m.replace('_', ' ')} corpus (bench/synthetic_quality.py "
+            "--downstream): a post-processing (ratio over the DP count, clamp, exp) of the release",
+            mechanism=_EVAL_MECH, sensitivity=_EVAL_SENS, counts=_EVAL_COUNTS, charge=_EVAL_CHARGE)
+      for m in ("dp_synthetic", "nonprivate_synthetic", "base_synthetic") for w in ("perplexity", "next_token_accuracy")),
+)
+# A corpus drawn through a PMixED ensemble (`veil synthesize MODEL_URI --pmixed`): every record is PMixED output,
+# each token charged to the ensemble's budget before it was drawn — part of the transcript its certificate covers.
+channel("synthetic.pmixed.records", "anyone: a PMixED-sourced corpus' records (records.jsonl / records.parquet)")
+channel("synthetic.pmixed.certificate", "anyone: a PMixED-sourced corpus' certificate (veil.certificate.synthetic/v1, "
+        "source pmixed)")
+_PMX_TEXT = "synthetic.pmixed.records:records.text"
+_PMX_HASH = "sha256 of the corpus file (a function of the drawn records)"
+_PMX_TOKENS = ("private tokens this corpus drew (each charged before its draw): where the drawn EOS fell in each "
+               "record, and where a budget that concurrent serving spent first stopped the corpus")
+_PMX_PUBLIC_CERT = ("the PMixED certificate's (published whole on pmixed.release, where it is declared public: "
+                    "calibrated from the policy)")
+declare(
+    Field("synthetic.pmixed.records", "records.index", P, "the record's position (0 … n−1)"),
+    Field("synthetic.pmixed.records", "records.control_code", P, "the public prompt's code the record was drawn under"),
+    Field("synthetic.pmixed.records", "records.text", DP, "the public prompt + the ensemble's answer to it",
+          post_processing_of="pmixed.response:text"),
+    *(Field(**{**f.__dict__, "channel": "synthetic.pmixed.certificate"}) for f in declared("synthetic.certificate")
+      if not f.pattern.startswith(("inherits.", "corpus.sha256", "corpus.parquet_sha256", "corpus.records",
+                                   "statement"))),
+    *(Field("synthetic.pmixed.certificate", p, P, w) for p, w in [
+        ("source", _CONST), ("model.ensemble_id", "the PMixED certificate's ensemble id (declared hiding there)"),
+        ("inherits.privacy_unit", _PMX_PUBLIC_CERT), ("inherits.neighbouring", _PMX_PUBLIC_CERT),
+        ("inherits.mechanism", _PMX_PUBLIC_CERT), ("inherits.epsilon", _PMX_PUBLIC_CERT),
+        ("inherits.delta", _PMX_PUBLIC_CERT), ("tokens.token_budget", _PMX_PUBLIC_CERT),
+        ("tokens.charging", _CONST)]),
+    Field("synthetic.pmixed.certificate", "tokens.charged", DP, _PMX_TOKENS, post_processing_of=_PMX_TEXT),
+    Field("synthetic.pmixed.certificate", "corpus.records", DP, "records kept (fewer than asked only when the budget "
+          "ran out mid-way)", post_processing_of=_PMX_TEXT),
+    Field("synthetic.pmixed.certificate", "corpus.sha256", DP, _PMX_HASH, post_processing_of=_PMX_TEXT),
+    Field("synthetic.pmixed.certificate", "corpus.parquet_sha256", DP, _PMX_HASH, post_processing_of=_PMX_TEXT),
+    Field("synthetic.pmixed.certificate", "statement", DP, "a fixed sentence filled with the ensemble's name, version, "
+          "certificate hash, id, unit, ε/δ, budget and the tokens charged", post_processing_of=_PMX_TEXT),
+    *(Field("cli.synthesize", p, P, w) for p, w in [
+        ("source", _CONST), ("ensemble_id", "the PMixED certificate's ensemble id (declared hiding there)")]),
+    Field("cli.synthesize", "records_kept", DP, "records drawn (fewer than --records only when the budget ran out "
+          "mid-way)", post_processing_of=_PMX_TEXT),
+    Field("cli.synthesize", "tokens_charged", DP, _PMX_TOKENS, post_processing_of=_PMX_TEXT),
+    Field("cli.synthesize", "stopped_by_budget", DP, "whether the ensemble's budget ran out before every record was "
+          "drawn", post_processing_of=_PMX_TEXT),
+    *(Field("registry.tag", p, P, w) for p, w in [
+        ("synthetic.source", _CONST), ("synthetic.ensemble_id", "the PMixED certificate's ensemble id")]),
+    Field("registry.tag", "synthetic.tokens_charged", DP, _PMX_TOKENS, post_processing_of=_PMX_TEXT),
+    Field("cli.ledger", "post_processing_releases.source", P, _CONST),
+    Field("cli.ledger", "post_processing_releases.tokens_charged", DP, _PMX_TOKENS, post_processing_of=_PMX_TEXT),
+    Field("cli.ledger", "post_processing_releases.records_kept", DP, "records a PMixED-sourced corpus kept",
+          post_processing_of=_PMX_TEXT),
+)
+# --- end of h-synth2 ---

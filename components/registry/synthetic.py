@@ -27,7 +27,7 @@ from components.core.settings import load_settings
 from components.publication import publish
 from components.registry.artifacts import CERT_ARTIFACT, run_json, SEAL_ARTIFACT
 from components.registry.mlflow_registry import _client, _experiment, load_model
-from components.synthetic.corpus import FILES, verify_corpus_dir
+from components.synthetic.corpus import FILES, corpus_files, verify_corpus_dir
 
 EXPERIMENT = "veil-synthetic"
 ARTIFACT_PATH = "synthetic"
@@ -60,16 +60,24 @@ def model_release(settings: Settings, model_uri: str):
 
 def synthetic_tags(cert: Mapping[str, Any]) -> dict[str, str]:
     m, c, g = cert["model"], cert["corpus"], cert["generation"]
-    return {"synthetic.certificate_sha256": cert["sha256"], "synthetic.corpus_sha256": c["sha256"],
+    tags = {"synthetic.certificate_sha256": cert["sha256"], "synthetic.corpus_sha256": c["sha256"],
             "synthetic.parquet_sha256": c["parquet_sha256"], "synthetic.records": str(c["records"]),
             "synthetic.model_uri": f"models:/{m['name']}/{m['version']}", "synthetic.model_run_id": m["run_id"],
             "synthetic.model_certificate_sha256": m["certificate_sha256"],
-            "synthetic.conditioning": g["conditioning"], "synthetic.seed": str(g["sampling"]["seed"])}
+            "synthetic.conditioning": g["conditioning"]}
+    if cert.get("source") == "pmixed":
+        # drawn through a PMixED ensemble: no seed (OS CSPRNG); the tokens it took from the ensemble's budget
+        tags.update({"synthetic.source": "pmixed", "synthetic.tokens_charged": str(cert["tokens"]["charged"]),
+                     "synthetic.ensemble_id": m["ensemble_id"]})
+    else:
+        tags["synthetic.seed"] = str(g["sampling"]["seed"])
+    return tags
 
 
 def register_synthetic(settings: Settings, corpus_dir: str | Path, *, scan: Mapping[str, int] | None = None,
                        ledger_release_id: int | None = None) -> dict:
-    """Log a verified corpus folder as a run of `veil-synthetic`, with lineage tags both ways.
+    """Log a verified corpus folder as a run of `veil-synthetic`, with lineage tags both ways (to the model
+    version it was sampled from, or the PMixED ensemble's version it was drawn through).
 
     `scan`: per detector class, how many records matched (flows.synthetic's scan; a post-processing of
     the corpus, published as `synthetic.scan.<class>` tags). Refuses a folder that does not verify."""
@@ -85,10 +93,11 @@ def register_synthetic(settings: Settings, corpus_dir: str | Path, *, scan: Mapp
         tags[f"synthetic.scan.{cls}"] = str(int(n))
     if ledger_release_id is not None:
         tags["synthetic.ledger_release_id"] = str(int(ledger_release_id))
-    publish("registry.artifact", {"synthetic": sorted(FILES.values())}, subject=cert["sha256"])
+    files = corpus_files(Path(corpus_dir))
+    publish("registry.artifact", {"synthetic": sorted(files)}, subject=cert["sha256"])
     with mlflow.start_run(experiment_id=exp_id, run_name=f"synthetic-{m['name']}-{m['version']}-{cert['sha256'][:8]}") as run:
         mlflow.set_tags(publish("registry.tag", tags, subject=cert["sha256"]))
-        for name in FILES.values():
+        for name in files:
             mlflow.log_artifact(str(Path(corpus_dir) / name), artifact_path=ARTIFACT_PATH)
         run_id = run.info.run_id
     key = f"synthetic.corpus.{cert['sha256'][:12]}"
@@ -174,3 +183,27 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
             v.run("registry", _check_run, client, run_id, cert, model_cert)
         v.raise_if_invalid(f"synthetic corpus {text}")
     return SyntheticCorpus(table=table, certificate=cert, verification=v.to_dict(), uri=text)
+
+
+def record_echo_audit(settings: Settings, certificate_sha256: str, section: Mapping[str, Any]) -> str | None:
+    """Tag the corpus' run(s) with the echo audit's public verdict and AUROC bucket (`veil audit-synthetic`).
+    Returns the run id tagged last, or None when the corpus was never registered."""
+    from components.registry.mlflow_registry import _client
+
+    client = _client(settings)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id],
+                              filter_string=f"tags.`synthetic.certificate_sha256` = '{certificate_sha256}'")
+    auroc = section.get("auroc")
+    tags = publish("registry.tag", {
+        "synthetic.echo_audit.verdict": str(section.get("verdict")),
+        "synthetic.echo_audit.auroc": "none" if not auroc else f"[{auroc[0]:g}, {auroc[1]:g})"},
+        subject=certificate_sha256)
+    last = None
+    for r in runs:
+        for k, v in tags.items():
+            client.set_tag(r.info.run_id, k, v)
+        last = r.info.run_id
+    return last

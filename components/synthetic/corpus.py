@@ -14,17 +14,28 @@ The certificate states no guarantee of its own: a corpus sampled from a DP model
 and public settings is post-processing of the model's release, so it carries that release's ε, δ and
 privacy unit (`inherits`, copied from the model certificate and checked against it) and nothing else
 is charged. Every file is 0600: VEIL_HOME is private whatever the corpus' own status.
+
+A corpus drawn through a PMixED ensemble (`source: pmixed`, components/synthetic/pmixed.py) is part of
+the transcript of private tokens that ensemble's certificate covers ("whoever asks"): it inherits that
+certificate's ε, δ and unit, states the tokens it charged to the ensemble's budget, and sits beside the
+PMixED certificate (`model_certificate.json`). That certificate is self-hashed, not signed, so there is no
+`model_seal.json`: the corpus seal binds the PMixED certificate's sha256, and the check recomputes its ε
+from its own parameters (`pmixed_epsilon`, independently of components.prediction).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
 from components.certificate.document import verify_certificate
 from components.certificate.seal import check_seal, make_seal
+import numpy as np
+
+from components.accounting.prediction import rdp_to_epsilon
 from components.core.errors import VeilError
 from components.core.hashing import canonical_json, sha256_file, sha256_json
 from components.publication import publish
@@ -34,6 +45,13 @@ FILES = {"jsonl": "records.jsonl", "parquet": "records.parquet", "certificate": 
          "seal": "seal.json", "model_certificate": "model_certificate.json", "model_seal": "model_seal.json"}
 REQUIRED = ("schema", "created_at", "code_version", "model", "inherits", "generation", "corpus", "statement",
             "sha256")
+PMIXED_SCHEMA = "veil.certificate.pmixed/v1"
+PMIXED_STATEMENT = ("Every record was drawn through PMixED ensemble {name} version {version} (certificate {cert}…, "
+                    "ensemble {eid}…) from public prompts{prompted}: {tokens} private tokens, each charged to the "
+                    "ensemble's token budget before it was drawn. The corpus is part of the transcript that "
+                    "release's guarantee covers ({unit}-level, {guarantee} over all {budget} private tokens the "
+                    "ensemble may ever serve, whoever asks) and is post-processing of it; the ledger charged that "
+                    "whole budget when the ensemble was built, and nothing more.")
 STATEMENT = ("Every record was sampled from model {name} version {version} (certificate {cert}…) with public "
              "settings{prompted}, reading no private data: the corpus is post-processing of that release and "
              "inherits its guarantee ({unit}-level, {guarantee}). It is charged nothing more in the ledger.")
@@ -111,6 +129,54 @@ def build_certificate(*, model: Mapping[str, Any], model_cert: Mapping[str, Any]
     return publish("synthetic.certificate", {**body, "sha256": sha256_json(body)})
 
 
+def build_pmixed_certificate(*, model: Mapping[str, Any], pmixed_cert: Mapping[str, Any],
+                             generation: Mapping[str, Any], corpus: Mapping[str, Any], tokens_charged: int,
+                             code_version: str, created_at: str | None = None) -> dict:
+    """The certificate of a corpus drawn through a PMixED ensemble. `model`: name, version, run_id, uri, the
+    ledger release of the ensemble's build; `tokens_charged`: private tokens this corpus took from its budget."""
+    from components.publication import publish
+
+    if pmixed_cert.get("schema") != PMIXED_SCHEMA:
+        raise VeilError(f"synthesize --pmixed: {model.get('uri')} is not a PMixED ensemble")
+    inh = inherited(pmixed_cert)
+    body = {
+        "schema": CERT_SCHEMA,
+        "source": "pmixed",
+        "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "code_version": code_version,
+        "model": {**dict(model), "ensemble_id": pmixed_cert["ensemble_id"],
+                  "certificate_sha256": pmixed_cert["sha256"], "certificate_schema": pmixed_cert["schema"]},
+        "inherits": inh,
+        "tokens": {"charged": int(tokens_charged), "token_budget": int(pmixed_cert["token_budget"]),
+                   "charging": "each private token durably counted in the ensemble's token budget before it was "
+                               "drawn (the serving endpoint's counter); the records hold exactly the tokens charged"},
+        "generation": dict(generation),
+        "corpus": {**dict(corpus), "format": ["jsonl", "parquet"], "columns": ["index", "control_code", "text"]},
+        "statement": PMIXED_STATEMENT.format(
+            name=model["name"], version=model["version"], cert=pmixed_cert["sha256"][:12],
+            eid=pmixed_cert["ensemble_id"][:12], tokens=int(tokens_charged),
+            prompted=" and public control codes" if generation.get("prompts") is not None else " (unconditional)",
+            unit=inh["privacy_unit"], guarantee=_guarantee(inh), budget=int(pmixed_cert["token_budget"])),
+    }
+    return publish("synthetic.pmixed.certificate", {**body, "sha256": sha256_json(body)})
+
+
+def pmixed_epsilon(cert: Mapping[str, Any]) -> float:
+    """ε of a PMixED certificate recomputed from its own parameters — written here apart from
+    components.prediction.mechanism (a test checks the two agree): one token is pure-ε_tok-DP with
+    ε_tok = log(1 − q + q(1 + e^{2r})/2) − log(1 − q + q e^{−r}); T tokens compose in RDP as
+    T·min(ε_tok, α ε_tok²/2) on the certificate's orders; then the Balle et al. 2020 conversion at δ."""
+    e = cert["ensemble"]
+    q, r, t = float(e["subsample_rate"]), float(e["radius"]), int(cert["token_budget"])
+    if not (0 < q <= 1) or not (r >= 0 and math.isfinite(r)) or t < 0:
+        raise VeilError("PMixED certificate: subsample rate, radius or token budget out of range")
+    if t == 0:
+        return 0.0
+    tok = math.log(1 - q + q * (1 + math.exp(2 * r)) / 2) - math.log(1 - q + q * math.exp(-r))
+    orders = np.asarray(cert["per_token"]["orders"], dtype=float)
+    return float(rdp_to_epsilon(orders, t * np.minimum(tok, orders * tok * tok / 2), float(cert["delta"]))[0])
+
+
 def check_certificate(doc: Any) -> dict:
     if not isinstance(doc, Mapping) or doc.get("schema") != CERT_SCHEMA:
         raise VeilError(f"corpus certificate: not a {CERT_SCHEMA} document")
@@ -124,22 +190,31 @@ def check_certificate(doc: Any) -> dict:
     return dict(doc)
 
 
-def bindings(corpus: Mapping[str, Any], model_cert: Mapping[str, Any], model_seal: Mapping[str, Any],
+def bindings(corpus: Mapping[str, Any], model_cert: Mapping[str, Any], model_seal: Mapping[str, Any] | None,
              prompts_sha256: str | None) -> dict:
+    """What the corpus seal signs beside its certificate. `model_seal` None: a PMixED source (self-hashed
+    certificate, no seal of its own)."""
     return {"corpus_jsonl": corpus["sha256"], "corpus_parquet": corpus["parquet_sha256"],
-            "model_certificate": model_cert["sha256"], "model_seal": sha256_json(dict(model_seal)),
-            "prompts": prompts_sha256}
+            "model_certificate": model_cert["sha256"],
+            "model_seal": None if model_seal is None else sha256_json(dict(model_seal)), "prompts": prompts_sha256}
 
 
-def seal_corpus(out: Path, cert: Mapping[str, Any], model_cert: Mapping[str, Any], model_seal: Mapping[str, Any],
-                signing_key) -> dict:
-    """Sign the certificate with the corpus files and the model release; write the four documents (0600)."""
+def seal_corpus(out: Path, cert: Mapping[str, Any], model_cert: Mapping[str, Any],
+                model_seal: Mapping[str, Any] | None, signing_key) -> dict:
+    """Sign the certificate with the corpus files and the model release; write the four documents (0600;
+    three for a PMixED source, whose certificate has no seal)."""
     prompts = (cert["generation"].get("prompts") or {}).get("sha256")
     seal = make_seal(cert, bindings(cert["corpus"], model_cert, model_seal, prompts), signing_key, kind="synthetic")
     for name, doc in (("certificate", cert), ("seal", seal), ("model_certificate", model_cert),
                       ("model_seal", model_seal)):
-        _write_private(out / FILES[name], json.dumps(doc, indent=2, sort_keys=True).encode())
+        if doc is not None:
+            _write_private(out / FILES[name], json.dumps(doc, indent=2, sort_keys=True).encode())
     return seal
+
+
+def corpus_files(root: Path) -> list[str]:
+    """The corpus folder's files that exist (a PMixED-sourced corpus has no model_seal.json)."""
+    return [n for n in FILES.values() if (Path(root) / n).is_file()]
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -187,6 +262,33 @@ def _check_model(root: Path, cert: Mapping[str, Any], seal_b: Mapping[str, Any],
     return mc
 
 
+def _check_pmixed(root: Path, cert: Mapping[str, Any], seal_b: Mapping[str, Any]) -> dict:
+    """The PMixED certificate beside the corpus: self-hash, schema, its ε recomputed, the one sealed; and the
+    corpus' token facts consistent with it."""
+    mc = _read_json(root / FILES["model_certificate"], "PMixED certificate")
+    if not isinstance(mc, Mapping) or mc.get("schema") != PMIXED_SCHEMA:
+        raise VeilError(f"the certificate beside the corpus is not a {PMIXED_SCHEMA} document")
+    if sha256_json({k: v for k, v in mc.items() if k != "sha256"}) != mc.get("sha256"):
+        raise VeilError("the PMixED certificate's sha256 does not match its contents")
+    if (root / FILES["model_seal"]).exists() or seal_b.get("model_seal") is not None:
+        raise VeilError("a PMixED-sourced corpus has no model seal; one is present or sealed")
+    if not (mc["sha256"] == cert["model"].get("certificate_sha256") == seal_b.get("model_certificate")):
+        raise VeilError(f"the PMixED certificate {mc['sha256'][:12]}… is not the one the corpus is sealed with")
+    if mc.get("ensemble_id") != cert["model"].get("ensemble_id"):
+        raise VeilError("the corpus names another ensemble than its PMixED certificate")
+    tk = cert.get("tokens") or {}
+    if tk.get("token_budget") != mc.get("token_budget") or not 0 <= int(tk.get("charged", -1)) <= int(mc["token_budget"]):
+        raise VeilError("the corpus' token facts do not fit its PMixED certificate's budget")
+    return dict(mc)
+
+
+def _recheck_pmixed(mc: Mapping[str, Any]) -> tuple[float, None]:
+    eps = pmixed_epsilon(mc)
+    if abs(eps - float(mc["epsilon"])) > 1e-9 * max(1.0, eps):
+        raise VeilError(f"the PMixED certificate says ε={float(mc['epsilon']):.9g}, its parameters give ε={eps:.9g}")
+    return float(mc["epsilon"]), None
+
+
 def verify_corpus_dir(root: str | Path, trusted: Mapping[str, Any]):
     """Every offline check of a corpus folder: (Verification, certificate or None, Arrow table or None).
 
@@ -215,9 +317,16 @@ def verify_corpus_dir(root: str | Path, trusted: Mapping[str, Any]):
         return v, None, None
     b = seal.get("bindings") or {}
     table = v.run("corpus", _check_files, root, cert, b)
-    mc = v.run("model_certificate", _check_model, root, cert, b, trusted)
+    pmixed = cert.get("source") == "pmixed"
+    if cert.get("source", "model") not in ("model", "pmixed"):
+        v.record("model_certificate", False, f"unknown corpus source {cert.get('source')!r}")
+        mc = None
+    elif pmixed:
+        mc = v.run("model_certificate", _check_pmixed, root, cert, b)
+    else:
+        mc = v.run("model_certificate", _check_model, root, cert, b, trusted)
     if mc is not None:
-        got = v.run("epsilon_recomputed", recheck_guarantee, mc)
+        got = v.run("epsilon_recomputed", _recheck_pmixed if pmixed else recheck_guarantee, mc)
         if got is not None:
             v.epsilon, v.gamma = got
         v.record("inherits", cert.get("inherits") == inherited(mc),

@@ -17,7 +17,7 @@ import torch
 from components.core.errors import VeilError
 from components.core.progress import progress as _progress
 from components.core.faults import kill_point
-from components.training import checkpoint as ckpt
+from components.training import checkpoint as ckpt, sharding
 from components.mechanisms import get as get_mechanism
 from components.dpsgd.batches import BatchBuilder
 from components.dpsgd.data import records_by_user, tokenize_table, user_streams
@@ -25,8 +25,8 @@ from components.dpsgd.distributed import DistContext
 from components.dpsgd.model_prep import prepare_model
 from components.dpsgd.precision import MasterWeights, cast_base, describe as describe_precision
 from components.dpsgd.sampling import PoissonSampler
-from components.training import sharding
 from components.training.spec import TrainResult, TrainSpec
+from components.core.fingerprints import base_fingerprints, weights_fingerprint
 
 
 def _data_fingerprint(*arrays: np.ndarray) -> str:
@@ -36,7 +36,7 @@ def _data_fingerprint(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-# Schema metadata key under which `planning.data.training_records` passes on the sha256 of the
+# Schema metadata key under which `draws.data.training_records` passes on the sha256 of the
 # train-records file it read (the run records it; the certificate compares it with the plan's).
 TRAIN_RECORDS_SHA256_KEY = b"veil.train_records_sha256"
 
@@ -65,7 +65,7 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
     `on_step(steps_done)` is called after every step (tests use it to pace a run).
     `base_dir`: the directory `model` and `tokenizer` were loaded from; its and its tokenizer's
     hashes go into the result (and so into the certificate). The sha256 of the train-records file
-    comes from `data`'s schema metadata when `planning.data.training_records` built it.
+    comes from `data`'s schema metadata when `draws.data.training_records` built it.
     """
     t0 = time.time()
     out_dir = Path(out_dir)
@@ -234,7 +234,6 @@ def train(spec: TrainSpec, data: pa.Table, model: torch.nn.Module, tokenizer, ou
             model.save_pretrained(model_dir)
             if hasattr(tokenizer, "save_pretrained"):
                 tokenizer.save_pretrained(model_dir)
-    from components.core.fingerprints import base_fingerprints, weights_fingerprint
 
     weights = weights_fingerprint(adapter_dir or model_dir) if dctx.is_main else None
     base_fp, tok_fp = base_fingerprints(base_dir) if (base_dir is not None and dctx.is_main) else (None, None)

@@ -36,6 +36,8 @@ from components.dpsgd.distributed import DistContext
 from components.dpsgd.per_sample import pack, sequence_losses
 from components.dpsgd.sampling import noise_seed
 from components.dpsgd.step import DPStep
+from components.dpsgd.grad_samplers import supported
+from components.mechanisms.base import Mechanism, PlainStep
 
 
 def active(spec, dctx: DistContext) -> bool:
@@ -57,7 +59,6 @@ def shard_model(model: nn.Module, dctx: DistContext):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from components.dpsgd.grad_samplers import supported
 
     if not supported(model):
         raise VeilError("sharding fsdp: a trainable layer has no per-record sampler (grad_samplers); "
@@ -263,7 +264,6 @@ class ShardedDPStep(DPStep):
 def make_step(mech, spec, model, optimizer, *, private_seed: int, dctx: DistContext, expected: float):
     """The mechanism's standard DP step, sharded. A mechanism with its own step runner (non-private,
     filtered ULS) is refused: its step is not the one this module shards."""
-    from components.mechanisms.base import Mechanism, PlainStep
 
     if type(mech).make_step is not Mechanism.make_step:
         raise VeilError(f"sharding fsdp: mechanism {spec.mechanism!r} has its own step; train it with sharding: none")

@@ -26,6 +26,8 @@ def ingest(
     policy: Optional[Path] = typer.Option(None, "--policy", "-p", help="policy YAML whose secret rules tag records"),
     keep_duplicates: bool = typer.Option(False, "--keep-duplicates",
                                          help="keep within-user duplicate records (default: drop and count them)"),
+    shards: int = typer.Option(1, "--shards", help="worker processes for a JSONL file's per-record work "
+                               "(parse, validate, hash, tag); the snapshot is the same as with 1"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Ingest a source into the catalog: users, secrets, quarantine, and a new immutable snapshot."""
@@ -39,7 +41,7 @@ def ingest(
     rep = ingest_source(source, fmt, settings=s, user_field=user_field, text_field=text_field, id_field=id_field,
                         time_field=time_field, metadata_fields=tuple(meta), source_field=source_field,
                         rules=str(policy) if policy else None, progress=not json_out,
-                        keep_duplicates=keep_duplicates)
+                        keep_duplicates=keep_duplicates, shards=shards)
     d = rep.to_dict()
     if json_out:
         _print_json(d)

@@ -189,10 +189,10 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
 
 
 def _audited(s, pol, p) -> dict | None:
-    """User inference with the people this plan's split audits (planning.audit_split.audited_sizing):
+    """User inference with the people this plan's split audits (audit.sizing.audited_sizing):
     exact counts from the private annex, for the operator only."""
     from components.draws.annex import load_annex  # startup
-    from components.draws.audit_split import audited_sizing  # startup
+    from components.audit.sizing import audited_sizing  # startup
 
     if pol.spec.privacy_unit != "user":
         return None

@@ -20,11 +20,12 @@ import pytest
 
 from components.ledger import Ledger
 from components.renyi import rdp as R
-from components.ledger.ledger import Budget, PersonCost
+from components.renyi.costs import Budget, PersonCost
 from components.ledger.release import fresh_person_cost, release_costs, releases_for_fresh_person, reserve_release
 from components.core.settings import load_settings
 from components.ledger.report import admin_view, governance_view, ledger_report
-from components.planning import Plan, load_annex, make_plan, save_plan
+from components.planning import Plan, make_plan, save_plan
+from components.draws.annex import load_annex
 from components.publication import publish
 from components.draws.data import train_rows
 from components.policy import load_policy

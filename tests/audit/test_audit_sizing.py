@@ -2,7 +2,7 @@
 import numpy as np
 
 from components.audit.verdict import auroc_interval, auroc_verdict, exposure_verdict, z_value
-from components.draws.audit_split import size_audit, sweep_size
+from components.audit.sizing import size_audit, sweep_size
 from components.policy.model import Audit
 
 
@@ -69,7 +69,7 @@ def test_audited_people_sizing_says_which_auroc_still_passes():
     # issue 26: on the Debian changelogs the plan's public sizing (N̂ ≈ 300 in) said "can settle", but only
     # 181 in and 48 out had the m + 1 distinct texts an audited person needs, and the model at ε=4 measured
     # AUROC 0.59: the operator's line says which AUROC still passes at the audited counts
-    from components.draws.audit_split import audited_sizing
+    from components.audit.sizing import audited_sizing
 
     a = Audit(holdout_users=0.2, attacker_samples_per_user=2, max_user_inference_auroc=0.65)
     got = audited_sizing(a, {"n_held_out_users": 48, "n_audit_eligible_users": 229})

@@ -118,6 +118,7 @@ def test_cli_ingest_json_stats_secrets_and_exit_codes(veil_home, tmp_path):
                 ["ingest", str(src), "--format", "xml"],
                 ["ingest", str(src), "--format", "csv"],
                 ["ingest", str(src), "--format", "jsonl", "--policy", str(tmp_path / "none.yaml")],
+                ["ingest", str(src), "--format", "jsonl", "--shards", "0"],
                 ["catalog", "stats", "--snapshot", "snap-nope"]):
         res = runner.invoke(app, bad)
         assert res.exit_code == 2, (bad, res.output)

@@ -25,8 +25,8 @@ def _exhaust(settings, pol, people, eps=None):
     """Charge `people` in one ledger release: a pure-DP ε, or (default) exactly what their filter
     still admits — the budget's whole Rényi curve, nothing left for any later release."""
     from components.ledger import Ledger
-    from components.ledger.ledger import Budget, PersonCost
-    from components.ledger.release import pure_dp_rdp
+    from components.renyi.costs import Budget, PersonCost
+    from components.renyi.costs import pure_dp_rdp
 
     budget = Budget.parse(pol.spec.lifetime_budget.model_dump())
     led = Ledger.open(settings)

@@ -17,7 +17,8 @@ import pytest
 
 from components.accounting.secrets import secret_targets
 from components.certificate import build_certificate
-from components.planning import load_annex, make_plan
+from components.planning import make_plan
+from components.draws.annex import load_annex
 from components.draws.data import train_rows
 from components.policy import load_policy
 

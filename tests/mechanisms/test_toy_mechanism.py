@@ -59,7 +59,8 @@ def test_a_registered_toy_mechanism_runs_from_policy_to_certificate(toy, tmp_pat
     from components.certificate import build_certificate, recompute_epsilon
     from components.certificate.verify import recheck_guarantee
     from components.ledger.release import release_costs
-    from components.planning import load_annex, make_plan
+    from components.planning import make_plan
+    from components.draws.annex import load_annex
     from components.draws.annex import commitment
     from components.draws.data import training_records
     from components.policy import load_policy

@@ -13,7 +13,8 @@ import pytest
 from components.accounting import epsilon as account
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file, sha256_json
-from components.planning import load_annex, load_plan, make_plan, save_plan
+from components.planning import load_plan, make_plan, save_plan
+from components.draws.annex import load_annex
 from components.draws.annex import annex_file
 from components.policy import load_policy, parse_policy
 
@@ -199,7 +200,7 @@ def test_uls_random_keeps_every_unreserved_record(demo_plan, snap):
 
 
 def test_canary_users_are_split_trained_and_resolvable(snap, tmp_path):
-    from components.planning import training_records
+    from components.draws.data import training_records
 
     p = tmp_path / "canary.yaml"
     p.write_text(DEMO.read_text().replace("      users: 0", "      users: 6"))

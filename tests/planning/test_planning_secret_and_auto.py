@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.accounting.secrets import SecretTarget, report_secrets, secret_rates
-from components.planning import load_annex, make_plan
+from components.planning import make_plan
+from components.draws.annex import load_annex
 from components.draws.data import train_rows
 from components.mechanisms.auto import choose_mechanism, estimate_and_double
 from components.policy import load_policy

@@ -67,7 +67,15 @@ def test_generate_charges_before_every_private_token_then_falls_back(tiny_base, 
     out = ens.generate("alpha bravo", 8, charge=charge, rng=random.Random(0))
     assert out["private_tokens"] == min(3, len(out["ids"]))
     assert out["private_tokens"] + out["public_tokens"] == len(out["ids"])
-    assert set(out) == {"ids", "text", "private_tokens", "public_tokens"}  # nothing about λ, S or p
+    # nothing about λ, S or p; `refused`: whether the budget said no (it did iff fewer than 8 were private)
+    assert set(out) == {"ids", "text", "private_tokens", "public_tokens", "refused"}
+    assert out["refused"] == (budget["calls"] > 3)
+
+    # a synthetic corpus stops at the first refusal instead (no public tail): what was drawn, all charged
+    budget.update(left=2, calls=0)
+    out = ens.generate("alpha bravo", 8, charge=charge, rng=random.Random(0), stop_when_refused=True)
+    assert out["public_tokens"] == 0 and out["private_tokens"] == len(out["ids"]) <= 2
+    assert out["refused"] == (len(out["ids"]) == 2 and budget["calls"] == 3)
 
 
 def test_leave_one_shard_out_on_real_prompts_respects_the_bound(tiny_base, tiny_ensemble_dirs):

@@ -212,7 +212,7 @@ class Home:
         """A stage refused (VeilError): a refusal on N̂ alone (`PopulationRefusal`, a post-processing of the
         DP estimate) is told apart from any other, and the people that N̂ counted are kept (the check that
         they hold its charge)."""
-        from components.ledger.release import person_rates
+        from components.renyi.costs import person_rates
         from components.mechanisms.gaussian import PopulationRefusal
 
         self.refusals.append(str(e))
@@ -611,7 +611,7 @@ class Finding:
 def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]:
     """Everyone a published N̂ counted holds its charge, retired later or not; once per distinct N̂."""
     from components.draws.data import train_rows
-    from components.ledger.release import person_rates
+    from components.renyi.costs import person_rates
 
     bad = []
     seen: dict[str, int] = {}
@@ -652,7 +652,7 @@ def check_counted_charged(name: str, r: Run, people: list[str]) -> list[Finding]
 
 def person_rates_of(annex: dict) -> dict:
     """person id → their training rows' rates in a plan (from its private annex)."""
-    from components.ledger.release import person_rates
+    from components.renyi.costs import person_rates
     from components.draws.data import train_rows
 
     return person_rates(train_rows(annex), 0.0)

@@ -36,7 +36,7 @@ def _sha(p: Path) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One real 2-step ULS run on a base model saved to disk, its data tagged with the sha256 of
-    the train-records file it came from (as planning.data.training_records does)."""
+    the train-records file it came from (as draws.data.training_records does)."""
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("bind")
     base = tmp / "base"
@@ -109,7 +109,7 @@ def test_weights_changed_after_training_are_refused(run, tmp_path):
 
 
 def test_training_records_pass_on_the_sha256_of_the_file_read(tmp_path):
-    """planning.data.training_records tags its table with the sha256 of the bytes it parsed."""
+    """draws.data.training_records tags its table with the sha256 of the bytes it parsed."""
     import pyarrow.parquet as pq
 
     from components.draws.data import training_records

@@ -181,7 +181,7 @@ def test_dropped_secret_records_leave_the_training_rows():
     """stages.reserve keeps record ids (not secret ids) and training_records leaves those rows out."""
     import pyarrow as pa
 
-    from components.planning import data as D
+    from components.draws import data as D
 
     rows = pa.table({"record_id": ["r1", "r2", "r3", "r2"], "user_id": ["u1", "u1", "u2", "u1"],
                      "rate": [0.1, 0.1, 0.1, 0.1]}).replace_schema_metadata({b"veil.sha256": b"x" * 64})

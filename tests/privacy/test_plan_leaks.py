@@ -18,7 +18,8 @@ import pytest
 
 from components.certificate import build_certificate
 from components.core.errors import VeilError
-from components.planning import load_annex, make_plan, save_plan
+from components.planning import make_plan, save_plan
+from components.draws.annex import load_annex
 from components.draws.annex import annex_dir, annex_file, commitment
 from components.policy import load_policy
 from components.registry.mlflow_registry import privacy_tags

@@ -19,7 +19,8 @@ import pytest
 from scipy import stats
 
 from components.certificate import build_certificate, recompute_epsilon
-from components.planning import load_annex, make_plan
+from components.planning import make_plan
+from components.draws.annex import load_annex
 from components.draws.annex import laplace_noise
 from components.policy import load_policy
 

@@ -28,7 +28,7 @@ KEY = b"\x05" * 32
 def test_a_refusal_on_n_hat_is_charged_to_everyone_it_counted(tmp_path):
     from components.core.errors import VeilError
     from components.ledger import Ledger
-    from components.ledger.release import person_rates
+    from components.renyi.costs import person_rates
     from components.mechanisms.gaussian import PopulationRefusal
     from flows import stages
 

@@ -172,7 +172,7 @@ def test_exhausted_people_are_left_out_before_any_plan(org, fake_trials, tmp_pat
     """A person whose spend leaves room for one point's N̂ but not for all P of them is counted by no
     plan: not trained, not held out, not evaluated (a decision from their own ledger row alone)."""
     from components.ledger import Budget, Ledger, PersonCost
-    from components.ledger.release import pure_dp_rdp
+    from components.renyi.costs import pure_dp_rdp
     from components.draws.annex import load_annex
     from components.draws.data import train_rows
     from components.policy import load_policy

@@ -20,7 +20,8 @@ import pytest
 from components.certificate import build_certificate
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
-from components.planning import load_annex, make_plan
+from components.planning import make_plan
+from components.draws.annex import load_annex
 from components.policy import load_policy
 from components.publication import publish
 from components.registry.mlflow_registry import privacy_tags

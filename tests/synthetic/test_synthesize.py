@@ -44,6 +44,10 @@ def release(tmp_path_factory):
     doc["metadata"]["name"] = "synth-tiny"
     doc["spec"]["training"].update(steps=2, expected_batch_size=8, seq_len=32, micro_batch_size=8)
     doc["spec"]["audit"]["attacker_samples_per_user"] = 2
+    # echo canaries (the echo audit below): openings the demo's messages share, then a keyed random suffix
+    doc["spec"]["audit"]["canaries"] = {"users": 10, "records_per_user": 4, "substring_words": 6,
+                                        "prefixes": ["Good morning all,", "heads up:", "nice work on the",
+                                                     "quick question about the", "Status:"]}
     policy = tmp / "tiny.yaml"
     policy.write_text(yaml.safe_dump(doc, sort_keys=False))
     old = os.environ.get("VEIL_HOME")
@@ -151,6 +155,42 @@ def test_consumer_load_ledger_and_tampering(release):
         load_synthetic(doc["uri"], s)
     with pytest.raises(VeilError, match="expected runs:/RUN_ID or a corpus folder|no such run"):
         load_synthetic("runs:/", s)
+
+
+def test_echo_audit_of_the_corpus(release):
+    """`veil audit-synthetic`: the corpus (verified) against the plan's echo canaries, never the model. Two DP
+    steps echo nothing, and 5 + 5 canaries cannot settle: INCONCLUSIVE (exit 3) with the canaries it needs;
+    per-canary values only in the private report; the corpus' run tagged; every field through the gate."""
+    from components.publication import Kind, recording
+
+    doc = _synth(release, "--records", "40", "--seed", "3")
+    cid = Path(doc["corpus_dir"]).name
+    with recording() as rec:
+        r = _cli(release, "audit-synthetic", cid[:10], "--json", "--bootstrap", "10")
+    assert r.exit_code in (0, 3), r.output            # passed cannot be ruled out by chance; failed can
+    out = json.loads(r.stdout)
+    assert out["verdict"] == ("inconclusive" if r.exit_code == 3 else "passed")
+    assert out["canary_kind"] == "echo" and out["canaries_in"] == [0, 10] and out["canaries_out"] == [0, 10]
+    assert out["covered_by_certificate"] is False and out["corpus"]["certificate_sha256"] == doc["certificate_sha256"]
+    assert out["binding_ceiling"] is not None and out["binding_ceiling"] <= out["auroc_ceiling"]
+    if r.exit_code == 3:
+        assert isinstance(out["people_needed"], (dict, str)) and "INCONCLUSIVE" in " ".join(out["reasons"])
+    priv = Path(out["private_report"])
+    assert priv.stat().st_mode & 0o077 == 0 and str(priv).startswith(str(release["settings"].private_dir))
+    report = json.loads(priv.read_text())
+    assert len(report["rows"]) == 10 and sum(x["member"] for x in report["rows"]) == 5
+    for x in report["rows"]:                          # exact per-canary values stay here, not in the output
+        assert 0 <= x["echo"] <= 1 and f'"{x["user_id"]}"' not in r.stdout
+    kinds = {(p.channel, p.path): p.field.kind for p in rec}
+    assert kinds[("cli.audit_synthetic", "verdict")] is Kind.UNCOVERED
+    assert kinds[("registry.tag", "synthetic.echo_audit.verdict")] is Kind.UNCOVERED
+    import mlflow
+
+    assert mlflow.MlflowClient().get_run(doc["run_id"]).data.tags["synthetic.echo_audit.verdict"] == out["verdict"]
+    table = _cli(release, "audit-synthetic", doc["corpus_dir"], "--no-record", "--bootstrap", "10")
+    assert table.exit_code == r.exit_code and "Echo audit of corpus" in table.stdout, table.output
+    bad = _cli(release, "audit-synthetic", "no-such-corpus")
+    assert bad.exit_code == 2 and bad.stderr.strip().startswith("error: corpus 'no-such-corpus': no such corpus")
 
 
 @pytest.mark.parametrize("body,expect", [

@@ -248,7 +248,8 @@ def test_epsilon_does_not_depend_on_precision(tiny_lm, tiny_tokenizer, tmp_path)
     """(e): policy → plan → train → certificate in fp32 and in bf16: the same ε; the certificate says
     which precision ran."""
     from components.certificate import build_certificate
-    from components.planning import load_annex, make_plan
+    from components.planning import make_plan
+    from components.draws.annex import load_annex
     from components.draws.annex import commitment
     from components.draws.data import training_records
     from components.policy import load_policy

@@ -35,7 +35,8 @@ def _policy(tmp_path: Path, lora: str = "null") -> Path:
 
 
 def _plan(tmp_path: Path):
-    from components.planning import load_annex, make_plan
+    from components.planning import make_plan
+    from components.draws.annex import load_annex
     from components.draws.data import training_records
     from components.policy import load_policy
 

@@ -38,9 +38,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-import dp_accounting
 import numpy as np
-from dp_accounting.rdp import RdpAccountant
 
 from components.core.errors import VeilError
 
@@ -69,6 +67,11 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, steps: int,
     a = _check_orders(orders)
     if q == 0.0 or T == 0:
         return np.zeros(len(a))
+    # dp-accounting here, not at module top: the mechanisms import this module, and a command that only
+    # lists them (veil policy check) should not pay for loading it
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
     acc = RdpAccountant(orders=list(a))
     # dp-accounting logs (and returns +inf, pessimistic) for fractional orders whose series does not
     # converge; the +inf only makes that order unusable, which the filter handles.

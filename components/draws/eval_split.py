@@ -27,9 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from components.core.errors import VeilError
+from components.draws.annex import prf_uniform, prf_uniform_column
+from components.draws.columns import Texts, codes, sorted_strings, take, texts
 
 EVAL_SCHEMA = pa.schema([("record_id", pa.string()), ("user_id", pa.string())])
 RULE = ("per person: an independent keyed draw reserves each person for evaluation with probability "
@@ -44,7 +47,6 @@ class EvalReservation:
 
 def is_evaluation_person(key: bytes, seed: int, user: str, fraction: float) -> bool:
     """The person's own evaluation draw: independent of every other person and of the holdout draw."""
-    from components.draws.annex import prf_uniform
 
     return fraction > 0 and prf_uniform(key, "evaluation", int(seed), user) < fraction
 
@@ -57,29 +59,37 @@ def check_fraction(fraction: float) -> float:
     return f
 
 
+def evaluation_draws(key: bytes, seed: int, people, fraction: float) -> np.ndarray:
+    """`is_evaluation_person` for every id of `people` (an Arrow string array) at once: one keyed
+    draw per person, exactly as the scalar function (annex.prf_uniform_column)."""
+    if fraction <= 0 or len(people) == 0:
+        return np.zeros(len(people), bool)
+    return prf_uniform_column(key, "evaluation", int(seed), people) < fraction
+
+
+def reservation_of(drawn: np.ndarray, people: pa.Array, pairs: Texts, record_id) -> EvalReservation:
+    """The reservation of the people `drawn` (one flag per person code): one row per distinct content
+    of each, named by its smallest record id, sorted by (record_id, user_id)."""
+    g = np.flatnonzero(drawn[pairs.person])
+    if len(g) == 0:
+        return empty_reservation()
+    table = pa.table([pairs.rep(record_id, g), take(people, pairs.person[g])], schema=EVAL_SCHEMA)
+    table = table.sort_by([("record_id", "ascending"), ("user_id", "ascending")])
+    return EvalReservation(users=sorted_strings(take(people, np.unique(pairs.person[g]))), records=table)
+
+
 def reserve_evaluation(records: pa.Table, *, fraction: float, seed: int, key: bytes,
-                       content: Sequence[str] | None = None) -> tuple[EvalReservation, list[int]]:
-    """(the evaluation reservation, the row indices of `records` left for everything else).
+                       content: Sequence[str] | pa.Array | None = None) -> tuple[EvalReservation, np.ndarray]:
+    """(the evaluation reservation, the row indices of `records` left for everything else, ascending).
 
     `records` has record_id, user_id (and text); `content` is what duplicates are judged by (default
-    the text; masked texts for secret units)."""
+    the text; masked texts for secret units). Columnar: one keyed draw per distinct person, the rows
+    grouped by integer codes (components.draws.columns)."""
     fraction = check_fraction(fraction)
-    users = records.column("user_id").to_pylist()
-    rids = records.column("record_id").to_pylist()
-    cont = list(content) if content is not None else records.column("text").to_pylist()
-    drawn = {u: is_evaluation_person(key, seed, u, fraction) for u in set(users)}
-    rest = [i for i, u in enumerate(users) if not drawn[u]]
-    # person -> content -> smallest record_id holding it (a deterministic representative)
-    rep: dict[str, dict[str, str]] = {}
-    for u, r, t in zip(users, rids, cont):
-        if drawn[u]:
-            d = rep.setdefault(u, {})
-            if t not in d or r < d[t]:
-                d[t] = r
-    rows = sorted((r, u) for u, d in rep.items() for r in d.values())
-    table = pa.table([pa.array([r for r, _ in rows], pa.string()), pa.array([u for _, u in rows], pa.string())],
-                     schema=EVAL_SCHEMA)
-    return EvalReservation(users=sorted(rep), records=table), rest
+    person, people = codes(records.column("user_id"))
+    pairs = texts(person, content if content is not None else records.column("text"), records.column("record_id"))
+    drawn = evaluation_draws(key, seed, people, fraction)
+    return reservation_of(drawn, people, pairs, records.column("record_id")), np.flatnonzero(~drawn[person])
 
 
 def empty_reservation() -> EvalReservation:

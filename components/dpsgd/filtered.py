@@ -21,7 +21,13 @@ import numpy as np
 import torch
 
 from components.accounting.filtered import THRESHOLD_FRACTION
-from components.dpsgd.sampling import step_rng
+from components.dpsgd.sampling import step_rng, noise_seed
+from components.core.errors import VeilError
+from components.dpsgd.batches import BatchBuilder
+from components.dpsgd.data import records_by_user, tokenize_table
+from components.dpsgd.model_prep import prepare_model
+from components.dpsgd.per_sample import PerUnitGradients
+from components.dpsgd.precision import optimizer_targets
 
 # Private randomness streams (sampling.py uses 0 and 1). Each draw has its own stream id: numpy's
 # SeedSequence ignores trailing zeros, so [seed, s] and [seed, s, 0] would be the same stream.
@@ -106,8 +112,6 @@ class FilteredStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, tau: float,
                  noise_std: float, svt: SparseVector, micro_batch_size: int, private_seed: int,
                  per_record: str = "auto", variant: str = "veil"):
-        from components.dpsgd.per_sample import PerUnitGradients
-
         self.model, self.optimizer = model, optimizer
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.tau, self.noise_std, self.svt = float(tau), float(noise_std), svt
@@ -115,13 +119,11 @@ class FilteredStep:
         self.variant = variant
         self.nonfinite_units = 0
         self.per_unit = PerUnitGradients(model, [n for n, _ in self.named], int(micro_batch_size), per_record)
-        from components.dpsgd.precision import optimizer_targets
 
         self.targets = optimizer_targets(self.named, optimizer)   # float32 masters of 16-bit weights
 
     def __call__(self, step: int, units, ids: np.ndarray, lengths: np.ndarray) -> tuple[float, int, bool, float]:
         """(Σ record losses, records, passed, kept weight). When the test fails nothing is updated."""
-        from components.dpsgd.sampling import noise_seed
 
         device = self.named[0][1].device
         grads, loss_sum, n_rec = self.per_unit.unit_gradients(units, ids, lengths, device)
@@ -136,7 +138,6 @@ class FilteredStep:
         mean = mean + torch.normal(0.0, self.noise_std, size=mean.shape, generator=gen, device=device,
                                    dtype=torch.float32)
         if not bool(torch.isfinite(mean).all()):  # post-processing of the noisy mean (see step.DPStep)
-            from components.core.errors import VeilError
 
             raise VeilError(f"training step {step + 1}: the noisy update is not finite although no non-finite "
                             "user was kept: the model's numbers diverged; the run stops, its steps are still charged")
@@ -162,10 +163,6 @@ def concentration_profile(model: torch.nn.Module, tokenizer, data, *, records_pe
     """How concentrated the users' mean gradients are at `model` (research note §7.8's diagnostic):
     pairwise distances relative to the clip norm C, and τ*/C, the smallest τ for which Alg. 3's test
     (s ≥ 4N/5) would pass. Alg. 3 only pays when τ*/C is small (the seed measured ≈ 1)."""
-    from components.dpsgd.batches import BatchBuilder
-    from components.dpsgd.data import records_by_user, tokenize_table
-    from components.dpsgd.model_prep import prepare_model
-    from components.dpsgd.per_sample import PerUnitGradients
 
     model = prepare_model(model, SimpleNamespace(lora=lora, seed=seed))
     model.train()

@@ -10,6 +10,7 @@ from components.dpsgd.distributed import DistContext
 from components.dpsgd.per_sample import PerUnitGradients, Unit, sequence_losses
 from components.dpsgd.precision import acc, acc_dtype, loss_scale_for, optimizer_targets
 from components.dpsgd.sampling import noise_seed
+from components.core.errors import VeilError
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -70,7 +71,6 @@ class DPStep:
             # zero), so a non-finite noisy sum comes from the model or the numbers themselves
             # (weights already NaN, overflow), not from one person's data. Stopping here reads
             # only the noisy sum (post-processing): it reveals nothing the step did not release.
-            from components.core.errors import VeilError
 
             raise VeilError(f"training step {step + 1}: the noisy update is not finite although every unit's "
                             "contribution was finite and clipped: the model's numbers diverged (lower the "
@@ -87,7 +87,6 @@ class DPStep:
             # the weights are a function of the released noisy updates and the public start (post-
             # processing); non-finite weights (a model that was already NaN: every unit then
             # contributes zero) would only train noise from here on
-            from components.core.errors import VeilError
 
             raise VeilError(f"training step {step + 1}: the model's trainable weights are not finite (they were "
                             "before training, or the optimizer diverged): check the base model and the learning rate")

@@ -69,6 +69,92 @@ def prf(key: bytes, *parts: Any) -> bytes:
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
+def json_strings(values):
+    """`canonical_json` of every string in an Arrow array, as a string array (no per-row Python for
+    ids without a quote, backslash or control character — the only ones JSON escapes here, since
+    canonical JSON keeps non-ASCII text as it is)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = _string_array(values)
+    quoted = pc.binary_join_element_wise('"', arr, '"', "")
+    odd = pc.or_kleene(pc.match_substring_regex(arr, r'[\x00-\x1f"\\]'), pc.is_null(arr))
+    if pc.any(odd).as_py():
+        mask = odd.fill_null(True)
+        fixed = [canonical_json(v).decode() for v in arr.filter(mask).to_pylist()]
+        quoted = pc.replace_with_mask(quoted, np.asarray(mask.to_numpy(zero_copy_only=False), bool),
+                                      pa.array(fixed, pa.string()))
+    return quoted
+
+
+def _string_array(values):
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        values = pa.array(list(values), pa.string())
+    if values.type != pa.string():
+        values = values.cast(pa.string()) if not pa.types.is_large_string(values.type) else values.cast(pa.string())
+    return values
+
+
+PRF_CHUNK = 1 << 17     # messages hashed per batch (bounds the Python bytes alive at once)
+
+
+def prf_column(key: bytes, *parts: Any):
+    """`prf(key, *parts)` for every row at once: (n, 32) uint8 digests.
+
+    A part is either one value (the same for every row: a label, the seed) or an Arrow string array
+    / sequence of strings with one entry per row (person ids, texts). Row i's digest is exactly
+    `prf(key, *(p[i] if p is a column else p for p in parts))` — one HMAC per row, each of one row's
+    values alone; only the message assembly and the output decoding are vectorised."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = [i for i, p in enumerate(parts) if not isinstance(p, (str, int, float, bool, type(None)))]
+    if not cols:
+        return np.frombuffer(prf(key, *parts), np.uint8).reshape(1, 32)
+    pieces = [json_strings(p) if i in cols else canonical_json(p).decode() for i, p in enumerate(parts)]
+    n = len(pieces[cols[0]])
+    if any(len(pieces[i]) != n for i in cols):
+        raise VeilError("prf: column parts must have one entry per row")
+    if n == 0:
+        return np.empty((0, 32), np.uint8)
+    msgs = pc.binary_join_element_wise(*pieces, "\x1f").cast(pa.binary())
+    pad = bytes(key).ljust(64, b"\0") if len(key) <= 64 else hashlib.sha256(key).digest().ljust(64, b"\0")
+    inner0 = hashlib.sha256(bytes(b ^ 0x36 for b in pad))
+    outer0 = hashlib.sha256(bytes(b ^ 0x5C for b in pad))
+    out = bytearray()
+    for start in range(0, n, PRF_CHUNK):
+        for m in msgs.slice(start, PRF_CHUNK).to_pylist():
+            i = inner0.copy()                    # HMAC-SHA256 from the key's precomputed pads
+            i.update(m)
+            o = outer0.copy()
+            o.update(i.digest())
+            out += o.digest()
+    return np.frombuffer(bytes(out), np.uint8).reshape(n, 32)
+
+
+def prf_uniform_column(key: bytes, *parts: Any):
+    """`prf_uniform` for every row (float64), bit for bit."""
+    import numpy as np
+
+    d = prf_column(key, *parts)
+    x = np.ascontiguousarray(d[:, :8]).view(">u8").ravel().astype(np.uint64) >> np.uint64(11)
+    return (x.astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def prf_seed_column(key: bytes, *parts: Any):
+    """`prf_seed` for every row: (n, 4) uint32."""
+    import numpy as np
+
+    d = prf_column(key, *parts)
+    return np.ascontiguousarray(d[:, :16]).view("<u4").reshape(-1, 4).astype(np.uint32)
+
+
 def prf_uniform(key: bytes, *parts: Any) -> float:
     """A uniform draw in the open interval (0, 1), 53 bits, from `prf`."""
     x = int.from_bytes(prf(key, *parts)[:8], "big") >> 11
@@ -97,12 +183,33 @@ def population_digest(key: bytes, chosen) -> str:
     retired, held out or in evaluation, another base model's exclusions — draws fresh noise, so two
     public N̂ never differ by exactly the number of people excluded. Keyed (HMAC), so the digest of a
     guessed population cannot be matched against the ledger's record of it."""
-    users = [str(u) for u in chosen.column("user_id").to_pylist()]
-    recs = [str(r) for r in chosen.column("record_id").to_pylist()]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    u, r = chosen.column("user_id"), chosen.column("record_id")
     h = hashlib.sha256()
-    for u, r in sorted(zip(users, recs)):
-        h.update(u.encode("utf-8", "surrogatepass") + b"\x1f" + r.encode("utf-8", "surrogatepass") + b"\n")
+    if u.type == pa.string() and r.type == pa.string() and u.null_count == 0 and r.null_count == 0:
+        # Columns: Arrow sorts strings as UTF-8 bytes, i.e. by code point, as `sorted` sorts `str`s; the
+        # lines are hashed straight from Arrow's buffers, a slice at a time
+        order = pc.sort_indices(pa.table({"u": u, "r": r}), sort_keys=[("u", "ascending"), ("r", "ascending")])
+        for start in range(0, len(order), _DIGEST_SLICE):
+            idx = order.slice(start, _DIGEST_SLICE)
+            lines = pc.binary_join_element_wise(u.take(idx), "\x1f", r.take(idx), "\n", "")
+            for chunk in (lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]):
+                if len(chunk):
+                    offsets = chunk.buffers()[1]
+                    first, last = (int(x) for x in pa.Array.from_buffers(
+                        pa.int32(), len(chunk) + 1, [None, offsets], offset=chunk.offset).to_numpy()[[0, -1]])
+                    h.update(memoryview(chunk.buffers()[2])[first:last])
+        return prf(key, "population-digest", h.hexdigest()).hex()
+    users = [str(x) for x in u.to_pylist()]
+    recs = [str(x) for x in r.to_pylist()]
+    for a, b in sorted(zip(users, recs)):
+        h.update(a.encode("utf-8", "surrogatepass") + b"\x1f" + b.encode("utf-8", "surrogatepass") + b"\n")
     return prf(key, "population-digest", h.hexdigest()).hex()
+
+
+_DIGEST_SLICE = 1 << 20
 
 
 def commitment(salt: str, obj: Any) -> str:

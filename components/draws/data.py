@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.draws.annex import annex_file, plan_snapshot_ref
+from components.bounding.owners import owner_set
 
 # Schema metadata key carrying the sha256 of the train-records file the table was read from: the
 # trainer records it and the certificate checks it against the plan (engine.TRAIN_RECORDS_SHA256_KEY).
@@ -115,8 +116,6 @@ def evaluation_records(plan: Mapping, annex: Mapping, snapshot_records: pa.Table
         raise VeilError(f"plan: {table.num_rows - joined.num_rows} evaluation record(s) are missing from snapshot "
                         f"{plan_snapshot_ref(plan, annex)[0]}")
     if single_owner and "owners" in snapshot_records.column_names:
-        from components.bounding.owners import owner_set
-
         owned = dict(zip(snapshot_records.column("record_id").to_pylist(),
                          snapshot_records.column("owners").to_pylist()))
         keep = [i for i, (r, u) in enumerate(zip(joined.column("record_id").to_pylist(),

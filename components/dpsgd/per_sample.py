@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from components.dpsgd.grad_samplers import row_sq_norms
+from components.dpsgd.grad_samplers import row_sq_norms, HookPerRecord, supported
 from components.dpsgd.precision import acc, acc_dtype, loss_scale_for
+from components.core.errors import VeilError
+from components.dpsgd.model_prep import checkpointing_on
 
 
 def sequence_losses(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -69,7 +71,6 @@ class PerUnitGradients:
         has a sampler, else vmap). loss_scale: fp16's static loss scale (None: from the model's
         dtype, precision.loss_scale_for); per-record gradients are unscaled in float32 before any
         norm. Every per-record gradient, norm and sum is float32 for a 16-bit model."""
-        from components.dpsgd.grad_samplers import HookPerRecord, supported
 
         self.model = model
         self.names = names
@@ -78,12 +79,9 @@ class PerUnitGradients:
             method = "mixed" if supported(model) else "vmap"
         self.method = method
         if method == "vmap":
-            from components.dpsgd.model_prep import checkpointing_on
-
             if checkpointing_on(model):
                 # torch.func cannot run through torch's checkpoint (saved-tensor hooks): refused
                 # here, before any step, rather than failing in the first one
-                from components.core.errors import VeilError
 
                 raise VeilError("gradient_checkpointing: per-record gradients by torch.func (per_record 'vmap', or "
                                 "'auto' with a trainable layer that has no per-record sampler) cannot run through "
@@ -111,7 +109,6 @@ class PerUnitGradients:
         on (up to two of) the run's own records: a sampler whose layer computes something else (a
         new transformers version, an unusual norm layer) would make the clipping — and so the
         certificate — wrong. Same dropout masks on both sides (forked RNG)."""
-        from components.core.errors import VeilError
 
         ids, lengths = ids[:2], lengths[:2]
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}

@@ -3,6 +3,10 @@ that the engine and the diagnostics that share it do not import each other)."""
 from __future__ import annotations
 
 import torch
+from components.core.errors import VeilError
+from components.dpsgd.precision import trainable_to_float32
+from components.modeling import attach_lora
+from components.modeling.lora import plan_lora_config
 
 
 def prepare_model(model: torch.nn.Module, spec) -> torch.nn.Module:
@@ -20,10 +24,7 @@ def _trainable(model: torch.nn.Module, spec) -> torch.nn.Module:
         return model
     from peft import PeftModel
 
-    from components.modeling import attach_lora
-    from components.modeling.lora import plan_lora_config
 
-    from components.dpsgd.precision import trainable_to_float32
 
     if not isinstance(model, PeftModel):
         # Targets per architecture (GPT-2: c_attn and c_proj) unless the plan names them.
@@ -49,7 +50,6 @@ def set_gradient_checkpointing(model: torch.nn.Module, on: bool) -> None:
     layer from the samplers, so it is never used. HF's `enable_input_require_grads` hook, which
     only the reentrant variant needs, is taken off again: it calls `requires_grad_` inside the
     forward, which torch.func refuses."""
-    from components.core.errors import VeilError
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not on:

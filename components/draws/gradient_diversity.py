@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.draws.selection import keyed_order, user_rng
+from components.core.canonical import round_sig
 
 
 def _grad_norm(model, tokenizer, texts: Sequence[str], seq_len: int) -> float:
@@ -63,7 +64,6 @@ def estimate_user_grad_ratio(model, tokenizer, train: pa.Table, *, g_values: Seq
     # torch's gradient norms differ between CPUs in the last bits; `auto`'s choice and the annex (whose
     # commitment is in the plan) read these ratios, so they are kept to 6 significant digits
     # (components.core.canonical, docs/privacy/plan-identity.md)
-    from components.core.canonical import round_sig
 
     table = {g: round_sig(float(np.median(v)) / base, 6) for g, v in norms.items() if v and base > 0}
     if 1 not in table:

@@ -31,7 +31,7 @@ class SecretStructure:
 
 
 def secret_structure(policy, train: pa.Table, secret_spans: pa.Table) -> SecretStructure:
-    from components.accounting.secrets import kl_budget
+    from components.accounting.secrets import kl_budget  # startup
 
     prot = policy.secret_protection()
     spans = secret_spans.select(["record_id", "secret_id", "secret_class"])
@@ -105,7 +105,7 @@ def plan_secret_rates(policy, train: pa.Table, secret_spans: pa.Table, *, expect
 
 
 def _targets(policy, train_tbl: pa.Table, secret_spans: pa.Table):
-    from components.accounting.secrets import secret_targets
+    from components.accounting.secrets import secret_targets  # startup
 
     return secret_targets(train_tbl, secret_spans, policy.secret_protection())
 
@@ -113,7 +113,7 @@ def _targets(policy, train_tbl: pa.Table, secret_spans: pa.Table):
 def calibrate_secret(policy, chosen: pa.Table, rates: np.ndarray, secret_spans: pa.Table, *, steps: int,
                      cache_dir: str | Path | None = None) -> tuple[dict, float, dict]:
     """(accounting section, σ, target) for a secret plan; no secret id leaves this function."""
-    from components.accounting.secrets import calibrate_secrets
+    from components.accounting.secrets import calibrate_secrets  # startup
 
     train_tbl = chosen.select(["record_id", "user_id"]).append_column("rate", pa.array(rates, pa.float64()))
     targets = _targets(policy, train_tbl, secret_spans)
@@ -130,8 +130,8 @@ def _secret_target(policy) -> dict:
 
 
 def _secret_accounting(policy, cal) -> dict:
-    from components.accounting import LIBRARY_VERSION
-    from components.accounting.secrets import published_bounds
+    from components.accounting import LIBRARY_VERSION  # startup
+    from components.accounting.secrets import published_bounds  # startup
 
     by_class: dict[str, dict] = {}
     cls_of = {}
@@ -156,7 +156,7 @@ def _secret_accounting(policy, cal) -> dict:
 def sweep_c(policy, train: pa.Table, secret_spans: pa.Table, cs: Sequence[float], *, expected_batch_size: int,
             steps: int) -> list[dict]:
     """For each C: retained weight and the σ that secret protection then needs (seed 004 Fig. 1)."""
-    from components.accounting.secrets import calibrate_secrets
+    from components.accounting.secrets import calibrate_secrets  # startup
 
     st = secret_structure(policy, train, secret_spans)
     rows = []

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.dpsgd.precision import _HALF, acc, acc_dtype, bmm32, native_products
+from components.dpsgd.model_prep import checkpointing_on
 
 Sampler = Callable[..., dict[str, torch.Tensor]]  # (module, input, grad_output, skip) -> {local: [B, ...]}
 _SAMPLERS: dict[type, Sampler] = {}
@@ -538,7 +539,6 @@ class HookPerRecord:
         weights [B]: w_r; owner [B]: the unit of each record (0..n_units-1); ghost: "auto"
         (per-layer cost rule), "always" (every Linear/Conv1D weight used once), "never"."""
         B = ids.shape[0]
-        from components.dpsgd.model_prep import checkpointing_on
 
         self._tap = checkpointing_on(self.model)
         # before the forward: its host sync (K) then waits for nothing, and the Python work between
