@@ -167,6 +167,7 @@ def downstream(settings, loaded, base_dir: str, corpora: dict[str, list[str]], w
     from components.evaluation.release import publish_evaluation
     from components.modeling import load_finetuned
     from components.prediction.ensemble import dir_sha256
+    from components.registry import record_evaluation
     from components.registry.mlflow_registry import _client, _experiment
     from flows.stages import evaluation_params
 
@@ -195,7 +196,8 @@ def downstream(settings, loaded, base_dir: str, corpora: dict[str, list[str]], w
     client.set_terminated(run_id)
     rel = publish_evaluation(settings, plan=plan, run_id=run_id, models=identities,
                              per_model={n: person_means(users, *s) for n, s in stats.items()},
-                             epsilon=float(params.epsilon), delta=float(params.delta), nll_clip=float(params.nll_clip))
+                             epsilon=float(params.epsilon), delta=float(params.delta), nll_clip=float(params.nll_clip),
+                             record=record_evaluation)
     published = {"metrics": dict(rel.metrics), "epsilon": float(params.epsilon), "delta": float(params.delta),
                  "nll_clip": float(params.nll_clip), "noise_multiplier": float(rel.tags["evaluation.noise_multiplier"]),
                  "ledger_release_id": rel.release_id, "reused": rel.reused, "run_id": run_id,

@@ -18,9 +18,10 @@ import duckdb
 import pyarrow as pa
 
 from components.core.errors import VeilError
-from components.core.identity import RULE, person_id_or_empty
-from components.core.identity import NAME_SQL as _NAME_SQL
+from components.core.identity import RULE, person_id_or_empty, NAME_SQL as _NAME_SQL
 from components.policy import load_policy
+from components.bounding import people as _planning_people
+from components.bounding.people import _alias_map, _glob, _people, _person_or_self
 
 # The pure part lives in components (planning applies it); re-exported for the catalog's callers, on
 # first use: importing the planner's package costs seconds (scipy), which ingest — the likely-duplicates
@@ -30,8 +31,6 @@ _REEXPORTED = ("_people", "apply_people", "owners_column", "people_sections", "p
 
 def __getattr__(name: str):
     if name in _REEXPORTED:
-        from components.bounding import people as _planning_people  # startup
-
         return getattr(_planning_people, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -117,7 +116,6 @@ def unsettled_by_policy(found: list[dict], people) -> list[dict]:
     """`found` (likely_same_person) less the names the policy's `people` section already settles: ids that
     its aliases make one person, or that it excludes (exclusion globs on ids only here; names are matched
     when planning). Ingest under a policy that merged them must not ask the operator to merge them again."""
-    from components.bounding.people import _alias_map, _glob, _person_or_self  # startup
 
     p = load_people(people)
     alias = _alias_map(p)
@@ -154,7 +152,6 @@ def write_likely_duplicates(private_dir: Path, found: list[dict], source: str,
 
 def load_people(policy) -> dict:
     """The people section of a policy (a Policy, a path, or None)."""
-    from components.bounding.people import _people  # startup
 
     if policy is None:
         return _people(None)

@@ -22,6 +22,7 @@ from components.prediction.ensemble import dir_sha256, ShardTraining, train_shar
 from components.publication import publish
 from flows import stages
 from flows.prefect_boundary import prefect_safe
+from components.draws.annex import plan_key, snapshot_commitment
 
 
 def _ledger_reserve(settings: Settings, spec, params, rows_per_person: dict[str, int], policy_sha: str):
@@ -69,7 +70,6 @@ def build(settings: Settings, policy_path: str | Path, *, base_dir: str | Path |
           snapshot_id: str | None = None, name: str | None = None, use_prefect: bool = True,
           progress: bool = False) -> dict:
     from components.prediction import mechanism as mech  # startup
-    from components.draws.annex import plan_key, snapshot_commitment  # startup
     from components.prediction import release as prel  # startup
     from components.prediction.pyfunc import register_ensemble  # startup
     from components.prediction.release import commitment, manifest_of, private_root  # startup

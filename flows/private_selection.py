@@ -46,15 +46,15 @@ from components.publication.gate import publish
 from flows import stages, study
 from flows.stages import plan_snapshot_id
 from flows.study_grid import parse_grid, point_policy
+from components.draws.annex import load_annex
+from components.draws.data import evaluation_records, train_rows
+from components.renyi.costs import person_rates, plan_population_epsilon, pure_dp_rdp
 
 DEFAULTS = {"distribution": "truncated-negative-binomial", "eta": 0.0, "gamma": 0.3, "mu": None,
             "score_clip": 8.0, "score_noise": 2.0, "score_records_per_person": 8}
 
 
 def _rows_table(settings: Settings, plan_doc: dict):
-    from components.draws.annex import load_annex  # startup
-    from components.draws.data import train_rows  # startup
-
     annex = load_annex(settings.private_dir, plan_doc)
     return annex, train_rows(annex)
 
@@ -62,7 +62,6 @@ def _rows_table(settings: Settings, plan_doc: dict):
 def population_curves(plan_doc: dict, rows, orders) -> dict[str, np.ndarray]:
     """person → the Rényi curve of this plan's N̂ for that person: everyone the plan counts (its
     training people) pays ε_N × (how many units of N they are), pure DP (`release.pure_dp_rdp`)."""
-    from components.renyi.costs import person_rates, plan_population_epsilon, pure_dp_rdp  # startup
 
     eps_n = plan_population_epsilon(plan_doc)
     if eps_n <= 0:
@@ -130,8 +129,6 @@ def score_texts(settings: Settings, plan_doc: dict, per_person: int, excluded: s
     records push other people's out of the score, and the sum's sensitivity would no longer be B."""
     import hashlib
 
-    from components.draws.data import evaluation_records  # startup
-    from components.draws.annex import load_annex  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     t = evaluation_records(plan_doc, annex, snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex)).records)
@@ -179,7 +176,6 @@ def charge_populations(settings: Settings, led, plans: list[dict], planned: list
     `population_release_id`: a ledger release of kind 'population', ε_N per counted person, retired or
     not, once per distinct N̂); say how, as the composition's entries. Plans sharing one population
     release share one N̂: counted once."""
-    from components.renyi.costs import plan_population_epsilon  # startup
 
     del led, orders, budget     # the charge is the planner's; nothing is charged here
     out, seen = [], set()

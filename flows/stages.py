@@ -23,8 +23,7 @@ from components.core.device import resolve_device
 from components.core.errors import VeilError
 from components.core.faults import kill_point
 from components.core.fingerprints import directory_fingerprint, weights_fingerprint
-from components.core.hashing import sha256_file
-from components.core.hashing import sha256_json
+from components.core.hashing import sha256_file, sha256_json
 from components.core.progress import step
 from components.core.settings import Settings
 from components.evaluation import evaluate_texts_per_text
@@ -39,6 +38,9 @@ from components.modeling.lora import count_trainable_parameters
 from components.modeling.public_text import read_corpus
 from components.policy import load_policy
 from components.policy.model import Evaluation
+from components.draws.annex import commitment, load_annex, plan_key, plan_snapshot_ref as ref, snapshot_commitment
+from components.draws.data import evaluation_records, train_rows, training_records
+from components.renyi.costs import Budget, pure_dp_rdp
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.yaml"
 # How the demo organization's JSONL maps onto catalog records (user and text use the defaults).
@@ -147,8 +149,6 @@ def exhausted_people(settings: Settings, pol, user_ids, *, population_epsilons=N
     import numpy as np
 
     from components.ledger import Ledger  # startup
-    from components.renyi.costs import Budget  # startup
-    from components.renyi.costs import pure_dp_rdp  # startup
 
     eps = [planned_population_epsilon(pol)] if population_epsilons is None else [float(e) for e in population_epsilons]
     eps = [e for e in eps if e > 0]
@@ -304,7 +304,6 @@ def charge_plan_population(settings: Settings, plan_doc: dict) -> tuple[int | No
     an earlier one when the same N̂ was charged before; None when N is public —, the ids who could not
     afford it: nothing was charged then)."""
     from components.ledger import charge_population  # startup
-    from components.draws.data import train_rows  # startup
 
     annex = _annex(settings, plan_doc)
     res = charge_population(settings, plan_doc, train_rows(annex),
@@ -325,8 +324,6 @@ def charge_refused_population(settings: Settings, refusal) -> tuple[str, ...]:
 
 
 def _annex(settings: Settings, plan_doc: dict) -> dict:
-    from components.draws.annex import load_annex  # startup
-
     return load_annex(settings.private_dir, plan_doc)
 
 
@@ -334,7 +331,6 @@ def training_data(settings: Settings, plan_doc: dict, annex: dict | None = None,
                   drop_records=()) -> pa.Table:
     """The plan's training records (user_id, text[, rate]) from the plan's own snapshot and its
     private annex (checked against the plan's commitment), less the records in `drop_records`."""
-    from components.draws.data import training_records  # startup
 
     annex = _annex(settings, plan_doc) if annex is None else annex
     snap = _plan_snapshot(settings, plan_doc, annex)
@@ -399,7 +395,6 @@ def reserve(settings: Settings, plan_doc: dict, annex: dict, out_dir: Path) -> d
     Returns {"release_id", "retired": [ids], "dropped_records": [record ids]} (private), or None when the
     mechanism has no Rényi curve and no budget applies (filtered ULS without a lifetime budget)."""
     from components.ledger import Ledger, PlanAlreadyReleased, reserve_release  # startup
-    from components.draws.data import train_rows  # startup
 
     path = out_dir / RESERVATION_FILE
     sha = plan_doc["sha256"]
@@ -581,8 +576,6 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     import pyarrow.compute as pc
 
     from components.planning import load_plan  # startup
-    from components.draws.annex import commitment  # startup
-    from components.draws.data import train_rows  # startup
     from components.training import TrainSpec, train as run_training  # startup
 
     # the operator's device, checked first and before any charge: a missing GPU is an error, not a
@@ -661,7 +654,6 @@ def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> di
 
 def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
     """The largest rate of a training record holding no protected secret (None: none is trained on)."""
-    from components.draws.data import train_rows  # startup
     from components.bounding.secret_plan import untagged_max_rate  # startup
 
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc))
@@ -671,8 +663,6 @@ def untagged_rate(settings: Settings, plan_doc: dict) -> float | None:
 def secret_targets(settings: Settings, plan_doc: dict) -> list:
     """Every secret the plan's training rows hold, with its class' (κ, γ) and the rows' Poisson rates."""
     from components.accounting.secrets import secret_targets as targets_for  # startup
-    from components.draws.annex import load_annex  # startup
-    from components.draws.data import train_rows  # startup
 
     snap = _plan_snapshot(settings, plan_doc)
     return targets_for(train_rows(load_annex(settings.private_dir, plan_doc)), snap.secret_spans,
@@ -805,8 +795,7 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
     `evaluation.epsilon`), charged in the ledger to every evaluation person it counts; that part is
     returned under `published`. `missing_ok` (pipelines): None instead of an error when the plan
     reserved no evaluation people."""
-    from components.draws.data import evaluation_records  # startup
-    from components.registry import load_model  # startup
+    from components.registry import load_model, record_evaluation  # startup
 
     loaded = load_model(model_uri, settings, with_base=True)
     plan = dict(loaded.plan)
@@ -861,7 +850,7 @@ def evaluate(settings: Settings, model_uri: str, *, reference: str | None = None
         per_model = {name: person_means(users, *st) for name, st in stats.items()}
         rel = publish_evaluation(settings, plan=plan, run_id=str(loaded.run_id), models=identities,
                                  per_model=per_model, epsilon=float(params.epsilon), delta=float(params.delta),
-                                 nll_clip=float(params.nll_clip))
+                                 nll_clip=float(params.nll_clip), record=record_evaluation)
         out["published"] = {"metrics": dict(rel.metrics), "epsilon": float(params.epsilon),
                             "delta": float(params.delta), "nll_clip": float(params.nll_clip),
                             "noise_multiplier": float(rel.tags["evaluation.noise_multiplier"]),
@@ -876,7 +865,6 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
     """(snapshot_id, snapshot_sha256) of the plan's snapshot. The public plan carries only a salted
     commitment to them (issue 22); they are read from the plan's private annex (loaded here when not
     given). A plan from before the commitment still names them in its public data section."""
-    from components.draws.annex import plan_snapshot_ref as ref  # startup
 
     data = plan_doc.get("data") or {}
     if annex is None:
@@ -892,7 +880,6 @@ def plan_snapshot_ref(settings: Settings, plan_doc: dict, annex: dict | None = N
 def snapshot_commitment_of(settings: Settings, snapshot_id: str) -> str:
     """The salted commitment a plan of this snapshot publishes (`data.snapshot_commitment`): how logs that
     leave the private area (Prefect) name a snapshot. Keyed by this home's plan key."""
-    from components.draws.annex import plan_key, snapshot_commitment  # startup
 
     return snapshot_commitment(plan_key(settings.private_dir), snapshot_id,
                                snapshots.load_snapshot(settings, snapshot_id, verify=False).sha256)[1]
@@ -903,7 +890,6 @@ def plan_snapshot_id(settings: Settings, plan_doc: dict, annex: dict | None = No
 
 
 def _plan_snapshot(settings: Settings, plan_doc: dict, annex: dict | None = None):
-
     sid, sha = plan_snapshot_ref(settings, plan_doc, annex)
     snap = snapshots.load_snapshot(settings, sid)
     if snap.sha256 != sha:

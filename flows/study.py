@@ -42,6 +42,8 @@ from flows.prefect_boundary import prefect_safe
 from flows.stages import plan_snapshot_id
 from flows.study_grid import Grid, Point, parse_grid, point_policy
 from flows.study_report import gap_closing, log_study, plot_study, write_tables
+from components.draws.annex import load_annex
+from components.draws.data import evaluation_records
 
 CAVEAT = ("Tuning on private data is not covered by any certificate: these scores are measured on private "
           "evaluation people and any choice made from them leaks information about them and about the "
@@ -73,8 +75,6 @@ def nonprivate_adjust(spec, data):
 def eval_texts(settings: Settings, plan_doc: dict, max_records: int) -> tuple[list[str], list[str]]:
     """(user ids, texts) of the plan's evaluation people, at most `max_records` of them: a stable
     subset (by a hash of each record), so every point of a study scores the same texts."""
-    from components.draws.data import evaluation_records  # startup
-    from components.draws.annex import load_annex  # startup
 
     annex = load_annex(settings.private_dir, plan_doc)
     snap = snapshots.load_snapshot(settings, plan_snapshot_id(settings, plan_doc, annex))

@@ -24,7 +24,17 @@ from components.core.progress import progress as bar, step
 from components.core.settings import Settings
 from components.publication import publish
 from components.synthetic import generate_records, load_prompts, Sampling
-from components.synthetic.corpus import build_certificate, seal_corpus, write_records
+from components.synthetic.corpus import build_certificate, seal_corpus, write_records, FILES, build_pmixed_certificate
+from components.audit.echo import echo_audit, echo_canaries, private_json, public_section
+from components.audit.inputs import audit_reservations
+from components.audit.run import canary_records_table, resolve_thresholds
+from components.draws.annex import load_annex
+from components.planning.plan import load_plan
+from components.policy import load_policy
+from components.prediction.release import open_ensemble, resolve
+from components.registry.mlflow_registry import _client, _resolve_version
+from components.registry.synthetic import load_synthetic, model_release, record_echo_audit, register_synthetic
+from components.synthetic.pmixed import SAMPLER, check_budget, generate_pmixed_records
 
 # Every detector the catalog ships, each its own class, except `high_entropy` (opt-in at ingest too:
 # its false positives on ordinary text would drown the count).
@@ -73,7 +83,6 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
     """Generate, scan, certify and seal, record in the ledger, register. Returns the operator's document
     (`public`: what `--json` prints, through the gate; `private`: the scan file's path)."""
     from components.ledger import Ledger  # startup
-    from components.registry.synthetic import model_release, register_synthetic  # startup
 
     # Every input is checked before the model is loaded (one line, exit 2): prompts, settings, rules.
     prompts = load_prompts(prompts_path) if prompts_path else None
@@ -155,8 +164,6 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
 
 
 def _model_run_tags(settings: Settings, run_id: str) -> dict:
-    from components.registry.mlflow_registry import _client  # startup
-
     return dict(_client(settings).get_run(run_id).data.tags)
 
 
@@ -185,20 +192,10 @@ def audit_synthetic(settings: Settings, corpus: str | Path, *, policy: str | Pat
     """The canary echo audit of a corpus (components/audit/echo.py): the corpus (verified) against the plan's
     canaries, member vs held out. Reads the corpus and the plan's private canary split — never the model.
     Returns {"public": the section (through the gate), "private": the private report's path, "verdict"}."""
-    from components.audit.echo import echo_audit, echo_canaries, private_json, public_section
-    from components.audit.inputs import audit_reservations
-    from components.audit.run import canary_records_table, resolve_thresholds
-    from components.draws.annex import load_annex
-    from components.planning.plan import load_plan
-    from components.publication import publish
-    from components.registry.synthetic import load_synthetic, record_echo_audit
-    from components.synthetic.corpus import FILES
 
     folder = corpus_folder(settings, corpus)
     thresholds_src = None
     if policy is not None:
-        from components.policy import load_policy
-
         thresholds_src = load_policy(policy).spec.audit
     syn = load_synthetic(folder, settings)       # every check: seal, files, the model's certificate and seal
     model_cert = json.loads((folder / FILES["model_certificate"]).read_text())
@@ -245,17 +242,8 @@ def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, promp
     charged to its token budget before it is drawn. Refused up front when records × max_new_tokens exceed
     the tokens left; stopped cleanly (what was drawn kept) if concurrent serving spends the budget first.
     Certified as part of that release's transcript, sealed, scanned, recorded, registered like `synthesize`."""
-    from components.certificate import code_version
-    from components.certificate.seal import load_signing_key
-    from components.core.progress import progress as bar, step
-    from components.ledger import Ledger
-    from components.prediction.budget import TokenBudget
-    from components.prediction.release import open_ensemble, resolve
-    from components.publication import publish
-    from components.registry.synthetic import register_synthetic
-    from components.synthetic import load_prompts
-    from components.synthetic.corpus import build_pmixed_certificate, seal_corpus, write_records
-    from components.synthetic.pmixed import SAMPLER, check_budget, generate_pmixed_records
+    from components.ledger import Ledger  # startup
+    from components.prediction.budget import TokenBudget  # startup
 
     prompts = load_prompts(prompts_path) if prompts_path else None
     if not 1 <= records <= 10_000_000:
@@ -264,7 +252,6 @@ def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, promp
         raise VeilError(f"--max-new-tokens {max_new_tokens}: must be between 1 and 4096")
     if policy is not None and not Path(policy).is_file():
         raise VeilError(f"--policy {policy}: no such policy file")
-    from catalog.tagging import Tagger
 
     tagger = Tagger(SCAN_RULES if policy is None else str(policy))
     with step(f"loading and verifying {model_uri}", on=progress):
@@ -355,7 +342,6 @@ def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, promp
 
 def _model_run_tags_for(settings: Settings, model_uri: str) -> dict:
     """The registered version a URI names: its name, version and run id (lineage of the corpus)."""
-    from components.registry.mlflow_registry import _client, _resolve_version
 
     mv = _resolve_version(_client(settings), model_uri)
     return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id}
@@ -364,7 +350,6 @@ def _model_run_tags_for(settings: Settings, model_uri: str) -> dict:
 def _refuse_pmixed_without_flag(settings: Settings, model_uri: str) -> None:
     """A PMixED ensemble's URI without --pmixed: say so in one line (drawing through it spends its budget, so
     it is never the default), instead of failing the DP model checks it was never meant to pass."""
-    from components.registry.mlflow_registry import _client, _resolve_version
 
     try:
         mv = _resolve_version(_client(settings), model_uri)

@@ -1,7 +1,8 @@
 """Publish a model's evaluation: reserve the ledger charge, draw the keyed noise, log the DP metrics.
 
     published = publish_evaluation(settings, plan=plan, run_id=run_id, models=identities,
-                                   per_model=person_stats, epsilon=…, delta=…, nll_clip=…)
+                                   per_model=person_stats, epsilon=…, delta=…, nll_clip=…,
+                                   record=registry.record_evaluation)
 
 The mechanism and its calibration are `components.evaluation.dp`. This module adds what makes a
 release of it honest over the life of an organization:
@@ -22,12 +23,13 @@ release of it honest over the life of an organization:
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from components.core.errors import VeilError
 from components.core.hashing import sha256_json
 from components.evaluation import dp
 from components.evaluation.dp import PublishedEvaluation
+from components.draws.annex import plan_key, prf, prf_seed
 
 
 CAVEAT = ("differentially private: Gaussian noise on per-person clipped metrics of the evaluation people (reserved "
@@ -53,14 +55,15 @@ def _logged_before(led, name: str) -> tuple[int, dict] | None:
 
 def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[str, str],
                        per_model: Mapping[str, Mapping[str, tuple[float, float, int]]], epsilon: float,
-                       delta: float, nll_clip: float) -> PublishedEvaluation:
+                       delta: float, nll_clip: float,
+                       record: Callable[[object, str, PublishedEvaluation], None]) -> PublishedEvaluation:
     """Release the evaluation of `models` (name → identity: a run id or a weights hash; names 'model',
     'base', optionally 'reference') from per-person statistics (`dp.person_means` per model), charge it
     to the counted people and log it on `run_id`. A caller that does not log calls nothing here: the
-    exact figures alone are shown, and nobody is charged."""
+    exact figures alone are shown, and nobody is charged. `record(settings, run_id, published)` logs the
+    release on the run (`components.registry.record_evaluation`: passed in, because the registry sits
+    above this package)."""
     from components.ledger import Budget, Ledger, PersonCost  # startup
-    from components.draws.annex import plan_key, prf, prf_seed  # startup
-    from components.registry import record_evaluation  # startup
 
     names = tuple(models)
     if set(names) != set(per_model) or "model" not in names:
@@ -112,7 +115,7 @@ def publish_evaluation(settings, *, plan: Mapping, run_id: str, models: Mapping[
                 "evaluation.definition": dp.DEFINITION, "evaluation.ledger_release_id": str(rid)}
         out = PublishedEvaluation(metrics=metrics, tags=tags, release_id=int(rid), release_name=name,
                                   reused=reused, counted=counted)
-        record_evaluation(settings, run_id, out)
+        record(settings, run_id, out)
         if not reused:
             led.record(rid, "registered", published=metrics, run_id=run_id)
         return out

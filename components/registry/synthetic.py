@@ -22,8 +22,7 @@ from typing import Any, Mapping
 from components.certificate.seal import trusted_keys
 from components.core.errors import VeilError
 from components.core.quiet import quiet_third_party
-from components.core.settings import Settings
-from components.core.settings import load_settings
+from components.core.settings import Settings, load_settings
 from components.publication import publish
 from components.registry.artifacts import CERT_ARTIFACT, run_json, SEAL_ARTIFACT
 from components.registry.mlflow_registry import _client, _experiment, load_model
@@ -188,7 +187,6 @@ def load_synthetic(uri: str | Path, settings: Settings | None = None) -> Synthet
 def record_echo_audit(settings: Settings, certificate_sha256: str, section: Mapping[str, Any]) -> str | None:
     """Tag the corpus' run(s) with the echo audit's public verdict and AUROC bucket (`veil audit-synthetic`).
     Returns the run id tagged last, or None when the corpus was never registered."""
-    from components.registry.mlflow_registry import _client
 
     client = _client(settings)
     exp = client.get_experiment_by_name(EXPERIMENT)

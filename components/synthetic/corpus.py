@@ -39,6 +39,7 @@ from components.accounting.prediction import rdp_to_epsilon
 from components.core.errors import VeilError
 from components.core.hashing import canonical_json, sha256_file, sha256_json
 from components.publication import publish
+from components.certificate.verify import Verification, recheck_guarantee
 
 CERT_SCHEMA = "veil.certificate.synthetic/v1"
 FILES = {"jsonl": "records.jsonl", "parquet": "records.parquet", "certificate": "certificate.json",
@@ -134,7 +135,6 @@ def build_pmixed_certificate(*, model: Mapping[str, Any], pmixed_cert: Mapping[s
                              code_version: str, created_at: str | None = None) -> dict:
     """The certificate of a corpus drawn through a PMixED ensemble. `model`: name, version, run_id, uri, the
     ledger release of the ensemble's build; `tokens_charged`: private tokens this corpus took from its budget."""
-    from components.publication import publish
 
     if pmixed_cert.get("schema") != PMIXED_SCHEMA:
         raise VeilError(f"synthesize --pmixed: {model.get('uri')} is not a PMixED ensemble")
@@ -297,7 +297,6 @@ def verify_corpus_dir(root: str | Path, trusted: Mapping[str, Any]):
     `model_certificate` (the model certificate and seal beside it verify and are the sealed ones),
     `epsilon_recomputed` (the model's ε or γ recomputed from its own parameters), `inherits` (the
     corpus states exactly the model's guarantee), `prompts` (the sealed prompts hash is the stated one)."""
-    from components.certificate.verify import Verification, recheck_guarantee  # startup
 
     root = Path(root)
     v = Verification()

@@ -11,6 +11,7 @@ from rich.table import Table
 from components.core.errors import VeilError
 from components.publication import publish
 from flows.cli.common import err, out, print_json as _print_json, quiet_third_party, settings as _settings
+from components.draws.annex import load_annex
 
 
 policy_app = typer.Typer(help="Check and inspect privacy policies (YAML, see policies/README.md).",
@@ -153,7 +154,6 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
     t = Table(title=f"plan {p.sha256[:12]}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    from components.draws.annex import load_annex  # startup
 
     # the operator's own terminal: the real snapshot id, from the plan's private annex
     for k, v in p.summary_rows(load_annex(s.private_dir, p.to_dict())):
@@ -191,7 +191,6 @@ def plan(policy: Path = typer.Option(..., "--policy", "-p", help="policy YAML"),
 def _audited(s, pol, p) -> dict | None:
     """User inference with the people this plan's split audits (audit.sizing.audited_sizing):
     exact counts from the private annex, for the operator only."""
-    from components.draws.annex import load_annex  # startup
     from components.audit.sizing import audited_sizing  # startup
 
     if pol.spec.privacy_unit != "user":

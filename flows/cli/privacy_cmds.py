@@ -12,6 +12,7 @@ from components.core.errors import VeilError
 from components.core.hashing import sha256_bytes
 from components.core.settings import load_settings
 from flows.cli.common import out, print_json as _print_json
+from components.draws.annex import load_annex, plan_snapshot_ref
 
 
 privacy = typer.Typer(help="Privacy accounting: ε for a mechanism, σ for a target, secrets' posterior bounds.",
@@ -118,10 +119,8 @@ def secrets_cmd(
                                                secret_rates)
     from components.planning.plan import load_plan  # startup
 
-    from components.draws.annex import load_annex  # startup
     from components.draws.data import train_rows  # startup
 
-    from components.draws.annex import plan_snapshot_ref  # startup
 
     plan = load_plan(plan_path).to_dict()
     annex = load_annex(load_settings().private_dir, plan)

@@ -120,7 +120,7 @@ def audit_synthetic(corpus: str = typer.Argument(..., help="corpus id (its folde
 
     Exit 0 when PASSED, 1 when FAILED, 3 when INCONCLUSIVE (too few canaries; says how many it needs).
     Per-canary values go to VEIL_HOME/private/synthetic/<id>/echo-audit.json only. docs/privacy/synthetic-echo.md."""
-    from flows.synthetic import audit_synthetic as run
+    from flows.synthetic import audit_synthetic as run  # startup
 
     s = settings_with_device()
     quiet_third_party(prefect=False)

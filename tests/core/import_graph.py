@@ -21,12 +21,14 @@ from pathlib import Path
 
 PROJECT = ("components", "catalog", "flows")
 MARKER = "# startup"
-# Libraries whose import costs a command noticeable time (measured: `python -X importtime`, 2-core
-# machine: torch ~4 s, peft ~8 s with torch, MLflow ~3 s, dp-accounting ~2 s, Prefect ~2.5 s,
-# transformers ~2 s, scipy.optimize ~1 s, duckdb and SQLAlchemy ~0.3 s each).
+# Libraries whose import costs a command noticeable time against `veil --help`'s 0.5 s (measured:
+# `python -X importtime`, 2-core machine: torch ~4 s, peft ~8 s with torch, MLflow ~3 s, dp-accounting
+# ~2 s, Prefect ~2.5 s, transformers ~2 s, scipy.optimize ~1 s; duckdb, SQLAlchemy, pyarrow (with its
+# compute kernels) ~0.3 s each; numpy, pandas, pydantic, cryptography 0.1–0.2 s each).
 HEAVY = frozenset({"torch", "transformers", "peft", "mlflow", "dp_accounting", "scipy", "prefect",
                    "sentence_transformers", "mauve", "sqlalchemy", "alembic", "duckdb", "psycopg", "psycopg2",
-                   "accelerate", "datasets", "sklearn", "matplotlib"})
+                   "accelerate", "datasets", "sklearn", "matplotlib", "numpy", "pyarrow", "pandas", "pydantic",
+                   "cryptography"})
 
 
 @dataclass

@@ -358,6 +358,7 @@ class Home:
         from components.core.hashing import sha256_json
         from components.evaluation.dp import person_means
         from components.evaluation.release import publish_evaluation
+        from components.registry import record_evaluation
         from components.draws.data import evaluation_records, training_records
         from flows import stages
 
@@ -386,7 +387,7 @@ class Home:
             rel = publish_evaluation(self.settings, plan=plan, run_id=run_id,
                                      models={"model": "run:" + run_id, "base": "base:" + sha256_json({"b": 1})},
                                      per_model=stats, epsilon=float(params.epsilon), delta=float(params.delta),
-                                     nll_clip=float(params.nll_clip))
+                                     nll_clip=float(params.nll_clip), record=record_evaluation)
         except VeilError as e:
             self._refused(e)
             return None

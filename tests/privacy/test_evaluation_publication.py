@@ -51,9 +51,11 @@ def _run(settings, name="eval-pub"):
 
 def _publish(settings, run_id, per_model, **kw):
     from components.evaluation.release import publish_evaluation
+    from components.registry import record_evaluation
 
     return publish_evaluation(settings, plan=PLAN, run_id=run_id, models={"model": "run:" + run_id, "base": "base:x"},
-                              per_model=per_model, epsilon=kw.get("epsilon", EPS), delta=DELTA, nll_clip=CLIP)
+                              per_model=per_model, epsilon=kw.get("epsilon", EPS), delta=DELTA, nll_clip=CLIP,
+                              record=record_evaluation)
 
 
 def _pld(m: float):
@@ -186,6 +188,7 @@ def test_removing_one_person_moves_the_output_only_through_the_mechanism(setting
 
     monkeypatch.setattr(dp, "standard_normals", spy)
     from components.evaluation.release import publish_evaluation
+    from components.registry import record_evaluation
 
     client, rid = _run(settings)
     full = _publish(settings, rid, per_model)
@@ -201,7 +204,7 @@ def test_removing_one_person_moves_the_output_only_through_the_mechanism(setting
         n_draws = len(drawn)
         # the same model (identity) and the same key: only the population differs
         pub = publish_evaluation(settings, plan=PLAN, run_id=r2, models={"model": "run:" + rid, "base": "base:x"},
-                                 per_model=without, epsilon=EPS, delta=DELTA, nll_clip=CLIP)
+                                 per_model=without, epsilon=EPS, delta=DELTA, nll_clip=CLIP, record=record_evaluation)
         assert len(drawn) == n_draws + 1 and not pub.reused and pub.release_id != full.release_id
         # exactly the mechanism: clipped sums over the counted people + σ·z, then post-processing
         assert pub.metrics == pytest.approx(_post(_independent_sums(without, rest) + mech.sigmas() * drawn[-1][1]),
