@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
-from components.certificate.document import population_epsilon
+from components.mechanisms.base import population_epsilon
 from components.mechanisms import get as get_mechanism
 
 _UNIT = {
