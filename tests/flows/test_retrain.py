@@ -103,10 +103,11 @@ def line(prefect_server, tmp_path_factory):
     return got
 
 
-def test_retrain_trains_skips_then_trains_new_people(api, line):
+def test_retrain_trains_skips_then_trains_new_people(api, line, monkeypatch):
     from components.registry import load_model
 
     veil_home = line["home"]
+    monkeypatch.setenv("VEIL_HOME", str(veil_home))  # the pyfunc's own check finds the home's trusted keys
     first = line["first"]["result"]
     assert first["action"] == "trained" and first["model_uri"] == "models:/rt/1", first
     assert first["people_trained"] > 0 and first["people_retired"] == 0
@@ -156,7 +157,7 @@ def test_retrain_trains_skips_then_trains_new_people(api, line):
     assert len(runs) == 4 and {r["state"]["type"] for r in runs} == {"COMPLETED"}  # train, skip, skip (moved base), train
 
 
-def test_promotion_gate(api, line):
+def test_promotion_gate(api, line, monkeypatch):
     from components.registry.mlflow_registry import _client
     from flows.retrain import promote_task, promotion_gate
 
@@ -174,6 +175,7 @@ def test_promotion_gate(api, line):
     # the line's two trained versions (its retrainings' own audits did not pass: nothing promoted them)
     first, second = line["first"]["result"], line["third"]["result"]
     uri, home = first["model_uri"], str(line["home"])
+    monkeypatch.setenv("VEIL_HOME", home)
     client = _client(load_settings(home))
     got = promote_task.fn(home, uri, cert, {"verdict": "passed"}, req, "production")
     assert got["promoted"] and str(client.get_model_version_by_alias("rt", "production").version) == "1"
