@@ -68,11 +68,12 @@ def _pinned_plan_key():
 # --- `make test`'s order: the files that take minutes start first --------------------------------------
 # `make test` hands whole files to 3 workers (pytest-xdist --dist loadfile). xdist's own order is by the
 # number of tests in a file, most first, so the one-test files that retrain against real servers (the
-# PostgreSQL team setup, the deployment worker, the end-to-end pipelines) were handed out last of 147:
-# one worker ran them alone for minutes while the others had finished. These files start first, slowest
-# first (seconds: fresh-clone CI on 2 cores, or one file run alone here, before their retrainings were
-# shortened); a worker busy with one of them is given ordinary files meanwhile, never a second slow file
-# queued behind the first. A file missing here only starts later: keep the list to files of a minute or more.
+# PostgreSQL team setup, the deployment worker, the end-to-end pipelines) were handed out last of 147,
+# where a file of two or three minutes started late keeps one worker going after the others are done.
+# These files start first, roughly slowest first (the seconds: fresh-clone CI before their retrainings
+# were shortened; the others are ordered by the work they do); a worker busy with one of them is given
+# ordinary files meanwhile, never a second slow file queued behind the first. A file missing here only
+# starts later than it could: keep the list to files of a minute or more.
 SLOW_FILES = [
     "tests/flows/test_team_postgres.py",         # ~165 s: PostgreSQL, its own Prefect server, a retraining
     "tests/flows/test_cli_output.py",            # ~133 s for its retraining, plus four CLI runs
