@@ -63,3 +63,54 @@ def _pinned_plan_key():
     mp.setattr(annex, "_new_key", lambda n: b"\x05" * n)
     yield
     mp.undo()
+
+
+# --- `make test`'s order: the files that take minutes start first --------------------------------------
+# `make test` hands whole files to 3 workers (pytest-xdist --dist loadfile). xdist's own order is by the
+# number of tests in a file, most first, so the one-test files that retrain against real servers (the
+# PostgreSQL team setup, the deployment worker, the end-to-end pipelines) were handed out last of 147,
+# where a file of two or three minutes started late keeps one worker going after the others are done.
+# These files start first, roughly slowest first (the seconds: fresh-clone CI before their retrainings
+# were shortened; the others are ordered by the work they do); a worker busy with one of them is given
+# ordinary files meanwhile, never a second slow file queued behind the first. A file missing here only
+# starts later than it could: keep the list to files of a minute or more.
+SLOW_FILES = [
+    "tests/flows/test_team_postgres.py",         # ~165 s: PostgreSQL, its own Prefect server, a retraining
+    "tests/flows/test_cli_output.py",            # ~133 s for its retraining, plus four CLI runs
+    "tests/flows/test_retrain.py",               # a retraining line: train, skip, skip, train
+    "tests/flows/test_deployment_worker.py",     # ~100-124 s: `prefect deploy`, a process worker, two runs
+    "tests/flows/test_retrain_killed.py",        # a 60-step retraining killed, then resumed
+    "tests/flows/test_promotion_approval.py",    # three retrainings paused for approval
+    "tests/flows/test_kill_points.py",           # a killed retraining, resumed, skipped
+    "tests/flows/test_study.py",                 # a grid of trainings, thread and Dask runners
+    "tests/flows/test_budget_exclusion.py",      # a retraining
+    "tests/e2e/test_e2e_pipeline.py",
+    "tests/e2e/test_e2e_secret.py",
+    "tests/e2e/test_e2e_filtered.py",
+    "tests/synthetic/test_synthesize.py",
+    "tests/privacy/test_published_leak_scan.py",
+]
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own (firstresult); absent without xdist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    slow = set(SLOW_FILES)
+
+    class SlowFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            # (xdist keeps a second file queued on each worker: a worker cannot run its last test before
+            # it knows what follows it)
+            busy = any(f in slow and not all(done.values()) for f, done in self.assigned_work.get(node, {}).items())
+            if busy:
+                pick = next((f for f in self.workqueue if f not in slow), None)
+            else:
+                pick = next((f for f in SLOW_FILES if f in self.workqueue), None)
+            if pick is not None:
+                self.workqueue.move_to_end(pick, last=False)
+            super()._assign_work_unit(node)
+
+    return SlowFilesFirst(config, log)

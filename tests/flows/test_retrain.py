@@ -1,19 +1,14 @@
 """`veil retrain` / retrain_flow against a REAL Prefect server: train → skip on unchanged data (no
-spend) → train again when new people arrive; a run killed mid-training resumes under the same plan
-and reservation; the promotion gate moves `production` only on a passed audit with the required fields."""
+spend) → train again when new people arrive; the promotion gate moves `production` only on a passed
+audit with the required fields. (A run killed mid-training: tests/flows/test_retrain_killed.py.)"""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
-import yaml
 
 from components.core.settings import load_settings
 from flows import stages
@@ -65,11 +60,55 @@ def _evaluations(home):
         led.dispose()
 
 
-def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, org, capsys):
+@pytest.fixture(scope="module")
+def line(prefect_server, tmp_path_factory):
+    """One retraining line, run once for the module: train → skip on unchanged data → skip again (the same
+    base model at another path) → train once new people arrive. test_retrain_trains_skips_then_trains_new_people
+    asserts on each step and test_promotion_gate promotes its two versions, rather than training two of its
+    own (each retraining costs a minute of CI's 2 cores). The ledger's counts are read right after each
+    step, where the test asserts them."""
+    import shutil
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from conftest import build_org
+
+    tmp = tmp_path_factory.mktemp("retrain-line")
+    home = tmp / "veil-home"
+    home.mkdir()
+    mp = pytest.MonkeyPatch()  # as the veil_home and api fixtures do, for the module's runs
+    mp.setenv("VEIL_HOME", str(home))
+    mp.delenv("VEIL_CONFIG", raising=False)
+    mp.delenv("VEIL_MLFLOW_TRACKING_URI", raising=False)
+    mp.setenv("PREFECT_API_URL", prefect_server.api_url)
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
+            org = build_org(tmp, load_settings(home).ensure())
+            policy = _policy(tmp)
+            got = {"home": home, "org": org}
+
+            def step(name, result):
+                got[name] = {"result": result, "releases": _releases(home), "evaluations": _evaluations(home)}
+
+            step("first", _retrain(policy, org, None))
+            step("again", _retrain(policy, org, None))
+            moved = tmp / "moved-base"
+            shutil.copytree(org["base"], moved)
+            step("moved", _retrain(policy, {**org, "base": moved}, None))
+            with open(org["source"], "a") as f:
+                f.writelines(l + "\n" for l in org["late"])
+            step("third", _retrain(policy, org, None))
+    finally:
+        mp.undo()
+    return got
+
+
+def test_retrain_trains_skips_then_trains_new_people(api, line, monkeypatch):
     from components.registry import load_model
 
-    policy = _policy(tmp_path)
-    first = _retrain(policy, org, capsys)
+    veil_home = line["home"]
+    monkeypatch.setenv("VEIL_HOME", str(veil_home))  # the pyfunc's own check finds the home's trusted keys
+    first = line["first"]["result"]
     assert first["action"] == "trained" and first["model_uri"] == "models:/rt/1", first
     assert first["people_trained"] > 0 and first["people_retired"] == 0
     assert isinstance(first["promoted"], bool) and first["reason"]
@@ -79,7 +118,7 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
     assert loaded.certificate["run"]["device"] == "cpu" and loaded.certificate["run"]["precision"] == "float32"
     if not first["promoted"]:  # an inconclusive/failed audit never moves production
         assert "only a passed audit is promoted" in first["reason"] and "no version is production" in first["reason"]
-    assert _releases(veil_home) == 1
+    assert line["first"]["releases"] == 1
     # evaluated as `veil run` evaluates: the version's run holds the DP release (charged to the evaluation
     # people as a release of its own), the exact figures come back to the operator only
     ev = first["evaluation"]
@@ -93,29 +132,24 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
     assert run.data.metrics["eval_perplexity"] != pytest.approx(ev["perplexity"], rel=1e-6)
     assert "evaluation.caveat" in run.data.tags
     assert not [k for k in run.data.metrics if "people" in k or "records" in k]
-    assert _evaluations(veil_home) == 1
+    assert line["first"]["evaluations"] == 1
 
-    again = _retrain(policy, org, capsys)
+    again = line["again"]["result"]
     assert again == {"action": "skipped", "model_uri": "models:/rt/1", "promoted": False, "people_trained": 0,
                      "people_retired": 0, "approval": None, "reason": again["reason"]}
     assert "did not change" in again["reason"] and "no budget spent" in again["reason"]
-    assert _releases(veil_home) == 1  # no spend
+    assert line["again"]["releases"] == 1  # no spend
     # the same base model at another path is the same base (compared by content): still skipped
-    import shutil
+    assert line["moved"]["result"]["action"] == "skipped"
+    assert line["moved"]["releases"] == 1
 
-    moved = tmp_path / "moved-base"
-    shutil.copytree(org["base"], moved)
-    assert _retrain(policy, {**org, "base": moved}, capsys)["action"] == "skipped"
-    assert _releases(veil_home) == 1
-
-    with open(org["source"], "a") as f:
-        f.writelines(l + "\n" for l in org["late"])
-    third = _retrain(policy, org, capsys)
+    # (new people's text was appended to the source before this run)
+    third = line["third"]["result"]
     assert third["action"] == "trained" and third["model_uri"] == "models:/rt/2", third
     assert third["people_trained"] > first["people_trained"]
-    assert _releases(veil_home) == 2
+    assert line["third"]["releases"] == 2
     assert third["evaluation"]["published"]["ledger_release_id"] != pub["ledger_release_id"]
-    assert _evaluations(veil_home) == 2          # the skips evaluated nothing
+    assert line["third"]["evaluations"] == 2          # the skips evaluated nothing
 
     # the flow ran on the server: its runs are recorded there, completed
     runs = api.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["veil-retrain"]}}})
@@ -123,7 +157,7 @@ def test_retrain_trains_skips_then_trains_new_people(api, veil_home, tmp_path, o
     assert len(runs) == 4 and {r["state"]["type"] for r in runs} == {"COMPLETED"}  # train, skip, skip (moved base), train
 
 
-def test_promotion_gate(api, veil_home, tmp_path, org, capsys):
+def test_promotion_gate(api, line, monkeypatch):
     from components.registry.mlflow_registry import _client
     from flows.retrain import promote_task, promotion_gate
 
@@ -138,18 +172,17 @@ def test_promotion_gate(api, veil_home, tmp_path, org, capsys):
     ok, why = promotion_gate({**cert, "run": {}}, {"verdict": "passed"}, req)
     assert not ok and "run.device" in why
 
-    first = _retrain(_policy(tmp_path), org, capsys, name="gate")
-    uri, home = first["model_uri"], str(veil_home)
-    client = _client(load_settings(veil_home))
+    # the line's two trained versions (its retrainings' own audits did not pass: nothing promoted them)
+    first, second = line["first"]["result"], line["third"]["result"]
+    uri, home = first["model_uri"], str(line["home"])
+    monkeypatch.setenv("VEIL_HOME", home)
+    client = _client(load_settings(home))
     got = promote_task.fn(home, uri, cert, {"verdict": "passed"}, req, "production")
-    assert got["promoted"] and str(client.get_model_version_by_alias("gate", "production").version) == "1"
+    assert got["promoted"] and str(client.get_model_version_by_alias("rt", "production").version) == "1"
     # a later release that fails its audit does not move it
-    with open(org["source"], "a") as f:
-        f.writelines(l + "\n" for l in org["late"])
-    second = _retrain(_policy(tmp_path), org, capsys, name="gate")
     got = promote_task.fn(home, second["model_uri"], cert, {"verdict": "failed"}, req, "production")
-    assert not got["promoted"] and "production stays on models:/gate/1" in got["reason"]
-    assert str(client.get_model_version_by_alias("gate", "production").version) == "1"
+    assert not got["promoted"] and "production stays on models:/rt/1" in got["reason"]
+    assert str(client.get_model_version_by_alias("rt", "production").version) == "1"
 
 
 def test_plan_identity_is_stable(veil_home, tmp_path, org, settings):
@@ -161,46 +194,3 @@ def test_plan_identity_is_stable(veil_home, tmp_path, org, settings):
     assert ing2["snapshot_id"] == ing["snapshot_id"]
     b = stages.plan(settings, policy, snapshot_id=ing2["snapshot_id"], base_dir=org["base"])
     assert a["plan"]["sha256"] == b["plan"]["sha256"] and a["plan_path"] == b["plan_path"]
-
-
-def test_killed_retrain_resumes_from_checkpoint(api, veil_home, tmp_path, org, capsys):
-    """SIGKILL `veil retrain` mid-training; run it again: same plan, same reservation, one release,
-    the run continues from its checkpoint and completes its planned steps once."""
-    policy = _policy(tmp_path, steps=60)
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "PREFECT_API_URL": api.api_url, "VEIL_HOME": str(veil_home)}
-    cmd = [sys.executable, "-c", "from flows.cli import main; main()", "retrain", "--policy", str(policy),
-           "--source", str(org["source"]), *MAPPING, "--base-model", str(org["base"]), "--name", "kill", "--json"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    runs = veil_home / "runs"
-    try:
-        deadline, progress = time.monotonic() + 240, None
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = list(runs.glob("*/progress.json")) if runs.is_dir() else []
-            if found:
-                try:
-                    done = json.loads(found[0].read_text()).get("steps_attempted", 0)
-                except (json.JSONDecodeError, OSError):
-                    done = 0
-                if done >= 2 and list(runs.glob("*/checkpoint.pt")):
-                    progress = found[0]
-                    break
-            time.sleep(0.2)
-        assert progress is not None, "training never reached a checkpoint"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    killed_at = json.loads(progress.read_text())["steps_attempted"]
-    assert 0 < killed_at < 60
-    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
-    assert len(run_dirs) == 1 and not (run_dirs[0] / "train_result.json").exists()
-
-    result = _retrain(policy, org, capsys, name="kill")
-    assert result["action"] == "trained" and result["model_uri"] == "models:/kill/1", result
-    assert [p for p in runs.iterdir() if p.is_dir()] == run_dirs  # same plan, same run folder
-    res = json.loads((run_dirs[0] / "train_result.json").read_text())
-    assert res["steps_run"] == 60
-    assert _releases(veil_home) == 1  # one reservation, charged once
