@@ -89,6 +89,8 @@ SLOW_FILES = [
     "tests/e2e/test_e2e_filtered.py",
     "tests/synthetic/test_synthesize.py",
     "tests/privacy/test_published_leak_scan.py",
+    "tests/prediction/test_prediction_server.py",    # builds a PMixED ensemble, serves it over HTTP
+    "tests/prediction/test_prediction_synthesize.py",  # builds an ensemble, synthesizes through its budget
 ]
 
 
