@@ -244,6 +244,7 @@ def main() -> None:
     ap.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=SECTIONS)
     ap.add_argument("--releases", type=int, default=10, help="releases in the ledger-report fixture")
     ap.add_argument("--baseline", type=Path, help="another checkout: each section also runs with its code")
+    ap.add_argument("--baseline-only", action="store_true", help="run only the --baseline tree's code")
     ap.add_argument("--fixtures", type=Path, default=Path(tempfile.gettempdir()) / "veil-scale-fixtures",
                     help="where the ledger-report fixtures are cached (about 3 GB at 1M × 10)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per section run")
@@ -261,6 +262,10 @@ def main() -> None:
     if a.releases < 1:
         sys.exit("scale: --releases must be ≥ 1")
     trees = [("this", TREE)] + ([("baseline", a.baseline.resolve())] if a.baseline else [])
+    if a.baseline_only:
+        if not a.baseline:
+            sys.exit("scale: --baseline-only needs --baseline")
+        trees = trees[1:]
     for name, t in trees:
         if not (t / "components" / "ledger").is_dir():
             sys.exit(f"scale: --baseline {t}: not a Veil checkout (no components/ledger)")

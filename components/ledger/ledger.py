@@ -84,6 +84,7 @@ class Ledger:
     def __init__(self, url: str, key: bytes, *, orders=_rdp.ORDERS):
         self.url = url
         self._key = key
+        self._keyer = None
         self.engine = st.make_engine(url)
         st.create(self.engine)
         fp = _keys.key_fingerprint(key)
@@ -153,7 +154,9 @@ class Ledger:
     # --- keys and costs -------------------------------------------------------------------------------
 
     def person_key(self, person_id: str) -> str:
-        return _keys.person_key(self._key, person_id)
+        if self._keyer is None:
+            self._keyer = _keys.person_keyer(self._key)
+        return self._keyer(person_id)
 
     def secret_key(self, secret_id: str) -> str:
         return _keys.secret_key(self._key, secret_id)
@@ -537,19 +540,26 @@ class Ledger:
         self._people_cache = got
         return got
 
-    def person_rows(self) -> list[dict]:
-        """Per person: pseudonym, RDP spend as ε(δ), releases charged, times retired. PRIVATE — write it
-        only under the private area."""
+    def person_table(self) -> tuple[list[str], np.ndarray | None, np.ndarray, np.ndarray]:
+        """`person_rows` as columns (pseudonyms; ε(δ) or None without a budget; releases charged; times
+        retired), without a Python object per person. PRIVATE."""
         with st.read_only(self.engine) as conn:
             m = st.read_meta(conn)
         ps = self._people()
         b = _budget_of(m)
         delta = b.delta if b else None
-        eps = (_rdp.epsilon_of_spend(ps.spend, delta, self.orders, self.conversion, self._read_weights(m))
-               if (delta and len(ps.keys))
-               else [None] * len(ps.keys))
-        return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
-                 "times_retired": int(t)} for k, e, c, t in zip(ps.keys, eps, ps.charges, ps.retired)]
+        eps = (np.asarray(_rdp.epsilon_of_spend(ps.spend, delta, self.orders, self.conversion, self._read_weights(m)),
+                          dtype=float).reshape(-1)
+               if (delta and len(ps.keys)) else None)
+        return ps.keys, eps, ps.charges, ps.retired
+
+    def person_rows(self) -> list[dict]:
+        """Per person: pseudonym, RDP spend as ε(δ), releases charged, times retired. PRIVATE — write it
+        only under the private area."""
+        keys, eps, charges, retired = self.person_table()
+        el = [None] * len(keys) if eps is None else eps.tolist()
+        return [{"person_key": k, "epsilon": e, "releases_charged": c, "times_retired": t}
+                for k, e, c, t in zip(keys, el, charges.tolist(), retired.tolist())]
 
     def secret_spend(self, secret_ids: list[str]) -> dict[str, float]:
         """Lifetime KL per secret id (0 for a secret never charged). Private: the ids carry values."""
@@ -657,14 +667,14 @@ class Ledger:
             out = []
             for r in rel:
                 replace = relation_of(r.mechanism) == "replace"
-                ch = conn.execute(select(st.charges.c.person_key, st.charges.c.rdp)
-                                  .where(st.charges.c.release_id == r.id)).all()
-                if ch:
-                    tj, ri = ps.targets([c.person_key for c in ch])
-                    mat = st.decode_curves([c.rdp for c in ch], n)
-                    np.add.at(rep if replace else ar, tj, mat[ri])
+                ck, mat = st.charge_rows(conn, r.id, n)
+                if ck:
+                    tj, ri = ps.targets(ck)
+                    del ck
+                    np.add.at(rep if replace else ar, tj, mat if ps.owner is None else mat[ri])
                     if replace:
                         has_rep[tj] = True
+                del mat
                 spend = ar.copy()
                 if has_rep.any():
                     spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
@@ -770,8 +780,8 @@ class _People:
         one per person the row's key counts for."""
         tj, ri = [], []
         if self.owner is None:
-            idx = self.idx
-            return np.array([idx[k] for k in row_keys], dtype=np.int64), np.arange(len(row_keys))
+            return (np.fromiter(map(self.idx.__getitem__, row_keys), dtype=np.int64, count=len(row_keys)),
+                    np.arange(len(row_keys)))
         for i, k in enumerate(row_keys):
             for o in self.owner.get(k, ()):
                 tj.append(self.idx[o])
@@ -781,20 +791,26 @@ class _People:
     @classmethod
     def read(cls, conn: Connection, orders, seq: int) -> "_People":
         n = len(orders)
-        rows = conn.execute(select(st.people.c.person_key, st.people.c.first_release_id)
-                            .order_by(st.people.c.person_key)).all()
+        keys, firsts = [], []
+        for k, f in st.columns(conn, select(st.people.c.person_key, st.people.c.first_release_id)
+                               .order_by(st.people.c.person_key), 2):
+            keys += k
+            firsts += f
         links = st.read_links(conn)
-        first = {r.person_key: int(r.first_release_id) for r in rows}
         if links:
-            keys, owner, first = _fold_links([r.person_key for r in rows], first, links)
+            keys, owner, first = _fold_links(keys, dict(zip(keys, firsts)), links)
+            firsts = [first[k] for k in keys]
         else:
-            keys, owner = [r.person_key for r in rows], None
+            owner = None
         idx = {k: j for j, k in enumerate(keys)}
         out = cls(seq, keys, np.zeros((len(keys), n)), np.zeros(len(keys), dtype=np.int64),
-                  np.zeros(len(keys), dtype=np.int64), np.array([first[k] for k in keys], dtype=np.int64), idx, owner)
+                  np.zeros(len(keys), dtype=np.int64), np.array(firsts, dtype=np.int64), idx, owner)
+        del firsts
         ks, ms, mat, cnt = st.spend_rows(conn, None, n)
         tj, ri = out.targets(ks)
-        rep_row = np.array([relation_of(mm) == "replace" for mm in ms], dtype=bool) if ms else np.zeros(0, bool)
+        del ks
+        rel = {mm: relation_of(mm) == "replace" for mm in set(ms)}
+        rep_row = np.fromiter((rel[mm] for mm in ms), dtype=bool, count=len(ms))
         ar, rep = np.zeros_like(out.spend), np.zeros_like(out.spend)
         has_rep = np.zeros(len(keys), dtype=bool)
         sel = rep_row[ri]
@@ -1178,8 +1194,8 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
         any_charge = conn.execute(select(st.charges.c.person_key).limit(1)).first() is not None
     if b is None or not any_charge:
         return None
-    rows = ledger.person_rows()
-    top = max(rows, key=lambda r: (r["epsilon"] or 0.0))["person_key"]
+    keys, eps, _, _ = ledger.person_table()
+    top = keys[int(np.argmax(eps))]          # the first most-charged person, as max() over the rows was
     with st.read_only(ledger.engine) as conn:
         params = {r.id: json.loads(r.params) for r in conn.execute(select(st.releases.c.id, st.releases.c.params))}
         group = sorted(st.linked_closure(conn, [top])[top])
