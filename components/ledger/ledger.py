@@ -650,7 +650,11 @@ class Ledger:
 
     def burn_down(self) -> list[dict]:
         """After each release: max, median and min ε(δ) over the people known so far. Aggregates only.
-        Reads the charges release by release (their index), never all at once."""
+        Reads the charges release by release (their index), never all at once. A release whose charges
+        are all one curve (`store.one_curve_release`) and that charged exactly the people known by then
+        less those it retired (their counts say so: each charged or retired person has a people row from
+        that release or before, and no one is both) is added to them as that curve, without reading a row
+        per person; any other release (several curves, linked pseudonyms) is read row by row."""
         with st.read_only(self.engine) as conn:
             m = st.read_meta(conn)
             b = _budget_of(m)
@@ -659,7 +663,7 @@ class Ledger:
                 return []
             ps = self._people()
             n = len(self.orders)
-            ar, rep = np.zeros((len(ps.keys), n)), np.zeros((len(ps.keys), n))
+            ar, rep = np.zeros((len(ps.keys), n)), None
             has_rep = np.zeros(len(ps.keys), dtype=bool)
             retired_by = dict(conn.execute(select(st.exclusions.c.release_id, func.count())
                                            .group_by(st.exclusions.c.release_id)).all())
@@ -667,20 +671,40 @@ class Ledger:
             out = []
             for r in rel:
                 replace = relation_of(r.mechanism) == "replace"
-                ck, mat = st.charge_rows(conn, r.id, n)
-                if ck:
-                    tj, ri = ps.targets(ck)
-                    del ck
-                    np.add.at(rep if replace else ar, tj, mat if ps.owner is None else mat[ri])
-                    if replace:
-                        has_rep[tj] = True
-                del mat
-                spend = ar.copy()
-                if has_rep.any():
-                    spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
+                if replace and rep is None:
+                    rep = np.zeros_like(ar)
+                into = rep if replace else ar
                 known = ps.first <= r.id
-                e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion, weights)
+                one = st.one_curve_release(conn, r.id, n) if ps.owner is None else None
+                if one is not None:
+                    ret = st.retired_keys(conn, r.id) if retired_by.get(r.id) else []
+                    if one[0] + len(ret) != int(known.sum()) or any(k not in ps.idx for k in ret):
+                        one = None
+                if one is not None:
+                    charged = known.copy()
+                    charged[[ps.idx[k] for k in ret]] = False
+                    if one[0]:
+                        into[charged] += one[1]
+                        if replace:
+                            has_rep[charged] = True
+                else:
+                    ck, mat = st.charge_rows(conn, r.id, n)
+                    if ck:
+                        tj, ri = ps.targets(ck)
+                        del ck
+                        np.add.at(into, tj, mat if ps.owner is None else mat[ri])
+                        if replace:
+                            has_rep[tj] = True
+                    del mat
+                if has_rep.any():
+                    spend = ar.copy()
+                    spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
+                    spend = spend[known]
+                else:
+                    spend = ar if known.all() else ar[known]
+                e = (_rdp.epsilon_of_spend(spend, b.delta, self.orders, self.conversion, weights)
                      if known.any() else np.zeros(0))
+                del spend
                 out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
                             "retired": int(retired_by.get(r.id, 0)),
                             "max_epsilon": float(np.max(e)) if len(e) else 0.0,

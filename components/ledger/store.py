@@ -31,7 +31,7 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 from sqlalchemy import (Column, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Table, Text,
-                        create_engine, event, select, text)
+                        create_engine, event, func, select, text)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -508,6 +508,28 @@ def shared_curves(blobs: list, n_orders: int) -> np.ndarray:
     ids = {b: i for i, b in enumerate(dict.fromkeys(blobs))}
     gid = np.fromiter(map(ids.__getitem__, blobs), dtype=np.int64, count=len(blobs))
     return decode_curves(list(ids), n_orders)[gid]
+
+
+def one_curve_release(conn: Connection, release_id: int, n_orders: int) -> tuple[int, np.ndarray] | None:
+    """(its number of charges, the curve) when every charge of the release is the same curve — a
+    user-sampled release prices everyone alike — read without a row per person; None otherwise."""
+    where = charges.c.release_id == int(release_id)
+    if conn.dialect.name == "sqlite":       # blobs compare bytewise: min = max iff one curve
+        cnt, lo, hi = conn.execute(select(func.count(), func.min(charges.c.rdp), func.max(charges.c.rdp))
+                                   .where(where)).one()
+        if cnt and lo != hi:
+            return None
+    else:
+        cnt, distinct = conn.execute(select(func.count(), func.count(charges.c.rdp.distinct())).where(where)).one()
+        if distinct > 1:
+            return None
+        lo = conn.execute(select(charges.c.rdp).where(where).limit(1)).scalar() if cnt else None
+    return int(cnt), (np.zeros(n_orders) if not cnt else decode_curves([bytes(lo)], n_orders)[0])
+
+
+def retired_keys(conn: Connection, release_id: int) -> list[str]:
+    return list(conn.execute(select(exclusions.c.person_key).where(exclusions.c.release_id == int(release_id)))
+                .scalars())
 
 
 def charge_rows(conn: Connection, release_id: int, n_orders: int) -> tuple[list[str], np.ndarray]:
