@@ -95,21 +95,23 @@ def _costs(led, n: int):
     return costs, time.perf_counter() - t
 
 
-def _charger(home: str, ready, stop, out) -> None:
+def _charger(home: str, ready, go, stop, out) -> None:
+    """One-token charges 10 ms apart: first while nothing else of ours runs (`idle`: what the machine's
+    load and disk give anyway), then, from `go`, during the reservation."""
     from components.prediction.budget import TokenBudget
 
     tb = TokenBudget.open(_settings(Path(home)))
     tb.create("bench", 10 ** 9, "refuse")
     for _ in range(5):          # warm: the first charges open the file and the pool
         tb.charge("bench", 1)
-    lat = []
+    idle, lat = [], []
     ready.set()
     while not stop.is_set():
         t0 = time.perf_counter()
         tb.charge("bench", 1)
-        lat.append(time.perf_counter() - t0)
+        (lat if go.is_set() else idle).append(time.perf_counter() - t0)
         time.sleep(0.01)
-    out.put(lat)
+    out.put((idle, lat))
 
 
 def section_ledger_reserve(n: int, work: Path, **_) -> dict:
@@ -131,24 +133,26 @@ def section_token_during_reserve(n: int, work: Path, **_) -> dict:
     costs, _ = _costs(led, n)
     first_s = _reserve(led, costs)
     ctx = mp.get_context("spawn")
-    ready, stop, q = ctx.Event(), ctx.Event(), ctx.Queue()
-    p = ctx.Process(target=_charger, args=(str(s.home), ready, stop, q))
+    ready, go, stop, q = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
+    p = ctx.Process(target=_charger, args=(str(s.home), ready, go, stop, q))
     p.start()
     if not ready.wait(300):
         raise SystemExit("scale: the token charger did not start")
-    time.sleep(0.3)
+    time.sleep(10.0)            # the idle control: charges with no reservation running
+    go.set()
     cpu0 = _cpu_s()
     took = _reserve(led, costs)
     cpu = _cpu_s() - cpu0
     stop.set()
-    lat = sorted(q.get(timeout=600))
+    idle, lat = (sorted(x) for x in q.get(timeout=600))
     p.join(60)
     led.dispose()
 
-    def pct(f: float) -> float | None:
-        return None if not lat else 1000 * lat[min(len(lat) - 1, int(f * len(lat)))]
+    def pct(xs: list, f: float) -> float | None:
+        return None if not xs else 1000 * xs[min(len(xs) - 1, int(f * len(xs)))]
     return {"time_s": took, "cpu_s": cpu, "first_reserve_s": first_s, "token_charges": len(lat),
-            "token_p50_ms": pct(0.5), "token_p99_ms": pct(0.99), "token_max_ms": None if not lat else 1000 * lat[-1]}
+            "token_p50_ms": pct(lat, 0.5), "token_p99_ms": pct(lat, 0.99), "token_max_ms": pct(lat, 1.0),
+            "idle_charges": len(idle), "idle_p50_ms": pct(idle, 0.5), "idle_p99_ms": pct(idle, 0.99)}
 
 
 def build_fixture(n: int, releases: int, where: Path) -> dict:
@@ -309,7 +313,8 @@ def _line(r: dict) -> str:
     elif r["section"] == "token-during-reserve":
         detail = "token p50/p99/max " + "/".join("-" if r.get(k) is None else f"{r[k]:.0f}"
                                                 for k in ("token_p50_ms", "token_p99_ms", "token_max_ms")) + \
-                 f" ms ({r['token_charges']} charges)"
+                 f" ms ({r['token_charges']} charges)" + \
+                 ("" if r.get("idle_p99_ms") is None else f"; idle p50/p99 {r['idle_p50_ms']:.0f}/{r['idle_p99_ms']:.0f} ms")
     elif r["section"] == "ledger-report":
         detail = f"{r['releases']} releases"
     else:

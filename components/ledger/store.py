@@ -464,16 +464,21 @@ def spend_rows(conn: Connection, keys, n_orders: int, *, since: int | None = Non
         stmts = [select(*cols).where(spend.c.person_key.in_(wl[i:i + _READ_CHUNK]))
                  for i in range(0, len(wl), _READ_CHUNK)]
         want = None     # the statements select exactly these
-    ks, ms, blobs, cnt = [], [], [], []
+    ks, ms, gid, cnt = [], [], [], []
+    curves: dict[bytes, int] = {}
+    mechs: dict[str, str] = {}
     for stmt in stmts:
         for k, m, b, c in columns(conn, stmt, 4, keep=want):
             ks += k
-            ms += m
-            blobs += b
+            ms += [mechs.setdefault(x, x) for x in m]         # one str per mechanism, not per row
+            b = [x if isinstance(x, bytes) else bytes(x) for x in b]
+            for x in dict.fromkeys(b):                        # each distinct curve kept once
+                curves.setdefault(x, len(curves))
+            gid += map(curves.__getitem__, b)
             cnt += c
     if not ks:
         return [], [], np.zeros((0, n_orders)), np.zeros(0, dtype=np.int64)
-    return ks, ms, shared_curves(blobs, n_orders), np.array(cnt, dtype=np.int64)
+    return ks, ms, decode_curves(list(curves), n_orders)[np.array(gid, dtype=np.int64)], np.array(cnt, dtype=np.int64)
 
 
 FETCH = 50_000   # rows per driver fetch of the streamed reads
