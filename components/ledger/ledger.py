@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,7 @@ class Ledger:
     def __init__(self, url: str, key: bytes, *, orders=_rdp.ORDERS):
         self.url = url
         self._key = key
+        self._keyer = None
         self.engine = st.make_engine(url)
         st.create(self.engine)
         fp = _keys.key_fingerprint(key)
@@ -152,7 +154,9 @@ class Ledger:
     # --- keys and costs -------------------------------------------------------------------------------
 
     def person_key(self, person_id: str) -> str:
-        return _keys.person_key(self._key, person_id)
+        if self._keyer is None:
+            self._keyer = _keys.person_keyer(self._key)
+        return self._keyer(person_id)
 
     def secret_key(self, secret_id: str) -> str:
         return _keys.secret_key(self._key, secret_id)
@@ -242,7 +246,7 @@ class Ledger:
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
         _one_key_each(ids, pkeys, "this release")
-        cost_mat = self._cost_matrix(costs, ids, "a cost curve")
+        cost_mat, curves = self._cost_matrix(costs, ids, "a cost curve")
         asked = Budget.parse(budget)
         sec = _check_secrets(secrets or ())
         skeys = [self.secret_key(c.secret_id) for c in sec]
@@ -251,9 +255,9 @@ class Ledger:
         new_replace = relation_of(mechanism) == "replace"
         # Priced outside the write lock (issue 27): the people's spend, their cost under it and the rows the
         # reservation will write; inside, only what changed since is re-read and re-priced (`_Pricing`).
-        pr = self._snapshot(pkeys, cost_mat, mechanism, new_replace)
-        rows_of = np.array([int(costs[i].rows) for i in ids], dtype=np.int64)
-        rate_of = np.array([float(costs[i].sampling_rate) for i in ids], dtype=float)
+        pr = self._snapshot(pkeys, cost_mat, mechanism, new_replace, curves)
+        del cost_mat, curves
+        rows_of, rate_of = _rows_and_rates(costs, ids)
         params_json = json.dumps(dict(params), sort_keys=True, default=float)
 
         def work(conn: Connection) -> tuple[int, np.ndarray, Budget | None, np.ndarray]:
@@ -298,22 +302,37 @@ class Ledger:
                            secrets_charged=tuple(c.secret_id for c, a in zip(sec, sok) if a),
                            secrets_dropped=tuple(c.secret_id for c, a in zip(sec, sok) if not a))
 
-    def _cost_matrix(self, costs: Mapping[str, PersonCost], ids: list[str], what: str) -> np.ndarray:
-        """The (people × orders) cost matrix, checked whole: one non-negative curve per person on the grid."""
+    def _cost_matrix(self, costs: Mapping[str, PersonCost], ids: list[str], what: str
+                     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """The (people × orders) cost matrix, checked whole: one non-negative curve per person on the grid;
+        and (distinct curves, each person's row in them). Pricing gives people with the same rates the
+        same curve object (renyi.costs), so the curves are read once per distinct object, not per person."""
         n = len(self.orders)
         if not ids:
-            return np.zeros((0, n))
-        try:
-            mat = np.array([np.asarray(costs[i].rdp, dtype=float) for i in ids], dtype=float).reshape(len(ids), -1)
-        except ValueError:
-            mat = None
-        if mat is None or mat.shape != (len(ids), n) or np.any(np.isnan(mat)) or np.any(mat < 0):
-            raise VeilError(f"ledger: {what} is not a non-negative curve on the ledger's orders")
-        return mat
+            return np.zeros((0, n)), (np.zeros((0, n)), np.zeros(0, dtype=np.int64))
+        seen: dict[int, int] = {}
+        objs: list = []
 
-    def _snapshot(self, pkeys: list[str], cost_mat: np.ndarray, mechanism: str, new_replace: bool) -> "_Pricing":
+        def slot(c) -> int:
+            r = c.rdp
+            u = seen.get(id(r))
+            if u is None:
+                u = seen[id(r)] = len(objs)
+                objs.append(r)      # held here: its id stays its own while `seen` is in use
+            return u
+        inv = np.fromiter((slot(costs[i]) for i in ids), dtype=np.int64, count=len(ids))
+        try:
+            uniq = np.array([np.asarray(r, dtype=float) for r in objs], dtype=float).reshape(len(objs), -1)
+        except ValueError:
+            uniq = None
+        if uniq is None or uniq.shape != (len(objs), n) or np.any(np.isnan(uniq)) or np.any(uniq < 0):
+            raise VeilError(f"ledger: {what} is not a non-negative curve on the ledger's orders")
+        return uniq[inv], (uniq, inv)
+
+    def _snapshot(self, pkeys: list[str], cost_mat: np.ndarray, mechanism: str, new_replace: bool,
+                  curves: tuple[np.ndarray, np.ndarray] | None = None) -> "_Pricing":
         with st.read_only(self.engine) as conn:
-            return _Pricing(self.orders, pkeys, cost_mat, mechanism, new_replace, conn)
+            return _Pricing(self.orders, pkeys, cost_mat, mechanism, new_replace, conn, curves)
 
     def forecast(self, *, mechanism: str, costs: Mapping[str, PersonCost], budget: Budget | None = None) -> dict | None:
         """What the filter would do with releases costing `costs` (a plan's people), read now: per person
@@ -359,12 +378,12 @@ class Ledger:
         ids = list(costs)
         pkeys = [self.person_key(i) for i in ids]
         _one_key_each(ids, pkeys, "this population estimate")
-        cost_mat = self._cost_matrix(costs, ids, "a population cost curve")
+        cost_mat, curves = self._cost_matrix(costs, ids, "a population cost curve")
         asked = Budget.parse(budget)
         key = f"population:{release_key}"[:64]
-        pr = self._snapshot(pkeys, cost_mat, mechanism, False)
-        rows_of = np.array([int(costs[i].rows) for i in ids], dtype=np.int64)
-        rate_of = np.array([float(costs[i].sampling_rate) for i in ids], dtype=float)
+        pr = self._snapshot(pkeys, cost_mat, mechanism, False, curves)
+        del cost_mat, curves
+        rows_of, rate_of = _rows_and_rates(costs, ids)
 
         def work(conn: Connection) -> tuple[int | None, bool, np.ndarray]:
             old = conn.execute(select(st.releases.c.id).where(st.releases.c.kind == "population",
@@ -521,19 +540,26 @@ class Ledger:
         self._people_cache = got
         return got
 
-    def person_rows(self) -> list[dict]:
-        """Per person: pseudonym, RDP spend as ε(δ), releases charged, times retired. PRIVATE — write it
-        only under the private area."""
+    def person_table(self) -> tuple[list[str], np.ndarray | None, np.ndarray, np.ndarray]:
+        """`person_rows` as columns (pseudonyms; ε(δ) or None without a budget; releases charged; times
+        retired), without a Python object per person. PRIVATE."""
         with st.read_only(self.engine) as conn:
             m = st.read_meta(conn)
         ps = self._people()
         b = _budget_of(m)
         delta = b.delta if b else None
-        eps = (_rdp.epsilon_of_spend(ps.spend, delta, self.orders, self.conversion, self._read_weights(m))
-               if (delta and len(ps.keys))
-               else [None] * len(ps.keys))
-        return [{"person_key": k, "epsilon": None if e is None else float(e), "releases_charged": int(c),
-                 "times_retired": int(t)} for k, e, c, t in zip(ps.keys, eps, ps.charges, ps.retired)]
+        eps = (np.asarray(_rdp.epsilon_of_spend(ps.spend, delta, self.orders, self.conversion, self._read_weights(m)),
+                          dtype=float).reshape(-1)
+               if (delta and len(ps.keys)) else None)
+        return ps.keys, eps, ps.charges, ps.retired
+
+    def person_rows(self) -> list[dict]:
+        """Per person: pseudonym, RDP spend as ε(δ), releases charged, times retired. PRIVATE — write it
+        only under the private area."""
+        keys, eps, charges, retired = self.person_table()
+        el = [None] * len(keys) if eps is None else eps.tolist()
+        return [{"person_key": k, "epsilon": e, "releases_charged": c, "times_retired": t}
+                for k, e, c, t in zip(keys, el, charges.tolist(), retired.tolist())]
 
     def secret_spend(self, secret_ids: list[str]) -> dict[str, float]:
         """Lifetime KL per secret id (0 for a secret never charged). Private: the ids carry values."""
@@ -624,7 +650,11 @@ class Ledger:
 
     def burn_down(self) -> list[dict]:
         """After each release: max, median and min ε(δ) over the people known so far. Aggregates only.
-        Reads the charges release by release (their index), never all at once."""
+        Reads the charges release by release (their index), never all at once. A release whose charges
+        are all one curve (`store.one_curve_release`) and that charged exactly the people known by then
+        less those it retired (their counts say so: each charged or retired person has a people row from
+        that release or before, and no one is both) is added to them as that curve, without reading a row
+        per person; any other release (several curves, linked pseudonyms) is read row by row."""
         with st.read_only(self.engine) as conn:
             m = st.read_meta(conn)
             b = _budget_of(m)
@@ -633,7 +663,7 @@ class Ledger:
                 return []
             ps = self._people()
             n = len(self.orders)
-            ar, rep = np.zeros((len(ps.keys), n)), np.zeros((len(ps.keys), n))
+            ar, rep = np.zeros((len(ps.keys), n)), None
             has_rep = np.zeros(len(ps.keys), dtype=bool)
             retired_by = dict(conn.execute(select(st.exclusions.c.release_id, func.count())
                                            .group_by(st.exclusions.c.release_id)).all())
@@ -641,20 +671,40 @@ class Ledger:
             out = []
             for r in rel:
                 replace = relation_of(r.mechanism) == "replace"
-                ch = conn.execute(select(st.charges.c.person_key, st.charges.c.rdp)
-                                  .where(st.charges.c.release_id == r.id)).all()
-                if ch:
-                    tj, ri = ps.targets([c.person_key for c in ch])
-                    mat = st.decode_curves([c.rdp for c in ch], n)
-                    np.add.at(rep if replace else ar, tj, mat[ri])
-                    if replace:
-                        has_rep[tj] = True
-                spend = ar.copy()
-                if has_rep.any():
-                    spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
+                if replace and rep is None:
+                    rep = np.zeros_like(ar)
+                into = rep if replace else ar
                 known = ps.first <= r.id
-                e = (_rdp.epsilon_of_spend(spend[known], b.delta, self.orders, self.conversion, weights)
+                one = st.one_curve_release(conn, r.id, n) if ps.owner is None else None
+                if one is not None:
+                    ret = st.retired_keys(conn, r.id) if retired_by.get(r.id) else []
+                    if one[0] + len(ret) != int(known.sum()) or any(k not in ps.idx for k in ret):
+                        one = None
+                if one is not None:
+                    charged = known.copy()
+                    charged[[ps.idx[k] for k in ret]] = False
+                    if one[0]:
+                        into[charged] += one[1]
+                        if replace:
+                            has_rep[charged] = True
+                else:
+                    ck, mat = st.charge_rows(conn, r.id, n)
+                    if ck:
+                        tj, ri = ps.targets(ck)
+                        del ck
+                        np.add.at(into, tj, mat if ps.owner is None else mat[ri])
+                        if replace:
+                            has_rep[tj] = True
+                    del mat
+                if has_rep.any():
+                    spend = ar.copy()
+                    spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
+                    spend = spend[known]
+                else:
+                    spend = ar if known.all() else ar[known]
+                e = (_rdp.epsilon_of_spend(spend, b.delta, self.orders, self.conversion, weights)
                      if known.any() else np.zeros(0))
+                del spend
                 out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
                             "retired": int(retired_by.get(r.id, 0)),
                             "max_epsilon": float(np.max(e)) if len(e) else 0.0,
@@ -754,8 +804,8 @@ class _People:
         one per person the row's key counts for."""
         tj, ri = [], []
         if self.owner is None:
-            idx = self.idx
-            return np.array([idx[k] for k in row_keys], dtype=np.int64), np.arange(len(row_keys))
+            return (np.fromiter(map(self.idx.__getitem__, row_keys), dtype=np.int64, count=len(row_keys)),
+                    np.arange(len(row_keys)))
         for i, k in enumerate(row_keys):
             for o in self.owner.get(k, ()):
                 tj.append(self.idx[o])
@@ -765,20 +815,26 @@ class _People:
     @classmethod
     def read(cls, conn: Connection, orders, seq: int) -> "_People":
         n = len(orders)
-        rows = conn.execute(select(st.people.c.person_key, st.people.c.first_release_id)
-                            .order_by(st.people.c.person_key)).all()
+        keys, firsts = [], []
+        for k, f in st.columns(conn, select(st.people.c.person_key, st.people.c.first_release_id)
+                               .order_by(st.people.c.person_key), 2):
+            keys += k
+            firsts += f
         links = st.read_links(conn)
-        first = {r.person_key: int(r.first_release_id) for r in rows}
         if links:
-            keys, owner, first = _fold_links([r.person_key for r in rows], first, links)
+            keys, owner, first = _fold_links(keys, dict(zip(keys, firsts)), links)
+            firsts = [first[k] for k in keys]
         else:
-            keys, owner = [r.person_key for r in rows], None
+            owner = None
         idx = {k: j for j, k in enumerate(keys)}
         out = cls(seq, keys, np.zeros((len(keys), n)), np.zeros(len(keys), dtype=np.int64),
-                  np.zeros(len(keys), dtype=np.int64), np.array([first[k] for k in keys], dtype=np.int64), idx, owner)
+                  np.zeros(len(keys), dtype=np.int64), np.array(firsts, dtype=np.int64), idx, owner)
+        del firsts
         ks, ms, mat, cnt = st.spend_rows(conn, None, n)
         tj, ri = out.targets(ks)
-        rep_row = np.array([relation_of(mm) == "replace" for mm in ms], dtype=bool) if ms else np.zeros(0, bool)
+        del ks
+        rel = {mm: relation_of(mm) == "replace" for mm in set(ms)}
+        rep_row = np.fromiter((rel[mm] for mm in ms), dtype=bool, count=len(ms))
         ar, rep = np.zeros_like(out.spend), np.zeros_like(out.spend)
         has_rep = np.zeros(len(keys), dtype=bool)
         sel = rep_row[ri]
@@ -813,9 +869,12 @@ class _Pricing:
     (their key has a running-spend row, so `ledger_people` holds it already)."""
 
     def __init__(self, orders, pkeys: list[str], cost: np.ndarray, mechanism: str, new_replace: bool,
-                 conn: Connection):
+                 conn: Connection, curves: tuple[np.ndarray, np.ndarray] | None = None):
         self.orders, self.pkeys, self.cost, self.mechanism = orders, pkeys, cost, mechanism
         self.new_replace = new_replace
+        # `curves`: (distinct cost curves, each person's row in them) when the caller has them (_cost_matrix):
+        # the charge rows then share one encoded curve per distinct curve instead of one bytes per person
+        self.curves = curves
         n, k = len(pkeys), len(orders)
         self.idx = {key: j for j, key in enumerate(pkeys)}
         # rows are written in key order: each B-tree keyed by pseudonym then fills page by page instead of
@@ -826,8 +885,7 @@ class _Pricing:
         self.charged = cost
         self.prev_count = np.zeros(n, dtype=np.int64)
         self.known = np.zeros(n, dtype=bool)
-        self._spend_blobs: list[bytes] = [b""] * n
-        self._charge_blobs: list[bytes] | None = None
+        self.new_spend = np.zeros((n, k))   # each person's (own key, this mechanism) running spend after it
         self._price(conn, None)
 
     def _closures(self, conn: Connection) -> None:
@@ -851,49 +909,66 @@ class _Pricing:
                 self.owners.setdefault(x, []).append(j)
 
     def _price(self, conn: Connection, sel: np.ndarray | None) -> None:
-        """(Re)compute the people `sel` (indices; None: everyone, links re-read too) from the rows now."""
+        """(Re)compute the people `sel` (indices; None: everyone, links re-read too) from the rows now.
+        Per spend row, not per person, in Python: one dict lookup; the rest is array arithmetic."""
         n, k = len(self.pkeys), len(self.orders)
-        if sel is None:
+        full = sel is None
+        if full:
             self._closures(conn)
             sel = np.arange(n)
+            wanted = (self.idx.keys() | self.owners.keys()) if self.owners else self.idx.keys()
+        else:
+            selset = set(sel.tolist())
+            wanted = {self.pkeys[j] for j in selset}
+            wanted.update(x for x, js in self.owners.items() if any(j in selset for j in js))
+        m = len(sel)
         loc = np.full(n, -1, dtype=np.int64)
-        loc[sel] = np.arange(len(sel))
-        keys = [self.pkeys[j] for j in sel]
-        selset = set(int(j) for j in sel) if len(sel) < n else None
-        wanted = set(keys)
-        for x, js in self.owners.items():
-            if selset is None or any(j in selset for j in js):
-                wanted.add(x)
-        ks, ms, mat, cnt = st.spend_rows(conn, list(wanted), k)
-        tj, ri = [], []
-        idx, owners = self.idx, self.owners
-        pm, pc, kn = np.zeros((len(sel), k)), np.zeros(len(sel), dtype=np.int64), np.zeros(len(sel), dtype=bool)
-        for i, (key, mech) in enumerate(zip(ks, ms)):
-            j = idx.get(key)
-            if j is not None and loc[j] >= 0:
-                tj.append(j)
-                ri.append(i)
-                kn[loc[j]] = True
-                if mech == self.mechanism:
-                    pm[loc[j]], pc[loc[j]] = mat[i], cnt[i]
-            for o in owners.get(key, ()):
-                if loc[o] >= 0:
-                    tj.append(o)
-                    ri.append(i)
-        tl = loc[np.array(tj, dtype=np.int64)]
-        ri = np.array(ri, dtype=np.int64)
+        loc[sel] = np.arange(m)
+        ks, ms, mat, cnt = st.spend_rows(conn, wanted, k)
+        idx = self.idx
+        own = np.fromiter((idx.get(x, -1) for x in ks), dtype=np.int64, count=len(ks))
+        hit = own >= 0
+        hit[hit] = loc[own[hit]] >= 0
+        ri = np.flatnonzero(hit)                   # rows of our people's own keys, and where they go
+        tl = loc[own[ri]]
+        kn = np.zeros(m, dtype=bool)
+        kn[tl] = True
         rel = {mm: relation_of(mm) == "replace" for mm in set(ms)}
-        rep_row = np.array([rel[mm] for mm in ms], dtype=bool)[ri] if len(ri) else np.zeros(0, bool)
-        ar, rep = np.zeros((len(sel), k)), np.zeros((len(sel), k))
-        has_rep = np.zeros(len(sel), dtype=bool)
+        row_rep = np.fromiter((rel[mm] for mm in ms), dtype=bool, count=len(ms))
+        row_mine = np.fromiter((mm == self.mechanism for mm in ms), dtype=bool, count=len(ms))
+        same = ri[row_mine[ri]]                    # (own key, this mechanism): one row per person at most
+        pc = np.zeros(m, dtype=np.int64)
+        pc[loc[own[same]]] = cnt[same]
+        new_spend = self.cost[sel]                 # a copy (fancy index); + what the row held
+        new_spend[loc[own[same]]] += mat[same]
+        if self.owners:                            # linked keys count for their owners too, in row order
+            et, er = [], []
+            for i, key in enumerate(ks):
+                for o in self.owners.get(key, ()):
+                    if loc[o] >= 0:
+                        et.append(int(loc[o]))
+                        er.append(i)
+            tl = np.concatenate([tl, np.array(et, dtype=np.int64)])
+            ri = np.concatenate([ri, np.array(er, dtype=np.int64)])
+            perm = np.argsort(ri, kind="stable")   # each row's own target before its owners, rows in order
+            tl, ri = tl[perm], ri[perm]
+        rep_row = row_rep[ri]
+        ar = np.zeros((m, k))
         np.add.at(ar, tl[~rep_row], mat[ri[~rep_row]])
-        np.add.at(rep, tl[rep_row], mat[ri[rep_row]])
-        has_rep[tl[rep_row]] = True
+        has_rep = np.zeros(m, dtype=bool)
+        if rep_row.any():
+            rep = np.zeros((m, k))
+            np.add.at(rep, tl[rep_row], mat[ri[rep_row]])
+            has_rep[tl[rep_row]] = True
+        del mat
         flag = has_rep | self.new_replace
         spent = ar
         if flag.any():
-            spent[flag] = rep[flag] + _rdp.replace_of_add_remove(ar[flag], self.orders)
-        self.spent[sel] = spent
+            spent[flag] = (rep[flag] if has_rep.any() else 0.0) + _rdp.replace_of_add_remove(ar[flag], self.orders)
+        if full:
+            self.spent = spent
+        else:
+            self.spent[sel] = spent
         conv = has_rep & (not self.new_replace)
         if conv.any():
             if self.charged is self.cost:
@@ -903,8 +978,10 @@ class _Pricing:
             keep = sel[~conv]
             self.charged[keep] = self.cost[keep]
         self.prev_count[sel], self.known[sel] = pc, kn
-        for j, b in zip(sel, st.encode_curves(pm + self.cost[sel])):
-            self._spend_blobs[j] = b
+        if full:
+            self.new_spend = new_spend
+        else:
+            self.new_spend[sel] = new_spend
 
     def refresh(self, conn: Connection) -> None:
         """Inside the reserving transaction: re-price whoever's rows moved since the snapshot."""
@@ -926,24 +1003,44 @@ class _Pricing:
         if hit:
             self._price(conn, np.array(sorted(hit), dtype=np.int64))
 
+    def _charge_blobs(self, part: np.ndarray) -> list[bytes]:
+        if self.curves is None:
+            return st.encode_curves(self.cost[part])
+        uniq, inv = self.curves
+        if not hasattr(self, "_curve_blobs"):
+            self._curve_blobs = st.encode_curves(uniq)
+        cb = self._curve_blobs
+        return [cb[i] for i in inv[part].tolist()]
+
     def write(self, conn: Connection, rid: int, at: str, ok: np.ndarray, rows_of: np.ndarray,
               rate_of: np.ndarray) -> None:
-        """The release's people, charges, running spends and retirements, in bulk (store.bulk)."""
+        """The release's people, charges, running spends and retirements, in bulk (store.bulk), in
+        chunks of people (each chunk's rows built as columns, encoded, written and dropped)."""
         seq = st.bump_state(conn)
-        if self._charge_blobs is None:
-            self._charge_blobs = st.encode_curves(self.cost)
-        pk, cb, sb = self.pkeys, self._charge_blobs, self._spend_blobs
-        o = self.order
-        new = o[~self.known[o]]
+        pk, o = self.pkeys, self.order
+        new = o[~self.known[o]].tolist()
         st.bulk(conn, st.people, ("person_key", "first_release_id", "created_at"),
-                ((pk[j], rid, at) for j in new), conflict="ON CONFLICT DO NOTHING")
+                zip([pk[j] for j in new], repeat(rid), repeat(at)), conflict="ON CONFLICT DO NOTHING")
+        del new
         yes = o[ok[o]]
-        st.bulk(conn, st.charges, ("person_key", "release_id", "rdp", "rows", "sampling_rate"),
-                ((pk[j], rid, cb[j], int(rows_of[j]), float(rate_of[j])) for j in yes))
-        cnt = self.prev_count
-        st.bulk(conn, st.spend, ("person_key", "mechanism", "rdp", "charges", "seq"),
-                ((pk[j], self.mechanism, sb[j], int(cnt[j]) + 1, seq) for j in yes), conflict=st.SPEND_UPSERT)
-        st.bulk(conn, st.exclusions, ("person_key", "release_id"), ((pk[j], rid) for j in o[~ok[o]]))
+        for s in range(0, len(yes), st.WRITE_CHUNK):
+            part = yes[s:s + st.WRITE_CHUNK]
+            keys = [pk[j] for j in part.tolist()]
+            st.bulk(conn, st.charges, ("person_key", "release_id", "rdp", "rows", "sampling_rate"),
+                    zip(keys, repeat(rid), self._charge_blobs(part), rows_of[part].tolist(),
+                        rate_of[part].astype(float).tolist()))
+            st.bulk(conn, st.spend, ("person_key", "mechanism", "rdp", "charges", "seq"),
+                    zip(keys, repeat(self.mechanism), st.encode_curves(self.new_spend[part]),
+                        (self.prev_count[part] + 1).tolist(), repeat(seq)), conflict=st.SPEND_UPSERT)
+        st.bulk(conn, st.exclusions, ("person_key", "release_id"),
+                zip([pk[j] for j in o[~ok[o]].tolist()], repeat(rid)))
+
+
+def _rows_and_rates(costs: Mapping[str, PersonCost], ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each person's rows and sampling rate, as arrays in `ids`' order."""
+    rows = np.fromiter((int(costs[i].rows) for i in ids), dtype=np.int64, count=len(ids))
+    rates = np.fromiter((float(costs[i].sampling_rate) for i in ids), dtype=float, count=len(ids))
+    return rows, rates
 
 
 def _plan_release(conn: Connection, plan_sha256: str) -> tuple[int, str | None] | None:
@@ -1121,8 +1218,8 @@ def pld_estimate_max(ledger: Ledger) -> dict | None:
         any_charge = conn.execute(select(st.charges.c.person_key).limit(1)).first() is not None
     if b is None or not any_charge:
         return None
-    rows = ledger.person_rows()
-    top = max(rows, key=lambda r: (r["epsilon"] or 0.0))["person_key"]
+    keys, eps, _, _ = ledger.person_table()
+    top = keys[int(np.argmax(eps))]          # the first most-charged person, as max() over the rows was
     with st.read_only(ledger.engine) as conn:
         params = {r.id: json.loads(r.params) for r in conn.execute(select(st.releases.c.id, st.releases.c.params))}
         group = sorted(st.linked_closure(conn, [top])[top])

@@ -24,13 +24,14 @@ import json
 import os
 import random
 import time
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 from sqlalchemy import (Column, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Table, Text,
-                        create_engine, event, select, text)
+                        create_engine, event, func, select, text)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -147,6 +148,11 @@ RETRY_SQLSTATES = ("40001", "40P01")
 MAX_ATTEMPTS = 200
 _CHUNK = 500  # IN-list size (SQLite allows 32766 variables; keep statements small)
 _READ_CHUNK = 5000   # IN-list size of the running-spend reads (one statement per 5000 people)
+WRITE_CHUNK = 100_000  # people per bulk write of a reservation: each chunk's rows are built, written, dropped
+# SQLite page cache per connection (KiB; SQLite's default is 2 MB): a 10⁶-person reservation rewrites the
+# pages of four B-trees keyed by pseudonym; a cache that holds them spills each page to the WAL once, not
+# again and again (issue 27: 1M people). Allocated as pages are used, so a small database stays small.
+SQLITE_CACHE_KIB = 262_144
 
 T = TypeVar("T")
 
@@ -218,6 +224,7 @@ def make_engine(url: str, *, tables: MetaData | None = None, what: str = "ledger
             cur.execute("PRAGMA synchronous=FULL")   # durable: a reservation survives a power cut
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=300000")
+            cur.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -384,8 +391,13 @@ def decode_curves(blobs: list, n_orders: int) -> np.ndarray:
     width = 1 + 8 * n_orders
     if not blobs:
         return np.zeros((0, n_orders))
-    joined = b"".join(bytes(b) for b in blobs)
-    if len(joined) != width * len(blobs) or any(len(b) != width for b in blobs):
+    try:
+        joined = b"".join(blobs)
+    except TypeError:       # a driver's memoryview rows
+        blobs = [bytes(b) for b in blobs]
+        joined = b"".join(blobs)
+    lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
+    if len(joined) != width * len(blobs) or np.any(lengths != width):
         raise VeilError("ledger: a charge is not on the ledger's order grid; the database was edited")
     raw = np.frombuffer(joined, dtype=np.uint8).reshape(len(blobs), width)
     if np.any(raw[:, 0] != CURVE_TAG):
@@ -432,29 +444,107 @@ def bump_state(conn: Connection, *, links: bool = False) -> int:
     return seq
 
 
-def spend_rows(conn: Connection, keys: list[str] | None, n_orders: int, *, since: int | None = None):
-    """Running-spend rows as (person_keys, mechanisms, matrix, counts): of `keys` (None: everyone), or of
-    rows moved after seq `since`. Reads the whole table in one scan when the keys are most of it."""
+def spend_rows(conn: Connection, keys, n_orders: int, *, since: int | None = None):
+    """Running-spend rows as (person_keys, mechanisms, matrix, counts): of `keys` (None: everyone; a set
+    or a dict's keys view is used as it is), or of rows moved after seq `since`. Reads the whole table in
+    one scan when the keys are most of it. Streams the rows: each stored curve is kept once per distinct
+    value (people charged alike have equal running spends) and decoded once."""
     cols = (spend.c.person_key, spend.c.mechanism, spend.c.rdp, spend.c.charges)
+    want = None if keys is None else (keys if isinstance(keys, AbstractSet) else set(keys))
+    if want is not None and not want:
+        return [], [], np.zeros((0, n_orders)), np.zeros(0, dtype=np.int64)
     if since is not None:
-        got = conn.execute(select(*cols).where(spend.c.seq > int(since))).all()
-        if keys is not None:
-            want = set(keys)
-            got = [r for r in got if r.person_key in want]
-    elif keys is None:
-        got = conn.execute(select(*cols)).all()
+        stmts = [select(*cols).where(spend.c.seq > int(since))]
+    elif want is None:
+        stmts = [select(*cols)]
+    elif len(want) * 4 >= conn.execute(select(text("count(*)")).select_from(spend)).scalar_one():
+        stmts = [select(*cols)]
     else:
-        want = sorted(set(keys))
-        total = conn.execute(select(text("count(*)")).select_from(spend)).scalar_one() if want else 0
-        if len(want) * 4 >= total:
-            ws = set(want)
-            got = [r for r in conn.execute(select(*cols)) if r.person_key in ws]
-        else:
-            got = []
-            for i in range(0, len(want), _READ_CHUNK):
-                got += conn.execute(select(*cols).where(spend.c.person_key.in_(want[i:i + _READ_CHUNK]))).all()
-    return ([r.person_key for r in got], [r.mechanism for r in got], decode_curves([r.rdp for r in got], n_orders),
-            np.array([int(r.charges) for r in got], dtype=np.int64))
+        wl = sorted(want)
+        stmts = [select(*cols).where(spend.c.person_key.in_(wl[i:i + _READ_CHUNK]))
+                 for i in range(0, len(wl), _READ_CHUNK)]
+        want = None     # the statements select exactly these
+    ks, ms, gid, cnt = [], [], [], []
+    curves: dict[bytes, int] = {}
+    mechs: dict[str, str] = {}
+    for stmt in stmts:
+        for k, m, b, c in columns(conn, stmt, 4, keep=want):
+            ks += k
+            ms += [mechs.setdefault(x, x) for x in m]         # one str per mechanism, not per row
+            b = [x if isinstance(x, bytes) else bytes(x) for x in b]
+            for x in dict.fromkeys(b):                        # each distinct curve kept once
+                curves.setdefault(x, len(curves))
+            gid += map(curves.__getitem__, b)
+            cnt += c
+    if not ks:
+        return [], [], np.zeros((0, n_orders)), np.zeros(0, dtype=np.int64)
+    return ks, ms, decode_curves(list(curves), n_orders)[np.array(gid, dtype=np.int64)], np.array(cnt, dtype=np.int64)
+
+
+FETCH = 50_000   # rows per driver fetch of the streamed reads
+
+
+def columns(conn: Connection, stmt, width: int, *, keep=None) -> Iterator[tuple[list, ...]]:
+    """`stmt`'s rows as batches of columns (one list per selected column), fetched from the driver's
+    cursor in batches of FETCH rows: no SQLAlchemy row object, no Python loop per row (10⁶-person reads).
+    `keep`: keep only rows whose first column is in it."""
+    res = conn.execute(stmt)
+    try:
+        cur = res.cursor
+        while True:
+            part = cur.fetchmany(FETCH)
+            if not part:
+                return
+            if keep is not None:
+                part = [r for r in part if r[0] in keep]
+                if not part:
+                    continue
+            yield tuple(list(c) for c in zip(*part))
+    finally:
+        res.close()
+
+
+def shared_curves(blobs: list, n_orders: int) -> np.ndarray:
+    """decode_curves of stored curves that repeat (people charged alike): each distinct curve decoded once."""
+    if not blobs:
+        return np.zeros((0, n_orders))
+    if not isinstance(blobs[0], bytes):
+        blobs = [bytes(b) for b in blobs]
+    ids = {b: i for i, b in enumerate(dict.fromkeys(blobs))}
+    gid = np.fromiter(map(ids.__getitem__, blobs), dtype=np.int64, count=len(blobs))
+    return decode_curves(list(ids), n_orders)[gid]
+
+
+def one_curve_release(conn: Connection, release_id: int, n_orders: int) -> tuple[int, np.ndarray] | None:
+    """(its number of charges, the curve) when every charge of the release is the same curve — a
+    user-sampled release prices everyone alike — read without a row per person; None otherwise."""
+    where = charges.c.release_id == int(release_id)
+    if conn.dialect.name == "sqlite":       # blobs compare bytewise: min = max iff one curve
+        cnt, lo, hi = conn.execute(select(func.count(), func.min(charges.c.rdp), func.max(charges.c.rdp))
+                                   .where(where)).one()
+        if cnt and lo != hi:
+            return None
+    else:
+        cnt, distinct = conn.execute(select(func.count(), func.count(charges.c.rdp.distinct())).where(where)).one()
+        if distinct > 1:
+            return None
+        lo = conn.execute(select(charges.c.rdp).where(where).limit(1)).scalar() if cnt else None
+    return int(cnt), (np.zeros(n_orders) if not cnt else decode_curves([bytes(lo)], n_orders)[0])
+
+
+def retired_keys(conn: Connection, release_id: int) -> list[str]:
+    return list(conn.execute(select(exclusions.c.person_key).where(exclusions.c.release_id == int(release_id)))
+                .scalars())
+
+
+def charge_rows(conn: Connection, release_id: int, n_orders: int) -> tuple[list[str], np.ndarray]:
+    """One release's charges as (pseudonyms, matrix), streamed (its index), each distinct curve decoded once."""
+    ks, blobs = [], []
+    for k, b in columns(conn, select(charges.c.person_key, charges.c.rdp)
+                        .where(charges.c.release_id == int(release_id)), 2):
+        ks += k
+        blobs += b
+    return ks, shared_curves(blobs, n_orders)
 
 
 def spend_by_mechanism(conn: Connection, keys: list[str], n_orders: int) -> dict[str, dict[str, np.ndarray]]:

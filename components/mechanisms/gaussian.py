@@ -280,14 +280,19 @@ class SubsampledGaussian(Mechanism):
         components.renyi.rdp for the derivation)."""
         sigma, steps = float(plan["noise_multiplier"]), int(plan["steps"])
         cache: dict[tuple, tuple[float, np.ndarray]] = {}
+        made: dict[tuple, PersonCost] = {}     # one (immutable) cost per (rates, rows), shared by its people
         out = {}
         for u, r in rates.items():
             key = tuple(sorted(x for x in r if x > 0))
-            if key not in cache:
-                p = np.asarray(key, dtype=float)
-                q_any = float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1) else (1.0 if len(p) else 0.0)
-                cache[key] = (q_any, self.rows_curve(key, sigma, steps, orders))
-            out[u] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
+            c = made.get((key, len(r)))
+            if c is None:
+                if key not in cache:
+                    p = np.asarray(key, dtype=float)
+                    q_any = (float(-np.expm1(np.log1p(-p).sum())) if len(p) and np.all(p < 1)
+                             else (1.0 if len(p) else 0.0))
+                    cache[key] = (q_any, self.rows_curve(key, sigma, steps, orders))
+                c = made[(key, len(r))] = PersonCost(rows=len(r), sampling_rate=cache[key][0], rdp=cache[key][1])
+            out[u] = c
         return out
 
 

@@ -48,7 +48,14 @@ class ULS(SubsampledGaussian):
 
         q = float(plan["sampling_rate"])
         curve = _rdp.sampled_gaussian_rdp(q, float(plan["noise_multiplier"]), int(plan["steps"]), orders)
-        return {u: PersonCost(rows=len(r), sampling_rate=q, rdp=curve) for u, r in rates.items()}
+        made: dict[int, PersonCost] = {}    # one (immutable) cost per row count, shared by its people
+        out = {}
+        for u, r in rates.items():
+            c = made.get(len(r))
+            if c is None:
+                c = made[len(r)] = PersonCost(rows=len(r), sampling_rate=q, rdp=curve)
+            out[u] = c
+        return out
 
     def ledger_group_size(self, rows: int) -> int:
         return 1

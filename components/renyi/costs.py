@@ -73,13 +73,18 @@ def person_rates(persons, default_rate: float) -> dict[str, list[float]]:
     if not isinstance(persons, Mapping):
         raise VeilError("ledger: persons must be a table of training rows or a mapping person → rows")
     out = {}
+    # people with the same row count share one list of rates (nothing mutates them): 10⁶ people, a few lists
+    same: dict[int, list[float]] = {}
     for u, v in persons.items():
         if isinstance(v, bool):
             raise VeilError(f"ledger: rows of a person must be a count or a list of rates, got {v!r}")
         if isinstance(v, (int, np.integer)):
             if int(v) < 0:
                 raise VeilError("ledger: a person's row count is negative")
-            out[str(u)] = [float(default_rate)] * int(v)
+            r = same.get(int(v))
+            if r is None:
+                r = same[int(v)] = [float(default_rate)] * int(v)
+            out[str(u)] = r
         elif isinstance(v, Sequence) or isinstance(v, np.ndarray):
             out[str(u)] = [float(x) for x in v]
         else:
@@ -114,9 +119,13 @@ def population_costs(mech, plan: Mapping, persons, orders=_rdp.ORDERS) -> dict[s
     if eps_n <= 0:
         return {}
     out = {}
+    made: dict[int, PersonCost] = {}       # one (immutable) cost per row count, shared by its people
     for u, r in person_rates(persons, 0.0).items():
-        out[u] = PersonCost(rows=len(r), sampling_rate=0.0,
-                            rdp=pure_dp_rdp(eps_n * mech.ledger_population_rows(len(r)), orders))
+        c = made.get(len(r))
+        if c is None:
+            c = made[len(r)] = PersonCost(rows=len(r), sampling_rate=0.0,
+                                          rdp=pure_dp_rdp(eps_n * mech.ledger_population_rows(len(r)), orders))
+        out[u] = c
     return out
 
 

@@ -97,3 +97,27 @@ def test_the_rule_only_merges_what_the_ledgers_earlier_rule_merged_and_more():
     assert all(len(v) == 1 for v in by_old.values())
     for plain in ("alice@example.org", "bob", "ann lee", "jos\u00e9@x.org", "σίσυφοσ@x.gr", "42"):
         assert person_id(plain) == legacy_person_id(plain) == plain
+
+
+def test_the_plain_ascii_fast_path_is_the_full_rule():
+    """person_id_or_empty skips the rule's rounds for printable ASCII without space or angle brackets
+    (speed: a ledger keys 10⁶ ids per release); it must give what the full rule gives."""
+    from components.core import identity as idm
+
+    def full(x: str) -> str:
+        s = legacy_person_id(x)
+        for _ in range(idm._ROUNDS):
+            t = idm._round(s)
+            if t == s:
+                break
+            s = t
+        return s
+
+    rng = random.Random(27)
+    ascii_ = [chr(c) for c in range(0x80)]
+    samples = [c for c in ascii_] + ["MAILTO:Al@X.org", "mailto:a@x.org?subject=hi", "mailto:", "Mailto:b@c",
+                                     "Alice@Example.ORG", "a<b>", "a>b", "<a@b>", "x\x7fy", "x~y", "Ab\x00"]
+    samples += ["".join(rng.choice(ascii_) for _ in range(rng.randint(1, 14))) for _ in range(20000)]
+    samples += ["mailto:" + "".join(rng.choice(ascii_) for _ in range(rng.randint(1, 10))) for _ in range(2000)]
+    for x in samples:
+        assert person_id_or_empty(x) == full(x), repr(x)

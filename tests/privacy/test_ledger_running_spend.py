@@ -257,3 +257,46 @@ def test_a_v1_ledger_is_migrated_once_atomically_and_prices_the_same(tmp_path, m
         Ledger(url, key)
     led.dispose()
     led2.dispose()
+
+
+def test_burn_down_without_a_row_per_person_is_the_charges_summed(tmp_path, monkeypatch):
+    """burn_down adds a one-curve release that charged everyone known less its retirements as that curve,
+    without reading its rows (issue 27: 10⁶ people × 10 releases); every other release row by row. Both
+    against an independent sum of each person's charges up to each release, and the one-curve path
+    against the row-by-row path exactly."""
+    from components.core.settings import load_settings
+
+    led = Ledger.open(load_settings(tmp_path / "home").ensure())
+    a, b, c, d = "a@x.org", "b@x.org", "c@x.org", "d@x.org"
+    big = Budget(60.0, BUDGET.delta)
+    _reserve(led, ADD, {a: 1.0, b: 1.0, c: 1.0}, big)            # one curve, everyone
+    _reserve(led, ADD, {a: 1.0, b: 1.0, c: 500.0}, big)          # c is retired: one curve charged
+    _reserve(led, ADD, {a: 0.5, b: 1.5, c: 1.0, d: 1.0}, big)    # several curves; d is new
+    _reserve(led, REP, {a: 1.0, b: 1.0, c: 1.0, d: 1.0}, big)    # replace relation, one curve
+    _reserve(led, ADD, {a: 1.0}, big)                            # one curve, but not everyone known
+    with st.read_only(led.engine) as conn:
+        rows = conn.execute(select(st.charges.c.person_key, st.charges.c.release_id, st.charges.c.rdp)).all()
+        mech = {r.id: r.mechanism for r in conn.execute(select(st.releases.c.id, st.releases.c.mechanism))}
+        first = {r.person_key: r.first_release_id for r in conn.execute(select(st.people))}
+    fast = led.burn_down()
+    assert [r["retired"] for r in fast] == [0, 1, 0, 0, 0] and [r["people"] for r in fast] == [3, 3, 4, 4, 4]
+    for got in fast:
+        rid = got["release_id"]
+        eps = []
+        for k, f in first.items():
+            if f > rid:
+                continue
+            by: dict[str, np.ndarray] = {}
+            for r in rows:
+                if r.person_key == k and r.release_id <= rid:
+                    v = np.frombuffer(r.rdp[1:], dtype="<f8").astype(float)
+                    by[mech[r.release_id]] = by.get(mech[r.release_id], 0.0) + v
+            s, _ = effective_spend(by, led.orders)
+            eps.append(R.epsilon_of_spend(s, BUDGET.delta, led.orders, led.conversion, led.order_weights))
+        assert np.allclose([got["max_epsilon"], got["median_epsilon"], got["min_epsilon"]],
+                           [max(eps), float(np.median(eps)), min(eps)], rtol=1e-12, atol=0)
+    calls = []
+    real = st.one_curve_release
+    monkeypatch.setattr(st, "one_curve_release", lambda *x: calls.append(real(*x)) or None)
+    assert led.burn_down() == fast
+    assert sum(c is not None for c in calls) >= 3        # releases 1, 2, 4 took the one-curve path

@@ -150,3 +150,19 @@ def test_governance_ledger_view_is_the_same_with_or_without_any_one_person(tmp_p
     from components.publication.gate import leaves
 
     assert all(field_for("cli.ledger", path) is not None for path, _ in leaves(views[0]))
+
+
+def test_the_bulk_keyer_is_the_person_key():
+    """Ledger.person_key keys with keys.person_keyer (HMAC from precomputed pad states, for 10⁶ ids a
+    release): the same pseudonym as keys.person_key for every key length, short, a block, and longer
+    (hashed first), and for ids the identity rule rewrites."""
+    import os as _os
+
+    from components.ledger import keys as _k
+
+    ids = ["alice@example.org", " Alice <ALICE@Example.org>", "ΣΊΣΥΦΟΣ@x.gr", "mailto:b@x.org", "x" * 300]
+    for n in (1, 32, 63, 64, 65, 200):
+        key = _os.urandom(n)
+        f = _k.person_keyer(key)
+        for i in ids:
+            assert f(i) == _k.person_key(key, i), (n, i)
