@@ -683,3 +683,7 @@ declare(
 # --- issue 24: the training precision as a flow parameter ----------------------------------------------------
 declare(Field("prefect", "parameters.precision", P, "the operator's training precision override (fp32, bf16, "
               "fp16 or null: a public setting, recorded on the certificate too)"))
+# --- h-price2: the weighted conversion's rule (issue 26) -----------------------------------------------------
+declare(Field("cli.ledger", "order_weights_rule", P, _CONST + " (the name of the rule a weighted ledger's order "
+              "weights follow, fixed at its creation: components.renyi.rdp.WEIGHT_RULES; null under another "
+              "conversion)"))
