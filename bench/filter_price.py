@@ -13,6 +13,9 @@ Two tables.
    divided by dp-accounting's PLD ε of the same n-fold composition at the same δ. n = 1 is the price of
    one release; n > 1 what a schedule of n pays. Also the floor under any choice of weights: the
    single-order conversion at the whole δ, at the best order of a fine grid (`single_order_floor`).
+   `--held-out N`: N random settings (seed 7; ULS and ELS, q 0.005–1, T 5–3000, σ 0.7–6, δ 1e-4–1e-7,
+   n 1–52; PLD ε in [0.5, 40], PLD at a 5e-3 interval), for a rule chosen on the 21 above: the
+   excess of each weight rule over the single-order floor, summarised.
 2. Policies (the shipped `policies/debian-weekly.yaml`, schedule of 52, and `policies/demo.yaml`): the real
    planner (`make_plan`) on a synthetic snapshot of that many people, once under each conversion (the
    schedule is fitted under the ledger's own rule). Per rule: the plan's ε per release (certificate, at the
@@ -97,6 +100,45 @@ def cost_curve_on(kind: str, q: float, T: int, sigma: float, k: int, orders) -> 
     return R.sampled_gaussian_rdp(q, sigma, T, orders) if kind == "uls" else R.rows_rdp([q] * k, sigma, T, orders)
 
 
+def held_out(count: int, seed: int = 7) -> dict:
+    """Random settings the weight rules were not chosen on (module docstring): per setting the PLD ε, the
+    single-order floor and each weighted rule's price; summarised over the 'regular' ones (floor < 1.15×:
+    where the cost curve itself is not far from its PLD, so that what is left is the weights' doing)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    while len(rows) < count:
+        kind = "els" if rng.random() < 0.3 else "uls"
+        q = float(np.exp(rng.uniform(np.log(0.005), 0.0)))
+        if q > 0.5:
+            q = 1.0 if kind == "uls" else 0.5
+        T = int(np.exp(rng.uniform(np.log(5), np.log(3000))))
+        sigma = float(np.exp(rng.uniform(np.log(0.7), np.log(6))))
+        k = int(rng.integers(2, 7)) if kind == "els" else 1
+        delta = float(rng.choice([1e-4, 1e-5, 1e-6, 1e-7]))
+        n = int(rng.choice([1, 1, 2, 3, 5, 10, 26, 52]))
+        pld = pld_epsilon(event(kind, q, T, sigma, k), delta, n, interval=5e-3)
+        if not 0.5 <= pld <= 40:
+            continue
+        c = n * cost_curve(kind, q, T, sigma, k)
+        floor = float(np.min(n * cost_curve_on(kind, q, T, sigma, k, FINE) + R._single_order_pad(delta, FINE)))  # noqa: SLF001
+        row = {"kind": kind, "q": q, "steps": T, "sigma": sigma, "rows": k, "delta": delta, "releases": n,
+               "pld_epsilon": pld, "single_order_floor": floor / pld}
+        for name, conversion, rule in RULES[1:]:
+            row[name] = R.filter_price(c, delta, conversion=conversion, rule=rule) / pld
+        rows.append(row)
+    summary = {}
+    regular = [r for r in rows if r["single_order_floor"] < 1.15]
+    for name, _, _ in RULES[1:]:
+        ex = np.array([r[name] - r["single_order_floor"] for r in regular])
+        summary[name] = {"regular": len(regular), "excess_mean": float(ex.mean()), "excess_median": float(np.median(ex)),
+                         "excess_p90": float(np.quantile(ex, 0.9)), "ratio_max_regular": float(max(r[name] for r in regular))}
+    a, b = (RULES[1][0], RULES[2][0])
+    summary["v2_better"] = int(sum(r[b] < r[a] - 1e-4 for r in rows))
+    summary["v2_worse"] = int(sum(r[b] > r[a] + 1e-4 for r in rows))
+    summary["v2_worse_regular"] = int(sum(r[b] > r[a] + 1e-4 for r in regular))
+    return {"settings": rows, "summary": summary}
+
+
 def _policy(name: str, tmp: Path) -> Path:
     text = (ROOT / "policies" / name).read_text()
     # the synthetic snapshot's ids match none of the policy's real aliases or exclusions
@@ -157,9 +199,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--demo-users", type=int, default=240)
     ap.add_argument("--debian-users", type=int, default=479)
-    ap.add_argument("--no-policies", action="store_true", help="the settings table only (seconds)")
+    ap.add_argument("--no-policies", action="store_true", help="the settings table only (about a minute)")
+    ap.add_argument("--held-out", type=int, default=0, metavar="N", help="also N random settings (minutes)")
     a = ap.parse_args(argv)
     doc = {"weight_rule": R.WEIGHT_RULE, "orders": list(R.ORDERS), "settings": settings_table()}
+    if a.held_out:
+        doc["held_out"] = held_out(a.held_out)
     if not a.no_policies:
         doc["policies"] = policy_rows("debian-weekly.yaml", a.debian_users) + policy_rows("demo.yaml", a.demo_users)
     if a.json:
@@ -180,6 +225,15 @@ def main(argv=None) -> int:
     for name in names:
         rs = [r[name]["ratio"] for r in doc["settings"]]
         print(f"  all  {name:<25} {min(rs):.3f}–{max(rs):.3f}×, {sum(x <= 1.15 for x in rs)} of {len(rs)} ≤ 1.15×")
+    if "held_out" in doc:
+        sm = doc["held_out"]["summary"]
+        print(f"\nheld-out: {len(doc['held_out']['settings'])} random settings; excess over the single-order floor "
+              f"on the {sm[names[1]]['regular']} whose floor is < 1.15×:")
+        for name in names[1:]:
+            x = sm[name]
+            print(f"  {name:<25} mean {x['excess_mean']:.4f}, median {x['excess_median']:.4f}, "
+                  f"p90 {x['excess_p90']:.4f}, worst ratio {x['ratio_max_regular']:.3f}×")
+        print(f"  v2 below v1 in {sm['v2_better']}, above in {sm['v2_worse']} ({sm['v2_worse_regular']} of them regular)")
     if "policies" in doc:
         print("\n| policy | rule | ε/release (cert) | PLD ε @δ_life | spend after 1 | ratio | releases fit "
               "| schedule filter ε / PLD ε |")

@@ -210,22 +210,25 @@ CONVERSION = WEIGHTED              # what a new ledger is created with
 # ρ·α, which n sampled-Gaussian releases approach as n grows) with ε(δ) equal to the budget's ε, the best
 # order α* solves min_α ρα + pad¹_α = ε, pad¹ the single-order conversion at δ. A sampled Gaussian's RDP
 # grows faster than linearly in α, so its best order lies below the Gaussian's: the centre is α*·e^{SHIFT}.
-# Shares fall as a Gaussian in log α (width SPREAD) around it, and FLOOR of δ is spread uniformly so that
+# Shares fall as a Gaussian in log α around it (width BELOW under the centre, ABOVE over it: a release
+# composed many times is Gaussian-like and binds above the centre, one or two releases of a sampled
+# Gaussian with a large q at or below it), and FLOOR of δ is spread uniformly so that
 # no order of the grid becomes unusable (a release far from the expected shape pays at most
 # log(|A|/FLOOR)/(α−1) instead of log|A|/(α−1)). Nothing here reads data: only ε, δ, the grid and the rule.
-#   v1 (issue 26's first weighted ledgers): SHIFT −0.15, SPREAD 0.15. Its shares straddle two or three
-#      orders of the grid (≈ 0.5 on the best one), which costs log 2/(α−1) where the budget binds.
-#   v2 (new ledgers): SHIFT −0.10, SPREAD 0.08 — most of δ on the one or two orders nearest the centre.
-#      Chosen on bench/filter_price.py's 21 settings (every one ≤ 1.15× its PLD ε; v1: 1.164× at worst)
-#      and held-out settings (docs/privacy/ledger.md, "Order weights"). A finer grid did not help: the
-#      shares are spread over the same uncertainty in the best order whatever the grid's spacing.
+#   v1 (issue 26's first weighted ledgers): SHIFT −0.15, BELOW = ABOVE = 0.15. Its shares straddle two
+#      or three orders of the grid (≈ 0.5 on the best one), which costs log 2/(α−1) where the budget binds.
+#   v2 (new ledgers): SHIFT −0.14, BELOW 0.06, ABOVE 0.14 — δ mostly on the order at or just above the
+#      centre. Chosen on bench/filter_price.py's 21 settings (every one ≤ 1.15× its PLD ε; v1: 1.164× at
+#      worst) and the shipped policies' schedules (each better than under v1), then checked on held-out
+#      settings (docs/privacy/ledger.md, "Order weights"). A finer grid did not help: the shares are spread
+#      over the same uncertainty in the best order whatever the grid's spacing.
 # Which rule a ledger uses is fixed when it is made (ledger_meta order_weights_rule; a weighted ledger
 # without the key was made by the v1 Veil and keeps v1), so no ledger is ever re-priced.
 WEIGHT_RULE_V1 = "gaussian-centred/v1"
 WEIGHT_RULE = "gaussian-centred/v2"                # what a new weighted ledger records
-WEIGHT_RULES: dict[str, tuple[float, float, float]] = {   # rule → (SHIFT, SPREAD, FLOOR)
-    WEIGHT_RULE_V1: (-0.15, 0.15, 0.02),
-    WEIGHT_RULE: (-0.10, 0.08, 0.02),
+WEIGHT_RULES: dict[str, tuple[float, float, float, float]] = {   # rule → (SHIFT, BELOW, ABOVE, FLOOR)
+    WEIGHT_RULE_V1: (-0.15, 0.15, 0.15, 0.02),
+    WEIGHT_RULE: (-0.14, 0.06, 0.14, 0.02),
 }
 _W_TOL = 1e-9          # a recorded weight may differ from today's computation by float noise only
 
@@ -267,9 +270,9 @@ def order_weights(epsilon: float, delta: float, orders: Sequence[float] = ORDERS
 @functools.lru_cache(maxsize=256)
 def _order_weights(e: float, d: float, orders: tuple[float, ...], rule: str) -> tuple[float, ...]:
     a = np.asarray(orders)
-    shift, spread, floor = WEIGHT_RULES[rule]
-    centre = math.log(gaussian_best_order(e, d)) + shift
-    k = np.exp(-((np.log(a) - centre) ** 2) / (2.0 * spread ** 2))
+    shift, below, above, floor = WEIGHT_RULES[rule]
+    x = np.log(a) - (math.log(gaussian_best_order(e, d)) + shift)
+    k = np.exp(-(x ** 2) / (2.0 * np.where(x > 0, above, below) ** 2))
     w = (1.0 - floor) * k / math.fsum(k) + floor / len(a)
     # Σ w ≤ 1 exactly, whatever the rounding: the proof needs Σ δ·w_α ≤ δ (1e-12 of δ is given away)
     return tuple(float(x) for x in w * (1.0 - 1e-12) / math.fsum(w))
