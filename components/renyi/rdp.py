@@ -272,7 +272,10 @@ def _order_weights(e: float, d: float, orders: tuple[float, ...], rule: str) -> 
     a = np.asarray(orders)
     shift, below, above, floor = WEIGHT_RULES[rule]
     x = np.log(a) - (math.log(gaussian_best_order(e, d)) + shift)
-    k = np.exp(-(x ** 2) / (2.0 * np.where(x > 0, above, below) ** 2))
+    log_k = -(x ** 2) / (2.0 * np.where(x > 0, above, below) ** 2)
+    # scaled by the largest term: a centre far outside the grid (a tiny ε at a tiny δ) would otherwise
+    # underflow every term to 0 and the shares to 0/0; the scale cancels in k/Σk
+    k = np.exp(log_k - np.max(log_k))
     w = (1.0 - floor) * k / math.fsum(k) + floor / len(a)
     # Σ w ≤ 1 exactly, whatever the rounding: the proof needs Σ δ·w_α ≤ δ (1e-12 of δ is given away)
     return tuple(float(x) for x in w * (1.0 - 1e-12) / math.fsum(w))
