@@ -104,6 +104,10 @@ class Ledger:
                 {"key": "created_at", "value": st.now()}])
             if fresh:   # a ledger made before issue 26 has no conversion key and keeps union-markov
                 st.insert_ignore(conn, st.meta, [{"key": "conversion", "value": _rdp.CONVERSION}])
+                # and its weight rule, recorded now so that the budget (fixed later) gets this rule's
+                # shares: a weighted ledger without the key was made by the v1 Veil and keeps v1
+                if _rdp.CONVERSION == _rdp.WEIGHTED:
+                    st.insert_ignore(conn, st.meta, [{"key": "order_weights_rule", "value": _rdp.WEIGHT_RULE}])
             return st.read_meta(conn)
 
         m = st.transact(self.engine, init)
@@ -119,6 +123,7 @@ class Ledger:
         if self.conversion not in _rdp.CONVERSIONS:
             raise VeilError(f"ledger {self._where()}: conversion {self.conversion!r} is not one this Veil knows "
                             f"({', '.join(_rdp.CONVERSIONS)}); use the Veil that made it")
+        self.weight_rule = _rule_of(m, self.conversion, self._where())
         self._weights = _weights_of(m, self.conversion, self.orders, self._where())
 
     def _filter_weights(self, m: Mapping[str, str], budget: Budget) -> np.ndarray | None:
@@ -127,17 +132,18 @@ class Ledger:
         if self.conversion != _rdp.WEIGHTED:
             return None
         w = _weights_of(m, self.conversion, self.orders, self._where())
-        return w if w is not None else _rdp.order_weights(budget.epsilon, budget.delta, self.orders)
+        return w if w is not None else _rdp.order_weights(budget.epsilon, budget.delta, self.orders,
+                                                          self.weight_rule)
 
     def _fix_budget(self, conn: Connection, asked: Budget) -> None:
         """Record the lifetime budget and, under the weighted conversion, the order weights it fixes (a
-        function of the budget alone: WEIGHT_RULE), in the caller's transaction."""
+        function of the budget alone, by the ledger's rule), in the caller's transaction."""
         rows = [{"key": "budget_epsilon", "value": repr(asked.epsilon)},
                 {"key": "budget_delta", "value": repr(asked.delta)}]
         if self.conversion == _rdp.WEIGHTED:
-            w = _rdp.order_weights(asked.epsilon, asked.delta, self.orders)
+            w = _rdp.order_weights(asked.epsilon, asked.delta, self.orders, self.weight_rule)
             rows += [{"key": "order_weights", "value": json.dumps([float(x) for x in w])},
-                     {"key": "order_weights_rule", "value": _rdp.WEIGHT_RULE}]
+                     {"key": "order_weights_rule", "value": self.weight_rule}]
         st.insert_ignore(conn, st.meta, rows)
 
     @classmethod
@@ -213,12 +219,17 @@ class Ledger:
 
     def filter_spec(self) -> tuple:
         """(orders, conversion, weights): what a schedule is fitted under (public constants of the ledger;
-        weights None until a weighted ledger's budget is fixed: the rule's for the policy's budget then)."""
+        until a weighted ledger's budget is fixed, its rule's name: that rule's shares for the policy's
+        budget, what the ledger will record)."""
         w = self.order_weights
-        return tuple(self.orders), self.conversion, None if w is None else tuple(float(x) for x in w)
+        if w is None:
+            return tuple(self.orders), self.conversion, self.weight_rule
+        return tuple(self.orders), self.conversion, tuple(float(x) for x in w)
 
     def rdp_budget(self, budget: Budget) -> np.ndarray:
-        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders, self.conversion, self.order_weights)
+        w = self.order_weights
+        return _rdp.rdp_budget(budget.epsilon, budget.delta, self.orders, self.conversion,
+                               self.weight_rule if w is None else w)
 
     # --- the one write that matters ---------------------------------------------------------------------
 
@@ -350,7 +361,7 @@ class Ledger:
         pr = self._snapshot(pkeys, cost_mat, mechanism, relation_of(mechanism) == "replace")
         spent, charged = pr.spent, pr.charged
         cap = _rdp.rdp_budget(have.epsilon, have.delta, self.orders, self.conversion,
-                              self.order_weights if self.budget() is not None else None)
+                              self.order_weights if self.budget() is not None else self.weight_rule)
         left = _rdp.releases_left(spent, charged, cap) if len(ids) else np.zeros(0)
         retire = int((~_rdp.admits_many(spent, charged, cap)).sum()) if len(ids) else 0
 
@@ -637,6 +648,7 @@ class Ledger:
                                   "below)")},
                 "spend": spend, "orders": list(self.orders), "conversion": self.conversion,
                 "order_weights": None if (w := self._read_weights(m)) is None else [float(x) for x in w],
+                "order_weights_rule": self.weight_rule,
                 "secrets": self.secret_summary(),
                 "spend_definition": "per person, min over the ledger's orders α of RDP spend_α + pad_α (its conversion: "
                                     "union-markov log(|A|/δ)/(α−1); union-hockey-stick (log(|A|/δ) − log α)/(α−1) + "
@@ -1179,15 +1191,29 @@ def _weights_of(m: Mapping[str, str], conversion: str, orders, where: str) -> np
     if b is None or not has:
         raise VeilError(f"ledger {where}: a weighted ledger keeps its budget and its order weights together; "
                         f"one is missing: damaged; {st.RESTORE}")
-    if m.get("order_weights_rule") != _rdp.WEIGHT_RULE:
-        raise VeilError(f"ledger {where}: order weights made by rule {m.get('order_weights_rule')!r}; this Veil "
-                        f"knows {_rdp.WEIGHT_RULE!r}: use the Veil that made it")
+    rule = _rule_of(m, conversion, where)
     try:
         w = json.loads(m["order_weights"])
-        return _rdp.check_weights(w, orders, b.epsilon, b.delta)
+        return _rdp.check_weights(w, orders, b.epsilon, b.delta, rule)
     except (ValueError, TypeError, VeilError) as e:
         raise VeilError(f"ledger {where}: its recorded order weights are refused ({e}); use the Veil that made it, "
                         f"or {st.RESTORE}") from None
+
+
+def _rule_of(m: Mapping[str, str], conversion: str, where: str) -> str | None:
+    """A weighted ledger's order-weight rule: the recorded one (fixed when the ledger was made, or by the v1
+    Veil with its budget); a weighted ledger without the key was made by the v1 Veil before any budget,
+    and keeps v1. None under another conversion. A rule this Veil does not know is refused."""
+    if conversion != _rdp.WEIGHTED:
+        if "order_weights_rule" in m:
+            raise VeilError(f"ledger {where}: an order-weight rule recorded under conversion {conversion!r}, which "
+                            f"has none: damaged; {st.RESTORE}")
+        return None
+    rule = m.get("order_weights_rule", _rdp.WEIGHT_RULE_V1)
+    if rule not in _rdp.WEIGHT_RULES:
+        raise VeilError(f"ledger {where}: order weights made by rule {rule!r}; this Veil knows "
+                        f"{', '.join(repr(r) for r in _rdp.WEIGHT_RULES)}: use the Veil that made it")
+    return rule
 
 
 def _budget_of(m: Mapping[str, str]) -> Budget | None:

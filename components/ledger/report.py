@@ -138,8 +138,8 @@ def plan_forecast(settings, led: Ledger, plan_doc: dict) -> dict | None:
     budget = led.budget() or Budget.parse(plan_doc.get("lifetime_budget"))
     if budget is None or not get_mechanism(str(plan_doc.get("mechanism"))).ledger_curve:
         return None         # nobody is ever retired / a mechanism the ledger prices by other means
-    fresh = releases_for_fresh_person(plan_doc, budget, led.orders, led.conversion,
-                                      led.order_weights if led.budget() is not None else None)
+    # the recorded shares, or (no budget fixed yet) the ledger's rule by name: its shares for this budget
+    fresh = releases_for_fresh_person(plan_doc, budget, led.orders, led.conversion, led.filter_spec()[2])
     annex = load_annex(settings.private_dir, plan_doc)
     people = forecast_release(settings, plan_doc, train_rows(annex), ledger=led,
                               population_release_key=(annex.get("population") or {}).get("release_key"))
@@ -191,6 +191,7 @@ def governance_view(doc: dict) -> dict:
     """What governance readers may see (channel `cli.ledger`): values no person's presence moves."""
     out = {"budget": doc["budget"], "releases": doc["releases"], "orders": list(doc["orders"]),
            "conversion": doc["conversion"], "order_weights": doc.get("order_weights"),
+           "order_weights_rule": doc.get("order_weights_rule"),
            "spend_definition": doc["spend_definition"], "secrets_definition": doc["secrets_definition"],
            "note": GOVERNANCE_NOTE}
     if doc.get("post_processing_releases"):   # synthetic corpora: what left, from which release (no charge)

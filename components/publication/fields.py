@@ -768,3 +768,7 @@ declare(
           post_processing_of=_PMX_TEXT),
 )
 # --- end of h-synth2 ---
+# --- h-price2: the weighted conversion's rule (issue 26) -----------------------------------------------------
+declare(Field("cli.ledger", "order_weights_rule", P, _CONST + " (the name of the rule a weighted ledger's order "
+              "weights follow, fixed at its creation: components.renyi.rdp.WEIGHT_RULES; null under another "
+              "conversion)"))

@@ -171,7 +171,8 @@ def releases_for_fresh_person(mech, plan_like: Mapping, budget: Budget, orders=_
     """How many releases of this plan, one after the other, a person who has spent nothing is admitted to
     under the filter with this budget (∞ for a release that charges nobody). Public: a function of the
     plan's public fields, the budget and the ledger's grid and conversion (its order weights: the
-    recorded ones, or None for the rule's for this budget)."""
+    recorded ones, or a rule's name — the ledger's, until its budget is fixed — for that rule's shares
+    for this budget, or None for a new ledger's rule)."""
     cost = fresh_person_cost(mech, plan_like, orders)
     b = _rdp.rdp_budget(budget.epsilon, budget.delta, orders, conversion, weights)
     return float(_rdp.releases_left(np.zeros((1, len(orders))), cost, b)[0])

@@ -28,8 +28,9 @@ valid for the filter because it bounds the hockey-stick divergence by the same s
 (docs/privacy/ledger.md, "The tighter conversion"). Its pad is smaller at every order, so a ledger that
 was admitted under the first is within budget under the second. The third is the same conversion at
 δ·w_α per order, Σ w_α ≤ 1: the same proof with δ/|A| replaced by δ·w_α ("Order weights" in the doc).
-The weights are a function of the lifetime budget (ε, δ) alone (`order_weights`), public and fixed
-before any data; the ledger records them with its budget and refuses a record that does not match.
+The weights are a function of the lifetime budget (ε, δ) alone (`order_weights`, by the ledger's rule:
+WEIGHT_RULES), public and fixed before any data; the ledger records them with its budget and refuses a
+record that does not match.
 """
 from __future__ import annotations
 
@@ -203,18 +204,40 @@ WEIGHTED = "weighted-hockey-stick"
 CONVERSIONS = (MARKOV, HOCKEY_STICK, WEIGHTED)
 CONVERSION = WEIGHTED              # what a new ledger is created with
 
-# The weighted conversion's rule (recorded with the weights; a ledger whose record names another rule,
-# or whose weights are not this rule's for its budget, is refused). The weights put δ's shares on the
-# orders where a spend that exhausts the budget is cheapest: for a Gaussian-like spend (RDP ρ·α, which
-# n sampled-Gaussian releases approach as n grows) with ε(δ) equal to the budget's ε, the best order α*
-# solves min_α ρα + pad¹_α = ε, pad¹ the single-order conversion at δ. A sampled Gaussian's RDP grows
-# faster than linearly in α, so its best order lies below the Gaussian's: the centre is α*·e^{SHIFT}.
-# Shares fall as a Gaussian in log α (width SPREAD) around it, and FLOOR of δ is spread uniformly so that
+# The weighted conversion's rules (one is recorded with the weights; a ledger whose record names a rule this
+# Veil does not know, or whose weights are not its rule's for its budget, is refused). The weights put δ's
+# shares on the orders where a spend that exhausts the budget is cheapest: for a Gaussian-like spend (RDP
+# ρ·α, which n sampled-Gaussian releases approach as n grows) with ε(δ) equal to the budget's ε, the best
+# order α* solves min_α ρα + pad¹_α = ε, pad¹ the single-order conversion at δ. A sampled Gaussian's RDP
+# grows faster than linearly in α, so its best order lies below the Gaussian's: the centre is α*·e^{SHIFT}.
+# Shares fall as a Gaussian in log α around it (width BELOW under the centre, ABOVE over it: a release
+# composed many times is Gaussian-like and binds above the centre, one or two releases of a sampled
+# Gaussian with a large q at or below it), and FLOOR of δ is spread uniformly so that
 # no order of the grid becomes unusable (a release far from the expected shape pays at most
-# log(|A|/FLOOR)/(α−1) instead of log|A|/(α−1)). Nothing here reads data: only ε, δ and the grid.
-WEIGHT_RULE = "gaussian-centred/v1"
-_W_SHIFT, _W_SPREAD, _W_FLOOR = -0.15, 0.15, 0.02
+# log(|A|/FLOOR)/(α−1) instead of log|A|/(α−1)). Nothing here reads data: only ε, δ, the grid and the rule.
+#   v1 (issue 26's first weighted ledgers): SHIFT −0.15, BELOW = ABOVE = 0.15. Its shares straddle two
+#      or three orders of the grid (≈ 0.5 on the best one), which costs log 2/(α−1) where the budget binds.
+#   v2 (new ledgers): SHIFT −0.14, BELOW 0.06, ABOVE 0.14 — δ mostly on the order at or just above the
+#      centre. Chosen on bench/filter_price.py's 21 settings (every one ≤ 1.15× its PLD ε; v1: 1.164× at
+#      worst) and the shipped policies' schedules (each better than under v1), then checked on held-out
+#      settings (docs/privacy/ledger.md, "Order weights"). A finer grid did not help: the shares are spread
+#      over the same uncertainty in the best order whatever the grid's spacing.
+# Which rule a ledger uses is fixed when it is made (ledger_meta order_weights_rule; a weighted ledger
+# without the key was made by the v1 Veil and keeps v1), so no ledger is ever re-priced.
+WEIGHT_RULE_V1 = "gaussian-centred/v1"
+WEIGHT_RULE = "gaussian-centred/v2"                # what a new weighted ledger records
+WEIGHT_RULES: dict[str, tuple[float, float, float, float]] = {   # rule → (SHIFT, BELOW, ABOVE, FLOOR)
+    WEIGHT_RULE_V1: (-0.15, 0.15, 0.15, 0.02),
+    WEIGHT_RULE: (-0.14, 0.06, 0.14, 0.02),
+}
 _W_TOL = 1e-9          # a recorded weight may differ from today's computation by float noise only
+
+
+def check_rule(rule: str) -> str:
+    if rule not in WEIGHT_RULES:
+        raise VeilError(f"ledger order weights: rule {rule!r} is not one this Veil knows "
+                        f"({', '.join(WEIGHT_RULES)}); use the Veil that made the ledger")
+    return rule
 
 
 def _single_order_pad(delta: float, a: np.ndarray) -> np.ndarray:
@@ -232,37 +255,44 @@ def gaussian_best_order(epsilon: float, delta: float) -> float:
     return float(a[int(np.argmin(hi * a + pad1))])
 
 
-def order_weights(epsilon: float, delta: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
-    """The weighted conversion's δ shares on the grid (Σ < 1, every share > 0): WEIGHT_RULE for the
-    budget (ε, δ). Public: a function of the lifetime budget and the grid only."""
+def order_weights(epsilon: float, delta: float, orders: Sequence[float] = ORDERS,
+                  rule: str = WEIGHT_RULE) -> np.ndarray:
+    """The weighted conversion's δ shares on the grid (Σ < 1, every share > 0): `rule` (a new ledger's:
+    WEIGHT_RULE) for the budget (ε, δ). Public: a function of the lifetime budget, the grid and the rule."""
     e, d = float(epsilon), float(delta)
     if not (e > 0 and math.isfinite(e)):
         raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
     if not 0 < d < 1:
         raise VeilError(f"ledger budget: delta {delta} must be in (0, 1)")
-    return np.array(_order_weights(e, d, tuple(float(x) for x in _check_orders(orders))))
+    return np.array(_order_weights(e, d, tuple(float(x) for x in _check_orders(orders)), check_rule(rule)))
 
 
-@functools.lru_cache(maxsize=64)
-def _order_weights(e: float, d: float, orders: tuple[float, ...]) -> tuple[float, ...]:
+@functools.lru_cache(maxsize=256)
+def _order_weights(e: float, d: float, orders: tuple[float, ...], rule: str) -> tuple[float, ...]:
     a = np.asarray(orders)
-    centre = math.log(gaussian_best_order(e, d)) + _W_SHIFT
-    k = np.exp(-((np.log(a) - centre) ** 2) / (2.0 * _W_SPREAD ** 2))
-    w = (1.0 - _W_FLOOR) * k / math.fsum(k) + _W_FLOOR / len(a)
+    shift, below, above, floor = WEIGHT_RULES[rule]
+    x = np.log(a) - (math.log(gaussian_best_order(e, d)) + shift)
+    log_k = -(x ** 2) / (2.0 * np.where(x > 0, above, below) ** 2)
+    # scaled by the largest term: a centre far outside the grid (a tiny ε at a tiny δ) would otherwise
+    # underflow every term to 0 and the shares to 0/0; the scale cancels in k/Σk
+    k = np.exp(log_k - np.max(log_k))
+    w = (1.0 - floor) * k / math.fsum(k) + floor / len(a)
     # Σ w ≤ 1 exactly, whatever the rounding: the proof needs Σ δ·w_α ≤ δ (1e-12 of δ is given away)
     return tuple(float(x) for x in w * (1.0 - 1e-12) / math.fsum(w))
 
 
-def check_weights(weights, orders: Sequence[float], epsilon: float, delta: float) -> np.ndarray:
-    """A ledger's recorded weights, checked: one finite share ≥ 0 per order, Σ ≤ 1, and this Veil's rule
-    for the ledger's budget (to float noise). Anything else is refused, never re-interpreted."""
+def check_weights(weights, orders: Sequence[float], epsilon: float, delta: float,
+                  rule: str = WEIGHT_RULE) -> np.ndarray:
+    """A ledger's recorded weights, checked: one finite share ≥ 0 per order, Σ ≤ 1, and the recorded rule's
+    (one this Veil knows) for the ledger's budget (to float noise). Anything else is refused, never
+    re-interpreted."""
     w = np.asarray(weights, dtype=float)
     a = _check_orders(orders)
     if w.shape != a.shape or np.any(~np.isfinite(w)) or np.any(w < 0) or math.fsum(w) > 1.0:
         raise VeilError("ledger order weights: not one share ≥ 0 per order with Σ ≤ 1")
-    want = order_weights(epsilon, delta, a)
+    want = order_weights(epsilon, delta, a, rule)
     if np.max(np.abs(w - want)) > _W_TOL:
-        raise VeilError(f"ledger order weights: they are not {WEIGHT_RULE}'s for the ledger's budget "
+        raise VeilError(f"ledger order weights: they are not {rule}'s for the ledger's budget "
                         f"ε={epsilon:g}, δ={delta:g}")
     return w
 
@@ -297,12 +327,13 @@ def conversion_pad(delta: float, orders: Sequence[float] = ORDERS, conversion: s
 def rdp_budget(epsilon: float, delta: float, orders: Sequence[float] = ORDERS,
                conversion: str = CONVERSION, weights=None) -> np.ndarray:
     """B_α = ε − pad_α: the per-order budget of the filter (negative: order unusable). Under the weighted
-    conversion without `weights`, the rule's weights for this budget: what a new ledger fixes with it."""
+    conversion `weights` may be the shares, a rule's name (that rule's shares for this budget: what a
+    ledger kept under that rule fixes with it), or None (WEIGHT_RULE's: what a new ledger fixes)."""
     e = float(epsilon)
     if not (e > 0 and math.isfinite(e)):
         raise VeilError(f"ledger budget: epsilon {epsilon} must be a finite number > 0")
-    if conversion == WEIGHTED and weights is None:
-        weights = order_weights(e, delta, orders)
+    if conversion == WEIGHTED and (weights is None or isinstance(weights, str)):
+        weights = order_weights(e, delta, orders, WEIGHT_RULE if weights is None else weights)
     return e - conversion_pad(delta, orders, conversion, weights)
 
 
@@ -320,10 +351,10 @@ def epsilon_of_spend(spend: np.ndarray, delta: float, orders: Sequence[float] = 
 
 
 def filter_price(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDERS,
-                 conversion: str = CONVERSION) -> float:
+                 conversion: str = CONVERSION, rule: str = WEIGHT_RULE) -> float:
     """The smallest lifetime budget ε (at δ) whose filter admits this spend from zero — the filter's price
     of a composition, for benches and tests. Under a fixed-pad conversion it is `epsilon_of_spend`; under
-    the weighted one the weights move with the budget, so it is found by a scan upward from the
+    the weighted one (weights by `rule`) the weights move with the budget, so it is found by a scan upward from the
     single-order bound (weights ≤ 1 never beat it): 1 % steps, then 0.02 % steps in the bracket — the
     smallest admitted budget on the scan (possibly above the true smallest by < 0.02 %: never below)."""
     s = np.asarray(spend, dtype=float)
@@ -335,7 +366,7 @@ def filter_price(spend: np.ndarray, delta: float, orders: Sequence[float] = ORDE
         return math.inf
 
     def ok(e: float) -> bool:
-        return e > 0 and bool(np.any(s <= rdp_budget(e, delta, a, WEIGHTED)))
+        return e > 0 and bool(np.any(s <= rdp_budget(e, delta, a, WEIGHTED, check_rule(rule))))
 
     e = max(lo, 1e-6)
     while not ok(e):

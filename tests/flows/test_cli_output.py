@@ -100,3 +100,43 @@ def test_serve_refuses_a_bad_schedule(env, tmp_path, org):
     r = _veil(["retrain", "--policy", str(tiny_policy(tmp_path)), "--source", str(org["source"]),
                "--base-model", str(org["base"]), "--serve", "--cron", "99 * * * *"], env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cron '99 * * * *'" in r.stderr, r.stderr
+
+
+DEMO = ("import pathlib, sys; from flows import stages; stages.DEMO_POLICY = pathlib.Path(sys.argv.pop(1)); "
+        "from flows.cli import main; main()")
+
+
+def test_demo_prints_no_third_party_warnings_and_ends_in_its_summary(env, prefect_server, tmp_path, settings):
+    """`veil demo` in its own process against a real Prefect server, as a user runs it: the demo organization,
+    its base model, plan, DP training, certificate, registry, evaluation and synthetic records. Its
+    terminal and its runs' Prefect log hold Veil's lines only (issue 26), and it ends in Veil's summary
+    table. Sized for CI: `--no-audit` (the demo's one size option: scoring its planted secrets takes
+    minutes on CPU; the audit's output is checked by the retrain and pipeline tests), the demo policy at 4
+    steps (`tiny_policy`, put in place of the shipped file in that process), and a tiny base model built by
+    the demo's own stage into the cache the demo then reuses (the full-size base takes minutes too)."""
+    from datetime import datetime, timezone
+
+    from components.core.hashing import sha256_file
+    from flows import stages
+
+    org = stages.demo_data(settings)
+    cache = settings.models_dir / f"base-{sha256_file(org['public'])[:12]}"
+    stages.base_model(settings, public_corpus=org["public"], out_dir=cache, progress=False,
+                      config={"vocab_size": 512, "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 64,
+                              "steps": 4, "seq_len": 64, "batch_size": 8})
+    since = datetime.now(timezone.utc)
+    r = subprocess.run([sys.executable, "-c", DEMO, str(tiny_policy(tmp_path)), "demo", "--no-audit"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_quiet(r.stdout + r.stderr, "veil demo's terminal output")
+    assert f"reusing {cache}" in r.stderr                      # the tiny base, not a fresh full-size one
+    # the last thing on screen is Veil's summary, one row per stage
+    table = r.stdout[r.stdout.rindex("Veil run"):]
+    assert r.stdout.rstrip().endswith("┘") or r.stdout.rstrip().endswith("╯"), r.stdout[-2000:]
+    for row in ("ingest", "plan", "train", "certificate", "registry", "evaluation", "synthetic", "time"):
+        assert f"│ {row}" in table, table
+    assert "models:/veil-demo/1" in table
+    log = prefect_log_text(prefect_server.api, since)
+    assert_quiet(log, "the demo's Prefect log")
+    for step in ("base model ready", "ingested", "planned", "trained", "registered", "evaluated"):
+        assert f"step: {step}" in log, log[-3000:]

@@ -86,13 +86,16 @@ def test_filter_budget_and_epsilon_of_spend_by_hand():
     assert R.CONVERSION == R.WEIGHTED
 
 
-@pytest.mark.parametrize("conversion", [R.MARKOV, R.HOCKEY_STICK, R.WEIGHTED])
-def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo(conversion):
+@pytest.mark.parametrize("conversion,rule", [(R.MARKOV, None), (R.HOCKEY_STICK, None),
+                                             (R.WEIGHTED, R.WEIGHT_RULE_V1), (R.WEIGHTED, R.WEIGHT_RULE)])
+def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo(conversion, rule):
     """Fully adaptive Gaussian releases (each σ_t chosen from the previous outputs) to one person under
     the filter; the person's realised privacy loss L = Σ L_t must exceed ε with probability ≤ δ
     (union-markov bounds that tail), and the hockey-stick divergence E_P[(1 − e^{ε−L})₊] — what
     (ε, δ)-DP is — must be ≤ δ (what union-hockey-stick and weighted-hockey-stick bound; the tail may
-    exceed δ). The weighted rule's shares sit where this budget's spend is cheapest, so it admits the most.
+    exceed δ). The weighted rules' shares sit where this budget's spend is cheapest, so they admit the
+    most; both rules a ledger can be kept under (v1, issue 26's first weighted ledgers; v2, new ones)
+    are run.
 
     Under P (person present) a full-batch Gaussian release with shift 1 and noise σ_t gives
     L_t ~ N(1/(2σ_t²), 1/σ_t²). The analyst picks a cheap release after a 'lucky' output and an
@@ -100,7 +103,7 @@ def test_filter_is_sound_against_an_adaptive_analyst_monte_carlo(conversion):
     can see it; the bound is checked with a 4-standard-error margin."""
     rng = np.random.default_rng(0)
     eps, delta, n = 2.0, 0.05, 200_000
-    budget = R.rdp_budget(eps, delta, conversion=conversion)
+    budget = R.rdp_budget(eps, delta, conversion=conversion, weights=rule)
     sigmas = (1.2, 3.0, 6.0)
     curve = {s: A / (2 * s * s) for s in sigmas}
     L = np.zeros(n)
