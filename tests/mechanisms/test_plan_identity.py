@@ -97,6 +97,7 @@ def test_last_bit_differences_in_the_numerics_do_not_change_the_plan(tmp_path, m
         return out
 
     monkeypatch.setattr(acc, "sigma_up", spy)
+    monkeypatch.setattr(sec, "sigma_up", spy)        # the secret calibration rounds σ there
     monkeypatch.setattr(canonical, "sigma_up", spy)
     base, plan = _plan_bytes(tmp_path, mech, "base")
     for sign in (1, -1):

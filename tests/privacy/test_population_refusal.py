@@ -67,6 +67,7 @@ def noise(monkeypatch):
     """N̂'s Laplace draw replaced by a function of the counted population (as the keyed draw is): 0 for the
     first population planned (the run on D), −100 for any other, or the reverse."""
     import components.draws.annex as annex
+    import components.mechanisms.gaussian as gaussian
 
     def install(refuse_on_d: bool):
         seen: list[str] = []
@@ -77,7 +78,9 @@ def noise(monkeypatch):
             first = seen.index(parts[1]) == 0
             return -100.0 if first == refuse_on_d else 0.0
 
+        # where it is defined and where the population estimate calls it (imported at module top there)
         monkeypatch.setattr(annex, "laplace_noise", draw)
+        monkeypatch.setattr(gaussian, "laplace_noise", draw)
     return install
 
 
