@@ -228,3 +228,10 @@ def build_org(tmp_path, settings):
 @pytest.fixture
 def org(tmp_path, settings):
     return build_org(tmp_path, settings)
+
+
+@pytest.fixture(scope="session")
+def org_builder():
+    """`build_org` for module-scoped fixtures: `from conftest import build_org` would find whichever
+    tests/*/conftest.py an xdist worker registered as `conftest` first."""
+    return build_org

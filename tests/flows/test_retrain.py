@@ -61,7 +61,7 @@ def _evaluations(home):
 
 
 @pytest.fixture(scope="module")
-def line(prefect_server, tmp_path_factory):
+def line(prefect_server, tmp_path_factory, org_builder):
     """One retraining line, run once for the module: train → skip on unchanged data → skip again (the same
     base model at another path) → train once new people arrive. test_retrain_trains_skips_then_trains_new_people
     asserts on each step and test_promotion_gate promotes its two versions, rather than training two of its
@@ -70,8 +70,6 @@ def line(prefect_server, tmp_path_factory):
     import shutil
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from conftest import build_org
 
     tmp = tmp_path_factory.mktemp("retrain-line")
     home = tmp / "veil-home"
@@ -83,7 +81,7 @@ def line(prefect_server, tmp_path_factory):
     mp.setenv("PREFECT_API_URL", prefect_server.api_url)
     try:
         with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
-            org = build_org(tmp, load_settings(home).ensure())
+            org = org_builder(tmp, load_settings(home).ensure())
             policy = _policy(tmp)
             got = {"home": home, "org": org}
 
