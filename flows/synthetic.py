@@ -68,6 +68,16 @@ def scan_records(records: list[dict], rules: Any = None, *, tagger=None) -> tupl
     return {c: len(rows) for c, rows in hit.items()}, matches
 
 
+def _move_into_place(tmp: Path, root: Path, cert: dict) -> Path:
+    """The sealed corpus folder, renamed from its staging folder to its id (the certificate's sha256
+    prefix); a folder of the same id — the same corpus sealed again — is replaced."""
+    final = root / cert["sha256"][:16]
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
 def _write_private_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
@@ -129,14 +139,11 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
         cert = build_certificate(model=model, model_cert=loaded.certificate, generation=generation,
                                  corpus=corpus, code_version=code_version())
         seal_corpus(tmp, cert, loaded.certificate, model_seal, load_signing_key(settings))
-        final = root / cert["sha256"][:16]
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        final = _move_into_place(tmp, root, cert)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    scan_path = Path(settings.private_dir) / "synthetic" / cert["sha256"][:16] / "scan.jsonl"
+    scan_path = Path(settings.private_dir) / "synthetic" / final.name / "scan.jsonl"
     _write_private_jsonl(scan_path, matches)
 
     led = Ledger.open(settings)
@@ -302,14 +309,11 @@ def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, promp
         cert = build_pmixed_certificate(model=model, pmixed_cert=pcert, generation=generation, corpus=corpus,
                                         tokens_charged=facts["tokens_charged"], code_version=code_version())
         seal_corpus(tmp, cert, pcert, None, load_signing_key(settings))
-        final = root / cert["sha256"][:16]
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        final = _move_into_place(tmp, root, cert)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    scan_path = Path(settings.private_dir) / "synthetic" / cert["sha256"][:16] / "scan.jsonl"
+    scan_path = Path(settings.private_dir) / "synthetic" / final.name / "scan.jsonl"
     _write_private_jsonl(scan_path, matches)
     led = Ledger.open(settings)
     try:
