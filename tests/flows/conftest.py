@@ -6,6 +6,9 @@ within seconds. Always stopped (process group killed) whatever the test did.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import logging
 import os
 import signal
@@ -235,3 +238,34 @@ def org_builder():
     """`build_org` for module-scoped fixtures: `from conftest import build_org` would find whichever
     tests/*/conftest.py an xdist worker registered as `conftest` first."""
     return build_org
+
+
+# --- shared by test_retrain.py and test_retrain_killed.py ---------------------------------------------
+def retrain_json(policy, org, capsys, name="rt"):
+    """`veil retrain … --json` in this process (CliRunner's and capsys' swapped streams are closed after
+    the test but outlive it in Prefect's log handlers)."""
+    from flows.cli import app
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):  # stdout only: Prefect's log handler holds stderr
+        app(["retrain", "--policy", str(policy), "--source", str(org["source"]), "--format", "jsonl", *MAPPING,
+             "--base-model", str(org["base"]), "--name", name, "--json"], standalone_mode=False)
+    return json.loads(buf.getvalue())
+
+
+def training_releases(home):
+    """Training releases in the ledger (a plan's N̂ and a model's evaluation are releases of their own)."""
+    from sqlalchemy import select
+
+    from components.ledger import Ledger
+    from components.ledger import store as st
+
+    from components.core.settings import load_settings
+
+    led = Ledger.open(load_settings(home))
+    try:
+        with st.read_only(led.engine) as conn:
+            rows = conn.execute(select(st.releases.c.kind, st.releases.c.mechanism)).all()
+    finally:
+        led.dispose()
+    return sum(1 for r in rows if r.kind != "population" and r.mechanism != "evaluation")

@@ -3,9 +3,6 @@ spend) → train again when new people arrive; the promotion gate moves `product
 audit with the required fields. (A run killed mid-training: tests/flows/test_retrain_killed.py.)"""
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import time
 
 import pytest
@@ -13,37 +10,9 @@ import pytest
 from components.core.settings import load_settings
 from flows import stages
 
-from conftest import MAPPING, tiny_policy as _policy
+from conftest import retrain_json as _retrain, tiny_policy as _policy, training_releases as _releases
 
 pytestmark = pytest.mark.slow
-
-def _retrain(policy, org, capsys, name="rt"):
-    """`veil retrain … --json` in this process (CliRunner's and capsys' swapped streams are closed after
-    the test but outlive it in Prefect's log handlers)."""
-    from flows.cli import app
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):  # stdout only: Prefect's log handler holds stderr
-        app(["retrain", "--policy", str(policy), "--source", str(org["source"]), "--format", "jsonl", *MAPPING,
-             "--base-model", str(org["base"]), "--name", name, "--json"], standalone_mode=False)
-    return json.loads(buf.getvalue())
-
-
-def _releases(home):
-    """Training releases in the ledger (a plan's N̂ and a model's evaluation are releases of their own)."""
-    from sqlalchemy import select
-
-    from components.ledger import Ledger
-    from components.ledger import store as st
-
-    led = Ledger.open(load_settings(home))
-    try:
-        with st.read_only(led.engine) as conn:
-            rows = conn.execute(select(st.releases.c.kind, st.releases.c.mechanism)).all()
-    finally:
-        led.dispose()
-    return sum(1 for r in rows if r.kind != "population" and r.mechanism != "evaluation")
-
 
 def _evaluations(home):
     """Evaluation releases in the ledger (one per evaluated model version)."""
