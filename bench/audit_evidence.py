@@ -58,7 +58,8 @@ def main(argv=None) -> dict:
     import torch
     from peft import PeftModel
 
-    from components.audit import make_canary_users, run_audit
+    from components.audit.canaries import make_canary_users
+    from components.audit.run import run_audit
     from components.audit.run import attacker_samples
     from components.certificate import build_certificate
     from components.core.settings import load_settings

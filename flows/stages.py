@@ -41,6 +41,7 @@ from components.policy.model import Evaluation
 from components.draws.annex import commitment, load_annex, plan_key, plan_snapshot_ref as ref, snapshot_commitment
 from components.draws.data import evaluation_records, train_rows, training_records
 from components.renyi.costs import Budget, pure_dp_rdp
+from components.planning import load_plan, make_plan, save_plan
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "policies" / "demo.yaml"
 # How the demo organization's JSONL maps onto catalog records (user and text use the defaults).
@@ -203,8 +204,6 @@ def plan_snapshot(settings: Settings, policy: str | Path, snap, *, base_dir: str
                   progress=None, exclude_people=None, compute: dict | None = None) -> dict:
     """`plan` on a loaded snapshot (anything with snapshot_id, sha256, records, secret_spans and
     manifest): people rules, exclusions, the plan, N̂ charged, the plan written."""
-    from components.planning import make_plan, save_plan  # startup
-
     from components.bounding.people import canonical_records, plan_accounts  # startup
 
     pol = load_policy(policy)
@@ -533,7 +532,6 @@ def finished_training(settings: Settings, plan_path: str | Path) -> dict | None:
     `reserved`/`crashed` and train_result.json is there), else None. Lets a retraining that stopped
     after training (before registration) go on without training — or charging — again."""
     from components.ledger import Ledger  # startup
-    from components.planning import load_plan  # startup
     from components.training.spec import PRIVATE_FIELDS  # startup
 
     plan_doc = load_plan(plan_path).to_dict()
@@ -575,7 +573,6 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
     the base model is loaded in that dtype; the certificate records what ran."""
     import pyarrow.compute as pc
 
-    from components.planning import load_plan  # startup
     from components.training import TrainSpec, train as run_training  # startup
 
     # the operator's device, checked first and before any charge: a missing GPU is an error, not a
@@ -643,8 +640,6 @@ def train(settings: Settings, plan_path: str | Path, base_dir: str | Path, *, pr
 
 
 def certify(settings: Settings, plan_path: str | Path, train_result: dict) -> dict:
-    from components.planning import load_plan  # startup
-
     plan_doc = load_plan(plan_path).to_dict()
     if not get_mechanism(plan_doc["mechanism"]).secret_targets:
         return build_certificate(plan_doc, train_result).to_dict()
@@ -671,7 +666,6 @@ def secret_targets(settings: Settings, plan_doc: dict) -> list:
 
 def register(settings: Settings, *, name: str, certificate: dict, plan_path: str | Path, base_dir: str | Path,
              adapter_dir: str | Path | None, alias: str | None = "latest-certified") -> dict:
-    from components.planning import load_plan  # startup
     from components.registry import register_model  # startup
 
     plan_doc = load_plan(plan_path).to_dict()
@@ -729,7 +723,7 @@ class PipelineResult:
 def audit(settings: Settings, model_uri: str, *, policy: str | Path | None = None,
           truth: str | Path | None = None, progress: bool = True) -> dict:
     """Audit a registered model; aggregates go into its certificate, per-user scores stay private."""
-    from components.audit import run_audit  # startup
+    from components.audit.run import run_audit  # startup
     from components.registry import load_model, record_audit  # startup
 
     loaded = load_model(model_uri, settings, interrupted_audit_ok=True)   # a killed audit is done again

@@ -44,6 +44,7 @@ from flows.study_grid import Grid, Point, parse_grid, point_policy
 from flows.study_report import gap_closing, log_study, plot_study, write_tables
 from components.draws.annex import load_annex
 from components.draws.data import evaluation_records
+from components.planning import load_plan
 
 CAVEAT = ("Tuning on private data is not covered by any certificate: these scores are measured on private "
           "evaluation people and any choice made from them leaks information about them and about the "
@@ -95,8 +96,6 @@ def texts_sha(texts: list[str]) -> str:
 def run_point(settings: Settings, point: dict, plan_path: str, base_dir: str, run_dir: str,
               eval_max: int, drop_users: tuple = ()) -> dict:
     """train (a tuning run) → evaluate, for one planned grid point. Returns its results row."""
-    from components.planning import load_plan  # startup
-
     t0 = time.perf_counter()
     pt = Point(**{k: point[k] for k in ("mechanism", "epsilon", "selection", "k", "lora")})
     plan_doc = load_plan(plan_path).to_dict()

@@ -11,24 +11,7 @@
   reader of the plan's membership reservations (held-out and canary users, attacker files).
 - `report`: private report, plots, keys; `run`: `run_audit`, the whole audit of one model.
 - `echo`: the canary echo audit of a synthetic corpus (echo canaries against the corpus alone).
-"""
-from components.audit.canaries import make_canary_users
-from components.audit.ceiling import (auroc_ceiling, auroc_ceiling_from_pld, auroc_ceiling_from_profile,
-                                      tpr_ceiling, tradeoff)
-from components.audit.exposure import SecretProbe, exposure_summary, probes_from_spans, probes_from_truth, \
-    secret_exposure, shape_of
-from components.audit.metrics import (FPR_TARGETS, auroc, bootstrap_metrics, empirical_epsilon_lower_bound,
-                                      roc_curve, tpr_at_fpr)
-from components.audit.inputs import AuditReservations, audit_reservations
-from components.audit.run import AuditResult, resolve_thresholds, run_audit, user_level_guarantee
-from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED, auroc_interval, auroc_verdict
-from components.audit.user_inference import score_users, user_inference_report
 
-__all__ = [
-    "auroc_ceiling", "auroc_ceiling_from_pld", "auroc_ceiling_from_profile", "tpr_ceiling", "tradeoff",
-    "FPR_TARGETS", "auroc", "bootstrap_metrics", "empirical_epsilon_lower_bound", "roc_curve", "tpr_at_fpr",
-    "score_users", "user_inference_report", "make_canary_users", "SecretProbe", "exposure_summary",
-    "probes_from_spans", "probes_from_truth", "secret_exposure", "shape_of", "AuditResult", "resolve_thresholds",
-    "run_audit", "user_level_guarantee", "AuditReservations", "audit_reservations", "PASSED", "FAILED",
-    "INCONCLUSIVE", "auroc_interval", "auroc_verdict",
-]
+The package re-exports nothing: import from the module that owns a name. `veil verify` and the
+registry read only `public` (light); re-exporting `metrics` here made them load scipy.stats (~1.5 s).
+"""

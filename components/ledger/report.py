@@ -24,6 +24,7 @@ from components.ledger import store as st
 from components.ledger.release import forecast_release, releases_for_fresh_person
 from components.mechanisms import get as get_mechanism
 from components.renyi.costs import Budget
+from components.planning.plan import load_plan
 
 PEOPLE_CSV = "ledger-people.csv"
 SECRETS_CSV = "ledger-secrets.csv"
@@ -159,8 +160,6 @@ def ledger_report(settings, *, estimate: bool = True, plan: Path | None = None) 
         path = Path(plan) if plan is not None else latest_plan(settings, led)
         doc["forecast"] = None
         if path is not None:
-            from components.planning.plan import load_plan  # startup
-
             try:
                 doc["forecast"] = plan_forecast(settings, led, load_plan(path).to_dict())
             except VeilError:

@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.core.errors import VeilError
-from components.renyi import rdp as _rdp
+
+if TYPE_CHECKING:      # annotations only: numpy and pyarrow load where a hook computes (`veil policy check`
+    import numpy as np  # reads the registry's attributes and loads neither)
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,8 @@ class Mechanism:
 
     def unit_rates(self, spec, data: pa.Table, tok, by_user: list) -> np.ndarray:
         """Each Poisson unit's inclusion probability (users or records, in `tok`'s order)."""
+        import numpy as np
+
         n = len(tok.users) if self.samples_users else tok.n_records
         return np.full(n, float(spec.sampling_rate))
 
@@ -243,6 +245,8 @@ class Mechanism:
     def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
         """One person's Poisson-sampled rows' RDP under this mechanism's relation (add/remove:
         `renyi.rdp.rows_rdp`); the Gaussian family's `ledger_costs` prices every person with it."""
+        from components.renyi import rdp as _rdp  # startup
+
         return _rdp.rows_rdp(rates, sigma, steps, orders)
 
     def ledger_population_rows(self, rows: int) -> int:

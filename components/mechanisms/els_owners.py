@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, PlanContext, register
 from components.mechanisms.els import ELS
 from components.mechanisms.gaussian import accounting_section
 from components.bounding.owners import bound_owners, owner_set, replace_to_add_remove
-from components.draws.audit_split import held_out
-from components.draws.eval_split import is_evaluation_person
-from components.renyi import rdp as _rdp
+
+if TYPE_CHECKING:      # annotations only (numpy and pyarrow load where a hook computes)
+    import numpy as np
+    import pyarrow as pa
 
 # components.bounding.owners.RELATION (a test checks they agree; kept here too so that the relation
 # a certificate names is readable from the mechanism alone)
@@ -74,6 +73,11 @@ class ELSOwners(ELS):
         return None         # the per-owner greedy decides (the plan's `ownership` section says its order)
 
     def bound(self, ctx: PlanContext, train: pa.Table) -> Bounded:
+        import pyarrow as pa
+
+        from components.draws.audit_split import held_out  # startup
+        from components.draws.eval_split import is_evaluation_person  # startup
+
         spec = ctx.spec
         owners = _owners_of(train, ctx.owners)
         # A record trains only if none of its owners is reserved (evaluation or audit holdout). The
@@ -194,6 +198,7 @@ class ELSOwners(ELS):
     def rows_curve(self, rates, sigma: float, steps: int, orders) -> np.ndarray:
         """Every owner of a trained record is charged (renyi.costs.person_rates expands `owners`), under the
         replace relation (components.renyi.rdp.replace_rows_rdp)."""
+        from components.renyi import rdp as _rdp  # startup
 
         return _rdp.replace_rows_rdp(rates, sigma, steps, orders)
 

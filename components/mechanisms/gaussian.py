@@ -13,15 +13,10 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
-import numpy as np
-
 from components.core.canonical import described_event, epsilon_up, round_sig, sum_up
 from components.core.errors import VeilError
 from components.draws.annex import laplace_noise, population_digest, prf
-from components.draws.selection import select_records
 from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext, population_epsilon
-from components.renyi import rdp as _rdp
-from components.renyi.costs import Budget, PersonCost, releases_for_fresh_person
 
 
 def library_version() -> str:
@@ -173,6 +168,8 @@ class SubsampledGaussian(Mechanism):
         filter admits `releases` times, and its ε the largest (to the calibration's tolerance) that does.
         Returns (the calibration, the plan's public `schedule` section)."""
         from components.accounting import calibrate as calibrate_sigma, epsilon as account  # startup
+        from components.renyi import rdp as _rdp  # startup
+        from components.renyi.costs import Budget, releases_for_fresh_person  # startup
 
         spec = ctx.spec
         n = int(spec.schedule.releases)
@@ -278,6 +275,10 @@ class SubsampledGaussian(Mechanism):
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """Each of a person's rows is its own Poisson draw at its rate; their rows' RDP (module
         components.renyi.rdp for the derivation)."""
+        import numpy as np
+
+        from components.renyi.costs import PersonCost  # startup
+
         sigma, steps = float(plan["noise_multiplier"]), int(plan["steps"])
         cache: dict[tuple, tuple[float, np.ndarray]] = {}
         made: dict[tuple, PersonCost] = {}     # one (immutable) cost per (rates, rows), shared by its people
@@ -309,6 +310,8 @@ class UserBounded(SubsampledGaussian):
         return int(records_per_user or 0)
 
     def bound(self, ctx: PlanContext, train) -> Bounded:
+        from components.draws.selection import select_records  # startup
+
         chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
                                 exactly_k=self.exactly_k, key=ctx.key)
         return Bounded(chosen=chosen, n_units=chosen.num_rows, records_per_user=int(ctx.k))

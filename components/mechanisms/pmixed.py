@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from components.mechanisms.base import Mechanism, register
-from components.renyi.costs import PersonCost
 
 
 class PMixED(Mechanism):
@@ -21,6 +20,7 @@ class PMixED(Mechanism):
     def ledger_costs(self, plan: Mapping, rates, orders) -> dict:
         """Every person sits in one shard; each answered token costs them the mechanism's per-token RDP
         (components.prediction.mechanism), whatever their row count."""
+        from components.renyi.costs import PersonCost  # startup
 
         curve = plan["budget_rdp"]
         q = float(plan["sampling_rate"])

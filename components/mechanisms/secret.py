@@ -3,12 +3,13 @@ posterior γ (KL case of Lemma 3.2); the unit is a secret's value, neighbours su
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, Mechanism, PlanContext, register
-from components.dpsgd.data import record_rates
+
+if TYPE_CHECKING:      # annotations only (numpy loads where a hook computes)
+    import numpy as np
 
 TAGGED_ONLY = ("the guarantee covers tagged occurrences only: a secret the tagger missed (no detector "
                "matched it) is trained on as an untagged record and gets nothing from the per-secret bounds "
@@ -67,6 +68,8 @@ class Secret(Mechanism):
             bad("selection", f"random-chunk needs per-user clipping (uls), not {self.name}")
 
     def unit_rates(self, spec, data, tok, by_user) -> np.ndarray:
+        from components.dpsgd.data import record_rates  # startup
+
         rates = record_rates(data)
         mean_rate = float(rates.sum()) / len(rates) if len(rates) else 0.0
         if len(rates) and abs(mean_rate - float(spec.sampling_rate)) > 1e-6 * max(1e-12, float(spec.sampling_rate)):

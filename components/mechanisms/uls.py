@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import pyarrow.compute as pc
-
 from components.mechanisms.base import Bounded, PlanContext, register
 from components.mechanisms.gaussian import SubsampledGaussian
-from components.draws.selection import REDRAWN_PER_VISIT, select_records
-from components.renyi import rdp as _rdp
-from components.renyi.costs import PersonCost
 
 
 class ULS(SubsampledGaussian):
@@ -31,6 +26,9 @@ class ULS(SubsampledGaussian):
     def bound(self, ctx: PlanContext, train) -> Bounded:
         """random / random-chunk keep every record (the trainer draws G afresh at every visit, so the
         bound holds by the clipped mean); deterministic strategies fix each user's k records here."""
+        import pyarrow.compute as pc
+
+        from components.draws.selection import REDRAWN_PER_VISIT, select_records  # startup
 
         caveats = []
         if ctx.selection in ("random",) + REDRAWN_PER_VISIT:
@@ -45,6 +43,8 @@ class ULS(SubsampledGaussian):
 
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:
         """One Poisson draw per person per step, whatever their row count: the sampled Gaussian's RDP."""
+        from components.renyi import rdp as _rdp  # startup
+        from components.renyi.costs import PersonCost  # startup
 
         q = float(plan["sampling_rate"])
         curve = _rdp.sampled_gaussian_rdp(q, float(plan["noise_multiplier"]), int(plan["steps"]), orders)

@@ -4,14 +4,16 @@ filtered mean. Under replace-one-user neighbouring the user count is public (doc
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from components.core.canonical import described, epsilon_up, sum_up
 from components.core.errors import VeilError
 from components.mechanisms.base import Bounded, Calibrated, PlainStep, PlanContext, register
 from components.mechanisms.gaussian import accounting_section
 from components.mechanisms.uls import ULS
+
+if TYPE_CHECKING:      # annotations only (numpy loads where a hook computes)
+    import numpy as np
 
 
 class FilteredULS(ULS):
@@ -203,6 +205,8 @@ class _FilteredRunner(PlainStep):
         return float(self.spec.noise_multiplier)
 
     def result_extra(self) -> dict:
+        import numpy as np
+
         return {"filter": dict(self.spec.filter), "noise_std_on_mean": self.step.noise_std,
                 "normalisation": "mean of the users kept by the filter + N(0, std²) on the mean (Alg. 3)",
                 "kept_users_mean": float(np.mean(self.kept)) if self.kept else None}

@@ -29,7 +29,7 @@ from components.draws.audit_split import (AuditSplit, keep_trained_members, mask
 from components.audit.sizing import size_audit
 from components.planning.plan import SCHEMA, Plan, seal
 from components.draws.selection import Scorer
-from components.audit import make_canary_users
+from components.audit.canaries import make_canary_users
 
 
 

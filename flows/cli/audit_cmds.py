@@ -111,7 +111,7 @@ def audit_cmd(
     section: verdicts and coarsely quantized aggregates, not covered by the certificate.
     """
     from catalog.snapshots import load_snapshot  # startup
-    from components.audit import run_audit  # startup
+    from components.audit.run import run_audit  # startup
     from components.registry import load_model  # startup
     from flows.stages import plan_snapshot_id  # startup
 

@@ -16,6 +16,7 @@ from flows.cli.common import out, print_json as _print_json, quiet_third_party, 
 from flows.cli.common import err
 from flows.cli.evaluate_cmds import limit_line, summary_line
 from flows.cli.synthetic_cmds import summary_line as synthetic_line
+from components.certificate import describe
 
 
 def _ceiling(aud: dict) -> str:
@@ -55,8 +56,6 @@ def _audit_line(aud: dict, short: bool = False) -> str:
 
 
 def _summary_table(result: dict, seconds: float) -> Table:
-    from components.certificate import describe  # startup
-
     cert, reg, ing, tr = result["certificate"], result["registration"], result["ingest"], result["train"]
     t = Table(title="Veil run", show_header=True, header_style="bold")
     t.add_column("stage")
@@ -231,8 +230,6 @@ def train(plan: Path = typer.Option(..., "--plan", help="plan JSON written by `v
     """Run a plan: DP fine-tuning exactly as planned (resumes from its last checkpoint)."""
     import dataclasses
 
-    from components.certificate import describe  # startup
-
     from flows import stages  # startup
 
     if not plan.is_file():
@@ -296,8 +293,6 @@ def models(json_out: bool = typer.Option(False, "--json")) -> None:
 
 def models_table(rows: list[dict]) -> Table:
     """Names and URIs fold onto more lines at any terminal width, never cut to "…" (issue 26)."""
-    from components.certificate import describe  # startup
-
     t = Table(title="Registered models")
     for col in ("model", "aliases", "mechanism", "guarantee", "steps", "audit AUROC (ceiling)", "certificate"):
         t.add_column(col, overflow="fold", no_wrap=col == "steps")

@@ -13,6 +13,7 @@ from components.core.hashing import sha256_bytes
 from components.core.settings import load_settings
 from flows.cli.common import out, print_json as _print_json
 from components.draws.annex import load_annex, plan_snapshot_ref
+from components.mechanisms import get as get_mechanism
 
 
 privacy = typer.Typer(help="Privacy accounting: ε for a mechanism, σ for a target, secrets' posterior bounds.",
@@ -133,7 +134,6 @@ def secrets_cmd(
         from catalog.snapshots import load_snapshot  # startup
 
         span_tbl = load_snapshot(load_settings(), plan_snapshot_ref(plan, annex)[0]).secret_spans
-    from components.mechanisms import get as get_mechanism  # startup
 
     per_user = get_mechanism(plan["mechanism"]).samples_users
     groups = secret_rates(train, span_tbl, sampling_rate=float(plan["sampling_rate"]), per_user=per_user)

@@ -10,6 +10,9 @@ from rich.table import Table
 from components.core.errors import VeilError
 from components.publication import publish
 from flows.cli.common import err, out, print_json, settings as _settings
+from components.certificate.seal import (TRUSTED_DIR, fingerprint, load_signing_key, public_key_pem, raw_public_bytes,
+                                         read_public_keys, signing_key_path, trusted_keys)
+from components.certificate.summary import promises
 
 
 def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or models:/NAME@ALIAS"),
@@ -19,8 +22,6 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
     Exit 0 when every check passes, 2 when one fails (the first failure is the `reason`).
     """
     from components.registry import verify_model  # startup
-
-    from components.certificate.summary import promises  # startup
 
     v = verify_model(model_uri, _settings())
     doc = v.to_dict()
@@ -58,17 +59,6 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
 def keys(trust: Optional[Path] = typer.Option(None, "--trust", help="add this PEM public key to the trust store"),
          json_out: bool = typer.Option(False, "--json")) -> None:
     """The signing key's public half and fingerprint (create it if needed), and the trusted keys."""
-    from components.certificate.seal import (  # startup
-        TRUSTED_DIR,
-        fingerprint,
-        load_signing_key,
-        public_key_pem,
-        raw_public_bytes,
-        read_public_keys,
-        signing_key_path,
-        trusted_keys,
-    )
-
     s = _settings()
     if trust is not None:
         if not trust.is_file():

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from _audit_tinylm import build_model, build_tokenizer, filler, finetune
-from components.audit import make_canary_users, run_audit
+from components.audit.canaries import make_canary_users
+from components.audit.run import run_audit
 from components.audit.run import resolve_thresholds
 from components.core.errors import VeilError
 from components.core.hashing import sha256_file

@@ -71,7 +71,7 @@ def test_train_refuses_missing_device_before_any_charge(settings, monkeypatch, t
         def to_dict(self):
             return {"sha256": "0" * 64}
 
-    monkeypatch.setattr("components.planning.load_plan", lambda p: _Plan())
+    monkeypatch.setattr(stages, "load_plan", lambda p: _Plan())
     with pytest.raises(VeilError, match="VEIL_DEVICE=cuda: no CUDA device"):
         stages.train(s, tmp_path / "plan.json", tmp_path)
     assert called == []

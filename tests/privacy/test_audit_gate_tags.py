@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 import _audit_stub as stub
-from components.audit import run_audit
+from components.audit.run import run_audit
 from test_audit_public_leak import SECRETS, FakeClient, _certificate
 
 

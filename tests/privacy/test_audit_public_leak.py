@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import _audit_stub as stub
-from components.audit import make_canary_users, run_audit
+from components.audit.canaries import make_canary_users
+from components.audit.run import run_audit
 from components.certificate import build_certificate
 
 import importlib.util as _ilu

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import _audit_stub as stub
-from components.audit import run_audit
+from components.audit.run import run_audit
 from components.audit.ceiling import auroc_ceiling
 
 CEILING_0761_EPS = math.log(1 / (1 - 0.761) - 1)   # ε whose (ε, 1e-5) AUROC ceiling is 0.761

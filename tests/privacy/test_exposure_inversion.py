@@ -17,7 +17,7 @@ import json
 import numpy as np
 
 import _audit_stub as stub
-from components.audit import run_audit
+from components.audit.run import run_audit
 from components.audit.exposure import SecretProbe, secret_exposure
 
 BLOCK = [f"+1-555-013-{i:04d}" for i in range(4000, 5000)]    # the org's 10^3-number phone block

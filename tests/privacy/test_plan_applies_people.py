@@ -38,7 +38,7 @@ def test_plan_sees_people_not_accounts(settings, tmp_path, monkeypatch):
         seen["records"] = snapshot.records
         raise _Seen
 
-    monkeypatch.setattr("components.planning.make_plan", fake_make_plan)
+    monkeypatch.setattr(stages, "make_plan", fake_make_plan)
     monkeypatch.setattr(stages, "planning_aids", lambda pol, base: (None, None))
     with pytest.raises(_Seen):
         stages.plan(settings, _policy(tmp_path, PEOPLE))

@@ -122,7 +122,7 @@ def test_harness_finds_a_refusal_on_n_hat_left_uncharged(tmp_path, monkeypatch, 
 def test_harness_finds_a_refusal_that_reads_exact_data(tmp_path, monkeypatch):
     """A refusal not on N̂ alone (here: a planner that refuses when one person is missing — a decision on
     exact data) that differs between D and D − u is a finding, not a DP outcome."""
-    import components.planning as planning
+    import flows.stages as planning    # make_plan is bound there (module top) for plan_snapshot
     from components.core.errors import VeilError
 
     monkeypatch.setenv("VEIL_HOME", str(tmp_path / "unused"))
