@@ -20,6 +20,7 @@ Definition 3.1 with arbitrary transformations does not give. That the add/remove
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,7 +39,14 @@ DOMINANCE_NOTE = (
     "the per-step pair N(0,σ²) vs Poisson-binomial mixture of N(j·Δ,σ²) is taken to dominate the substitution "
     "pair; checked numerically for Δ=2 (tests/accounting), not proved")
 
-_GH_NODES, _GH_WEIGHTS = np.polynomial.hermite.hermgauss(200)
+
+@functools.cache
+def _gauss_hermite() -> tuple[np.ndarray, np.ndarray]:
+    """200-point Gauss–Hermite nodes and weights, computed once when first needed (~0.2 s: not paid by
+    `veil verify`, which imports this module for gamma_from_kl only)."""
+    return np.polynomial.hermite.hermgauss(200)
+
+
 # Components of the count distribution whose weight·(jΔ)²/(2σ²) is this small are dropped and their
 # whole worst-case contribution added back (convexity bound), so trimming never lowers the KL.
 _TRIM = 1e-14
@@ -147,8 +155,9 @@ def count_pmf(rates: Sequence[float]) -> np.ndarray:
 
 def _expect_gauss(f, mean: np.ndarray, sigma: float) -> np.ndarray:
     """E[f(X)], X ~ N(mean_j, σ²) for each mean_j, by Gauss–Hermite quadrature (200 nodes)."""
-    x = mean[:, None] + math.sqrt(2.0) * sigma * _GH_NODES[None, :]
-    return (f(x) * _GH_WEIGHTS[None, :]).sum(axis=1) / math.sqrt(math.pi)
+    nodes, weights = _gauss_hermite()
+    x = mean[:, None] + math.sqrt(2.0) * sigma * nodes[None, :]
+    return (f(x) * weights[None, :]).sum(axis=1) / math.sqrt(math.pi)
 
 
 def mixture_kl(pmf: np.ndarray, noise_multiplier: float, sensitivity: float) -> tuple[float, float]:

@@ -25,9 +25,9 @@ from components.mechanisms import get as get_mechanism
 from components.modeling import load_base
 from components.modeling.base import read_base_facts
 from components.draws.annex import load_annex
-from components.draws.data import train_rows
-from components.planning.plan import assert_public
 from components.publication import publish
+from components.registry import local_store
+from components.registry.local_store import MLFLOW_RESTORE
 from components.registry.artifacts import (  # noqa: F401 (privacy_tags, PLAN_TAG: this module's names too)
     CERT_ARTIFACT, PLAN_ARTIFACT, PLAN_TAG, SEAL_ARTIFACT, privacy_tags, run_json,
 )
@@ -42,8 +42,6 @@ RUNTIME_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetens
 INPUT_EXAMPLE_PROMPT = "The weekly report"
 
 
-MLFLOW_RESTORE = ("restore it from a backup (it holds the registered models, their runs and aliases); do not "
-                  "move it aside: a new, empty registry forgets every release")
 
 
 def check_store(settings: Settings) -> None:
@@ -186,6 +184,7 @@ def register_model(settings: Settings, *, name: str, certificate: Mapping[str, A
     import mlflow
     import pandas as pd
 
+    from components.planning.plan import assert_public  # startup
     from components.registry.pyfunc_model import VeilCausalLM  # startup
 
     cert = verify_certificate(certificate).to_dict()
@@ -351,6 +350,7 @@ def lifetime_check(settings: Settings, cert: Mapping[str, Any], plan: Mapping[st
     plan's training rows (a model on disk is a release) and refused if the filter retires anyone, since
     they are in the model already. `register_model` appends the `registered` event once MLflow holds the version; the charge never moves,
     whatever happens to the version afterwards. Returns aggregates only (counts, ε of the budget)."""
+    from components.draws.data import train_rows  # startup
     from components.ledger import Ledger, reserve_release  # startup
 
     led = Ledger.open(settings)
@@ -433,8 +433,23 @@ def _download_package(mv, dst: str) -> str:
 
 def verify_model(model_uri: str, settings: Settings):
     """Every check for a registered version (`veil verify`): a Verification, never an exception for
-    an invalid release (a bad URI is still a VeilError)."""
+    an invalid release (a bad URI is still a VeilError).
 
+    A local registry (Veil's default: SQLite and file artifacts) is read without MLflow
+    (components.registry.local_store: the same rows and files, ~4 s of MLflow imports saved); any
+    other store, or anything that reader does not resolve exactly, goes through MLflow's client."""
+    store = local_store.open_local_store(settings)
+    if store is not None:
+        try:
+            found = local_store.resolve(store, model_uri)
+            if found is not None:
+                mv, package = found
+                v = verify_version(store, mv, trusted_keys(settings), package_dir=package,
+                                   read_package=local_store.package_artifacts)
+                check_alias_gates(store, mv, v)
+                return v
+        finally:
+            store.close()
     client = _client(settings)
     mv = _resolve_version(client, model_uri)
     v = verify_version(client, mv, trusted_keys(settings))

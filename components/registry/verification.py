@@ -117,20 +117,22 @@ def check_registry_side(client, run_id: str, versions: list, embedded: dict | No
     return registered
 
 
-def verify_version(client, mv, trusted: Mapping[str, Any], package_dir: str | Path | None = None) -> Verification:
-    """Every check for one registered model version (the package is downloaded unless given)."""
-    import mlflow
-
+def verify_version(client, mv, trusted: Mapping[str, Any], package_dir: str | Path | None = None,
+                   read_package=package_artifacts) -> Verification:
+    """Every check for one registered model version (the package is downloaded unless given; `client`
+    is MLflow's, or components.registry.local_store's reader with its `read_package`)."""
     v = Verification()
     with tempfile.TemporaryDirectory() as tmp:
         if package_dir is None:
+            import mlflow
+
             try:
                 package_dir = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=tmp)
             except Exception as e:  # noqa: BLE001
                 v.record("weights", False, f"model package {mv.source} cannot be downloaded ({type(e).__name__})")
                 return v
         try:
-            arts = package_artifacts(package_dir)
+            arts = read_package(package_dir)
         except VeilError as e:
             v.record("weights", False, str(e))
             return v
