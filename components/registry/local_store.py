@@ -112,13 +112,15 @@ class LocalStore:
         return len(revs) == 1 and revs <= KNOWN_SCHEMAS
 
     # --- the registry ----------------------------------------------------------------------------
+    # (SQL's `!=` as MLflow's queries use it: a NULL stage matches neither side, so such a row is not
+    # returned by MLflow either)
     def get_model_version(self, name: str, version) -> ModelVersion:
         try:
             v = int(str(version))
         except ValueError:
             raise _Unknown from None
         rows = self._rows("SELECT name, version, source, run_id FROM model_versions WHERE workspace = ? AND name = ? "
-                          "AND version = ? AND (current_stage IS NULL OR current_stage != ?)",
+                          "AND version = ? AND current_stage != ?",
                           DEFAULT_WORKSPACE, name, v, DELETED_INTERNAL)
         if len(rows) != 1:
             raise _Unknown
@@ -170,7 +172,7 @@ class LocalStore:
         if not source.startswith("models:/m-") or "/" in source[len("models:/"):]:
             raise _Unknown       # a runs:/ or registry URI source (older MLflow): MLflow resolves it
         rows = self._rows("SELECT artifact_location FROM logged_models WHERE model_id = ? AND "
-                          "(lifecycle_stage IS NULL OR lifecycle_stage != 'deleted')", source[len("models:/"):])
+                          "lifecycle_stage != 'deleted'", source[len("models:/"):])
         if len(rows) != 1:
             raise _Unknown
         path = local_path(rows[0][0])

@@ -422,6 +422,96 @@ def test_pickle_replaced_by_code_that_runs_on_load(rel):
     assert not marker.exists(), "the payload ran: the pickle was loaded before it was checked"
 
 
+# --- veil verify's MLflow-free reader (components.registry.local_store) --------------------------
+
+def test_local_reader_reads_what_mlflow_reads(rel):
+    """`veil verify` reads this (default: SQLite and file artifacts) registry without MLflow. The reader
+    sees what MLflow's client sees — version, tags, aliases, the run's tags, metrics and artifacts, the
+    package — and its verification is the MLflow path's, check for check. So every `_verify_cli` case
+    in this file is a refusal by that reader."""
+    import tempfile
+
+    from components.certificate.seal import trusted_keys
+    from components.registry import local_store, verify_model
+    from components.registry.artifacts import package_artifacts
+    from components.registry.mlflow_registry import _client, _resolve_version
+    from components.registry.verification import check_alias_gates, verify_version
+
+    store = local_store.open_local_store(rel.settings)
+    assert store is not None, "the default registry is not read by the fast path"
+    try:
+        mv, package = local_store.resolve(store, URI)
+        theirs = rel.client.get_model_version(NAME, "1")
+        assert (mv.name, mv.version, mv.source, mv.run_id, mv.tags, sorted(mv.aliases)) == \
+            (theirs.name, str(theirs.version), theirs.source, theirs.run_id, theirs.tags, sorted(theirs.aliases))
+        assert local_store.resolve(store, f"models:/{NAME}@latest-certified") == (mv, package)
+        assert package == rel.package and local_store.package_artifacts(package) == package_artifacts(package)
+        run, their_run = store.get_run(rel.run_id), rel.client.get_run(rel.run_id)
+        assert run.data.tags == their_run.data.tags and run.data.metrics == their_run.data.metrics
+        for name in ("certificate.json", "seal.json", "plan.json"):
+            mine = store.download_artifacts(rel.run_id, name, tempfile.mkdtemp(dir=rel.tmp))
+            assert Path(mine).read_bytes() == Path(rel.client.download_artifacts(
+                rel.run_id, name, tempfile.mkdtemp(dir=rel.tmp))).read_bytes()
+        with pytest.raises(VeilError, match="no ../certificate.json artifact"):
+            store.download_artifacts(rel.run_id, "../certificate.json", tempfile.mkdtemp(dir=rel.tmp))
+        # what it leaves to MLflow (whose answer, or error, stays the one `veil verify` gives)
+        for uri in (f"models:/{NAME}@latest", f"models:/{NAME}/2", f"models:/{NAME}@nope", "models:/nope/1",
+                    f"models:/{NAME}/one", "runs:/x/model"):
+            assert local_store.resolve(store, uri) is None, uri
+    finally:
+        store.close()
+    client = _client(rel.settings)
+    their_mv = _resolve_version(client, URI)
+    slow = verify_version(client, their_mv, trusted_keys(rel.settings))
+    check_alias_gates(client, their_mv, slow)
+    fast = verify_model(URI, rel.settings)
+    assert fast.to_dict() == slow.to_dict() and fast.valid
+    assert fast.certificate == slow.certificate
+
+
+def test_local_reader_leaves_other_stores_to_mlflow(rel, tmp_path):
+    """Another tracking URI, another schema revision or a row MLflow would not return: the reader
+    declines (None), and MLflow's client answers as before; a damaged file is refused in MLflow's line."""
+    import dataclasses
+    import sqlite3
+
+    from components.registry import local_store
+
+    s = rel.settings
+    for other in ("http://127.0.0.1:5000", "postgresql://db/mlflow"):
+        assert local_store.open_local_store(dataclasses.replace(s, mlflow_tracking_uri=other,
+                                                                mlflow_registry_uri=other)) is None
+    assert local_store.open_local_store(dataclasses.replace(s, mlflow_registry_uri="sqlite:///elsewhere.db")) is None
+    db = Path(s.mlflow_tracking_uri[len("sqlite:///"):])
+
+    def copy(sql: str | None):
+        target = tmp_path / f"{len(list(tmp_path.iterdir()))}.db"
+        shutil.copyfile(db, target)
+        if sql:
+            with sqlite3.connect(target) as con:
+                con.execute(sql)
+        uri = f"sqlite:///{target}"
+        return local_store.open_local_store(dataclasses.replace(s, mlflow_tracking_uri=uri, mlflow_registry_uri=uri))
+
+    assert copy(None) is not None
+    assert copy("UPDATE alembic_version SET version_num = '0123456789ab'") is None
+    for sql in ("UPDATE model_versions SET current_stage = 'Deleted_Internal'",
+                "UPDATE logged_models SET lifecycle_stage = 'deleted'",
+                "UPDATE logged_models SET artifact_location = 's3://bucket/model'",
+                "UPDATE model_versions SET workspace = 'team'",
+                "DELETE FROM runs"):
+        store = copy(sql)
+        try:
+            assert local_store.resolve(store, URI) is None, sql
+        finally:
+            store.close()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(VeilError, match="is empty"):
+        local_store.open_local_store(dataclasses.replace(s, mlflow_tracking_uri=f"sqlite:///{empty}",
+                                                         mlflow_registry_uri=f"sqlite:///{empty}"))
+
+
 # --- the audit amendment (runs last: it amends the release for good) -----------------------------
 
 def test_audit_amendment_is_explicit_and_verified(rel):
