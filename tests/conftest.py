@@ -23,6 +23,21 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 
 
+def pytest_configure(config):
+    """absl (dp-accounting imports it) binds its log handler to whatever `sys.stderr` is at its first
+    import: under pytest, the capture's temporary file. Prefect's logging setup closes every existing
+    handler, and absl's close() closes its stream unless it *is* sys.stderr at that moment — inside a
+    CliRunner invocation it is not, so pytest's own capture file was closed and every later test in
+    that worker failed with 'I/O operation on closed file' (seen running test_accounting_secrets.py
+    then test_device.py). In a real `veil` process the stream is the terminal's stderr and is never
+    closed. Point absl at the process's real stderr, which absl never closes."""
+    import sys
+
+    import absl.logging
+
+    absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
 @pytest.fixture
 def veil_home(tmp_path, monkeypatch) -> Path:
     """A fresh VEIL_HOME for one test; returns its path."""
