@@ -66,6 +66,9 @@ def patches(con) -> dict[str, dict[str, list[str]]]:
     """record_id → the grown lists ({"to": […], "cc": […]}) for each record whose kept copy lacks an
     address another copy has. Needs `fresh` (seq, record_id: the copies written) and the `records`
     view (the parent snapshot)."""
+    # (most sources name no recipients: then no join with `fresh`, which is every row written)
+    if not con.sql("SELECT 1 FROM recip_stage LIMIT 1").fetchall():
+        return {}
     # Records with a copy that was not written (a later copy, or one the catalog already holds).
     others = con.sql("""SELECT r.record_id, list(r."to" ORDER BY r.seq), list(r.cc ORDER BY r.seq)
         FROM recip_stage r WHERE NOT EXISTS (SELECT 1 FROM fresh f WHERE f.seq = r.seq)
