@@ -25,7 +25,7 @@ _HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 
-SPILL_ROWS = 1 << 21   # a run of more prefixes than this (16 MiB) goes to a memory-mapped file
+SPILL_ROWS = 1 << 19   # a run of more prefixes than this (4 MiB) goes to a memory-mapped file
 _CHUNK = 1 << 20       # prefixes merged (or ids checked) per step
 
 

@@ -56,6 +56,10 @@ from components.core.settings import Settings
 
 FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git", "debian-changelog")
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
+# DuckDB's share of an ingest's heap — staged spans and recipients, the merge's and the snapshot's
+# queries — past which it spills to VEIL_HOME/cache/duckdb-tmp: with the bounded dedup (dedup.py) the
+# heap stays about flat from 1M to 10M records (docs/catalog.md, Memory and speed).
+INGEST_MEMORY_LIMIT = "256MB"
 
 
 @dataclass
@@ -127,11 +131,7 @@ _STAGE = pa.schema([("seq", pa.int64()), ("line", pa.int64()), ("byte_offset", p
                     # online dedup: whether the row went to the snapshot, and its id's first 64 bits
                     # (uint64 as int64) — what the merge checks the online decisions with (dedup.py)
                     ("kept", pa.bool_()), ("prefix", pa.int64())])
-_STAGE_DDL = """
-CREATE OR REPLACE TEMP TABLE span_stage (
-    seq BIGINT, record_id VARCHAR, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR,
-    detector_version VARCHAR, "start" BIGINT, "end" BIGINT);
-""" + recipients.DDL
+_STAGE_DDL = recipients.DDL
 _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id", pa.string()), ("text", pa.string()),
                      ("source", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")), ("metadata", pa.string())])
 
@@ -373,7 +373,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     tmp_dir = settings.cache_dir / "ingest-tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     staged_path = tmp_dir / f"{ingest_id}.parquet"
-    with store.writer(settings) as con:
+    with store.writer(settings, memory_limit=INGEST_MEMORY_LIMIT) as con:
         snap_mod.recover(con, settings)  # a crashed writer's leftovers: we hold the lock, nobody else writes
         con.execute(_STAGE_DDL)
         threads = _one(con, "SELECT current_setting('threads')")
@@ -392,6 +392,8 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                                                spill=tmp_dir / f"{ingest_id}.dedup")
         # (after recover(), which removes every stage file it finds: a crashed ingest's)
         stage = _StageFile(tmp_dir / f"{ingest_id}.stage.arrow")
+        # the secret spans found, likewise (file-backed; a DuckDB table grew the heap ~15 bytes a record)
+        stage.spans = _StageFile(tmp_dir / f"{ingest_id}.spans.stage.arrow", _SPANS)
         bar = None
         try:
             sharded = isinstance(conn, shard_mod.ShardedJsonl)
@@ -403,7 +405,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 # are staged here, in source order, as this process' own batches are below.
                 for kind, t in (conn.parts() if sharded else ()):
                     if kind == "spans":
-                        _insert_spans(con, t)
+                        stage.spans.append(t)
                     elif t.num_rows:
                         read += t.num_rows
                         _stage_tagged(con, t, t, None, stage, staged, dedup, builder)
@@ -428,6 +430,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             source_key = sha256_json({"source_sha256": source_sha, **options})
             stage_rows = stage.table()
             con.register("stage", stage_rows)
+            con.register("span_stage", stage.spans.table())
             try:
                 return _merge(con, settings, tagger, builder, staged_path if exact else None, latest, read=read,
                               ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
@@ -435,6 +438,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                               stage_rows=stage_rows)
             finally:
                 con.unregister("stage")
+                con.unregister("span_stage")
         except BaseException:
             builder.abort()
             raise
@@ -443,6 +447,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 bar.stop()
             staged_path.unlink(missing_ok=True)
             stage.close()
+            stage.spans.close()
             if dedup is not None:
                 dedup.close()
 
@@ -458,17 +463,21 @@ class _StageFile:
     file holds quarantined rows' raw bytes: it is removed after the merge, and a crashed ingest's by
     the next writer (catalog/snapshots.py, recover)."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._w = ipc.new_file(path, _STAGE)
+    def __init__(self, path: Path, schema: pa.Schema = _STAGE):
+        self.path, self.schema = path, schema
+        self._w = ipc.new_file(path, schema)
         self._map: pa.MemoryMappedFile | None = None
+        self.spans: _StageFile | None = None   # the ingest's secret spans (_SPANS), a file of their own
+
+    def append(self, t: pa.Table) -> None:
+        self._w.write_table(t if t.schema.equals(self.schema) else t.cast(self.schema))
 
     def write(self, out: pa.Table, kept: pa.Array | None = None, prefix: pa.Array | None = None) -> None:
         n = out.num_rows
         t = out.select(_STAGE.names[:-2])
         t = t.append_column("kept", kept if kept is not None else pa.nulls(n, pa.bool_()))
         t = t.append_column("prefix", prefix if prefix is not None else pa.nulls(n, pa.int64()))
-        self._w.write_table(t if t.schema.equals(_STAGE) else t.cast(_STAGE))
+        self.append(t)
 
     def table(self) -> pa.Table:
         """Close the writer; the rows, memory-mapped."""
@@ -831,15 +840,7 @@ def _stage_tagged(con, batch: pa.Table, out: pa.Table, spans: pa.Table | None, s
         stage.write(out, pa.array(keep, mask=known), pa.array(prefix.view(np.int64), mask=known))
         builder.add_records((rows if keep.all() else rows.filter(pa.array(keep))).drop_columns(["seq"]))
     if spans is not None and spans.num_rows:
-        _insert_spans(con, spans)
-
-
-def _insert_spans(con, spans: pa.Table) -> None:
-    con.register("sp", spans)
-    try:
-        con.execute("INSERT INTO span_stage SELECT * FROM sp")
-    finally:
-        con.unregister("sp")
+        stage.spans.append(spans)
 
 
 _WORKER: dict = {}   # a shard worker process' state, kept between its parts (_shard_work)
@@ -1031,8 +1032,8 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS SELECT DISTINCT f.record_id, p.secret_id,
                 p.secret_class, p.detector, p.detector_version, p."start", p."end"
                 FROM span_stage p JOIN firsts f ON p.seq = f.seq""")
-        else:  # a copy's spans are its first's: DISTINCT folds them
-            con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS SELECT DISTINCT record_id, secret_id,
+        else:  # a copy's spans are its first's: DISTINCT folds them (a view: one copy of the spans fewer)
+            con.execute("""CREATE OR REPLACE TEMP VIEW new_spans AS SELECT DISTINCT record_id, secret_id,
                 secret_class, detector, detector_version, "start", "end" FROM span_stage""")
         tagged = _one(con, "SELECT count(DISTINCT record_id) FROM new_spans")
         con.execute("""CREATE OR REPLACE TEMP TABLE add_spans AS SELECT n.* FROM new_spans n ANTI JOIN secret_spans s
