@@ -45,7 +45,7 @@ from catalog.connectors.jsonl import JsonlSource
 from catalog.connectors.mail import MailSource
 from catalog.connectors.tabular import CsvSource, ParquetSource
 from catalog.dates import parse_timestamp
-from catalog.dedup import OnlineDedup
+from catalog.dedup import OnlineDedup, verify_dropped
 from catalog.ner import load_ner
 from catalog.people import likely_duplicates, unsettled_by_policy, write_likely_duplicates
 from catalog.tagging import Tagger
@@ -56,6 +56,10 @@ from components.core.settings import Settings
 
 FORMATS = ("jsonl", "csv", "parquet", "mbox", "maildir", "git", "debian-changelog")
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
+# DuckDB's share of an ingest's heap — staged spans and recipients, the merge's and the snapshot's
+# queries — past which it spills to VEIL_HOME/cache/duckdb-tmp: with the bounded dedup (dedup.py) the
+# heap stays about flat from 1M to 10M records (docs/catalog.md, Memory and speed).
+INGEST_MEMORY_LIMIT = "256MB"
 
 
 @dataclass
@@ -123,12 +127,11 @@ def _ident(s: str) -> str:
 # temporary Parquet file) goes to an Arrow IPC file (_StageFile), the merge's `stage`.
 _STAGE = pa.schema([("seq", pa.int64()), ("line", pa.int64()), ("byte_offset", pa.int64()), ("locator", pa.string()),
                     ("user_id", pa.string()), ("reason", pa.string()), ("record_id", pa.string()),
-                    ("raw", pa.binary()), ("chars", pa.int64()), ("created_at", pa.timestamp("us", tz="UTC"))])
-_STAGE_DDL = """
-CREATE OR REPLACE TEMP TABLE span_stage (
-    seq BIGINT, record_id VARCHAR, secret_id VARCHAR, secret_class VARCHAR, detector VARCHAR,
-    detector_version VARCHAR, "start" BIGINT, "end" BIGINT);
-""" + recipients.DDL
+                    ("raw", pa.binary()), ("chars", pa.int64()), ("created_at", pa.timestamp("us", tz="UTC")),
+                    # online dedup: whether the row went to the snapshot, and its id's first 64 bits
+                    # (uint64 as int64) — what the merge checks the online decisions with (dedup.py)
+                    ("kept", pa.bool_()), ("prefix", pa.int64())])
+_STAGE_DDL = recipients.DDL
 _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id", pa.string()), ("text", pa.string()),
                      ("source", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")), ("metadata", pa.string())])
 
@@ -370,7 +373,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
     tmp_dir = settings.cache_dir / "ingest-tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     staged_path = tmp_dir / f"{ingest_id}.parquet"
-    with store.writer(settings) as con:
+    with store.writer(settings, memory_limit=INGEST_MEMORY_LIMIT) as con:
         snap_mod.recover(con, settings)  # a crashed writer's leftovers: we hold the lock, nobody else writes
         con.execute(_STAGE_DDL)
         threads = _one(con, "SELECT current_setting('threads')")
@@ -385,9 +388,12 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 return again
         parent = latest[0] if latest else None
         builder = snap_mod.SnapshotBuilder(settings, ingest_id=ingest_id, parent=parent)
-        dedup = None if exact else OnlineDedup(settings.snapshots_dir / parent / "records.parquet" if parent else None)
+        dedup = None if exact else OnlineDedup(settings.snapshots_dir / parent / "records.parquet" if parent else None,
+                                               spill=tmp_dir / f"{ingest_id}.dedup")
         # (after recover(), which removes every stage file it finds: a crashed ingest's)
         stage = _StageFile(tmp_dir / f"{ingest_id}.stage.arrow")
+        # the secret spans found, likewise (file-backed; a DuckDB table grew the heap ~15 bytes a record)
+        stage.spans = _StageFile(tmp_dir / f"{ingest_id}.spans.stage.arrow", _SPANS)
         bar = None
         try:
             sharded = isinstance(conn, shard_mod.ShardedJsonl)
@@ -399,7 +405,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 # are staged here, in source order, as this process' own batches are below.
                 for kind, t in (conn.parts() if sharded else ()):
                     if kind == "spans":
-                        _insert_spans(con, t)
+                        stage.spans.append(t)
                     elif t.num_rows:
                         read += t.num_rows
                         _stage_tagged(con, t, t, None, stage, staged, dedup, builder)
@@ -422,13 +428,17 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
             con.execute(f"SET threads = {int(threads)}")
             source_sha = conn.sha256
             source_key = sha256_json({"source_sha256": source_sha, **options})
-            con.register("stage", stage.table())
+            stage_rows = stage.table()
+            con.register("stage", stage_rows)
+            con.register("span_stage", stage.spans.table())
             try:
                 return _merge(con, settings, tagger, builder, staged_path if exact else None, latest, read=read,
                               ingest_id=ingest_id, source=source, fmt=fmt, source_sha=source_sha,
-                              source_key=source_key, options=options, started=started)
+                              source_key=source_key, options=options, started=started, dedup=dedup,
+                              stage_rows=stage_rows)
             finally:
                 con.unregister("stage")
+                con.unregister("span_stage")
         except BaseException:
             builder.abort()
             raise
@@ -437,6 +447,9 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 bar.stop()
             staged_path.unlink(missing_ok=True)
             stage.close()
+            stage.spans.close()
+            if dedup is not None:
+                dedup.close()
 
 
 class _StageFile:
@@ -450,14 +463,21 @@ class _StageFile:
     file holds quarantined rows' raw bytes: it is removed after the merge, and a crashed ingest's by
     the next writer (catalog/snapshots.py, recover)."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._w = ipc.new_file(path, _STAGE)
+    def __init__(self, path: Path, schema: pa.Schema = _STAGE):
+        self.path, self.schema = path, schema
+        self._w = ipc.new_file(path, schema)
         self._map: pa.MemoryMappedFile | None = None
+        self.spans: _StageFile | None = None   # the ingest's secret spans (_SPANS), a file of their own
 
-    def write(self, out: pa.Table) -> None:
-        t = out.select(_STAGE.names)
-        self._w.write_table(t if t.schema.equals(_STAGE) else t.cast(_STAGE))
+    def append(self, t: pa.Table) -> None:
+        self._w.write_table(t if t.schema.equals(self.schema) else t.cast(self.schema))
+
+    def write(self, out: pa.Table, kept: pa.Array | None = None, prefix: pa.Array | None = None) -> None:
+        n = out.num_rows
+        t = out.select(_STAGE.names[:-2])
+        t = t.append_column("kept", kept if kept is not None else pa.nulls(n, pa.bool_()))
+        t = t.append_column("prefix", prefix if prefix is not None else pa.nulls(n, pa.int64()))
+        self.append(t)
 
     def table(self) -> pa.Table:
         """Close the writer; the rows, memory-mapped."""
@@ -789,7 +809,6 @@ def _stage_tagged(con, batch: pa.Table, out: pa.Table, spans: pa.Table | None, s
     (online) or its valid rows to the staged file (exact); its secret spans (`_tag_batch`) go to
     `span_stage`. Texts are copied once at most: online, the rows the snapshot gets are picked from
     the batch in one filter (valid and new)."""
-    stage.write(out)
     n = out.num_rows
     reason = out.column("reason")
     all_valid = reason.null_count == n
@@ -799,30 +818,29 @@ def _stage_tagged(con, batch: pa.Table, out: pa.Table, spans: pa.Table | None, s
                      "created_at": out.column("created_at"), "metadata": out.column("metadata")},
                     schema=_STAGED)
     if not all_valid and not pc.any(valid).as_py():
+        stage.write(out)
         return
     # the recipients' staging reads three short columns: filtered apart from the texts
     bookkeeping = rows.select(["seq", "record_id", "metadata"])
     recipients.stage(con, bookkeeping if all_valid else bookkeeping.filter(valid))
     if staged is not None:
+        stage.write(out)
         staged.write_table(rows if all_valid else rows.filter(valid))
     else:
         if all_valid:
-            keep = dedup.keep(rows.column("record_id"))
+            keep, prefix = dedup.keep(rows.column("record_id"))
+            known = None
         else:
             at = pc.indices_nonzero(valid).to_numpy()
-            keep = np.zeros(n, dtype=bool)
-            keep[at[dedup.keep(rows.column("record_id").take(pa.array(at)))]] = True
+            keep, prefix = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.uint64)
+            k, p = dedup.keep(rows.column("record_id").take(pa.array(at)))
+            keep[at[k]] = True
+            prefix[at] = p
+            known = ~valid.to_numpy(zero_copy_only=False)
+        stage.write(out, pa.array(keep, mask=known), pa.array(prefix.view(np.int64), mask=known))
         builder.add_records((rows if keep.all() else rows.filter(pa.array(keep))).drop_columns(["seq"]))
     if spans is not None and spans.num_rows:
-        _insert_spans(con, spans)
-
-
-def _insert_spans(con, spans: pa.Table) -> None:
-    con.register("sp", spans)
-    try:
-        con.execute("INSERT INTO span_stage SELECT * FROM sp")
-    finally:
-        con.unregister("sp")
+        stage.spans.append(spans)
 
 
 _WORKER: dict = {}   # a shard worker process' state, kept between its parts (_shard_work)
@@ -860,7 +878,7 @@ def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_
     return {"rows": rows, "lines": conn.lines}
 
 
-def _update_users(con, *, parent_records: int) -> None:
+def _update_users(con, *, parent_records: int, online: bool = False) -> None:
     """Per-user counts over the new snapshot: the parent's table plus this ingest's new records (their
     lengths were measured while staging), so the merge does not read every text again. A users table
     that does not add up to the parent snapshot is rebuilt from the records instead."""
@@ -870,10 +888,10 @@ def _update_users(con, *, parent_records: int) -> None:
             sum(length(text)) AS chars, min(created_at) AS first_created_at, max(created_at) AS last_created_at
             FROM records GROUP BY user_id ORDER BY user_id""")
         return
-    con.execute("""CREATE OR REPLACE TABLE users AS
+    con.execute(f"""CREATE OR REPLACE TABLE users AS
         WITH n AS (SELECT s.user_id, count(*) AS records, sum(s.chars) AS chars, min(s.created_at) AS f,
                           max(s.created_at) AS l
-                   FROM stage s JOIN fresh USING (seq) GROUP BY s.user_id)
+                   FROM stage s {"WHERE s.kept" if online else "JOIN fresh USING (seq)"} GROUP BY s.user_id)
         SELECT coalesce(u.user_id, n.user_id) AS user_id,
                coalesce(u.records, 0) + coalesce(n.records, 0) AS records,
                (coalesce(u.chars, 0) + coalesce(n.chars, 0))::HUGEINT AS chars,
@@ -954,7 +972,8 @@ def _one(con, q: str):
 
 def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, builder, staged_path: Path | None,
            latest: tuple[str, str] | None, *, read: int, ingest_id: str, source: Path, fmt: str, source_sha: str,
-           source_key: str, options: dict, started: datetime) -> IngestReport:
+           source_key: str, options: dict, started: datetime, dedup: OnlineDedup | None = None,
+           stage_rows: pa.Table | None = None) -> IngestReport:
     staged_rows = _one(con, "SELECT count(*) FROM stage")
     if staged_rows != read:  # a bug, not bad input: never report counts that do not add up
         raise RuntimeError(f"catalog: the source offered {read} records but {staged_rows} were staged")
@@ -969,6 +988,16 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
         # Counted, not a remainder: valid rows that are not the kept copy of their record.
         duplicates = _one(con, "SELECT count(*) FROM stage s WHERE reason IS NULL "
                                "AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.seq = s.seq)")
+    elif staged_path is None:
+        # Online: the pipeline decided which rows are new (`kept`, by 64-bit id prefixes) and counted
+        # this source's distinct prefixes. Checked exactly here, in bounded memory: every dropped row
+        # must be a copy of the row or catalog record that made its prefix known (dedup.py). Before,
+        # a DuckDB GROUP BY over every record id held ~1 GB at 10M records.
+        valid = _one(con, "SELECT count(*) FROM stage WHERE reason IS NULL")
+        kept = _one(con, "SELECT count(*) FROM stage WHERE kept")
+        if kept != builder.added or not verify_dropped(stage_rows, dedup.parent_records):
+            raise _PrefixCollision()
+        accepted, duplicates = dedup.distinct, valid - dedup.distinct
     else:
         con.execute("CREATE OR REPLACE TEMP TABLE firsts AS SELECT record_id, min(seq) AS seq, count(*) AS copies "
                     "FROM stage WHERE reason IS NULL GROUP BY record_id")
@@ -992,17 +1021,19 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
                         if read else f"{source}: nothing accepted: no records in the source; nothing written")
     con.execute("BEGIN TRANSACTION")
     try:
-        con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq, f.record_id FROM firsts f "
-                    "ANTI JOIN records r ON r.record_id = f.record_id")
-        new = _one(con, "SELECT count(*) FROM fresh")
-        if staged_path is None and builder.added != new:
-            raise _PrefixCollision()  # kept ⊆ exact: equal counts mean equal sets
+        if staged_path is None:   # the rows written (checked above): a view, not a copy of their ids
+            con.execute("CREATE OR REPLACE TEMP VIEW fresh AS SELECT seq, record_id FROM stage WHERE kept")
+            new = builder.added
+        else:
+            con.execute("CREATE OR REPLACE TEMP TABLE fresh AS SELECT f.seq, f.record_id FROM firsts f "
+                        "ANTI JOIN records r ON r.record_id = f.record_id")
+            new = _one(con, "SELECT count(*) FROM fresh")
         if options.get("keep_duplicates"):  # spans follow each copy's own id
             con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS SELECT DISTINCT f.record_id, p.secret_id,
                 p.secret_class, p.detector, p.detector_version, p."start", p."end"
                 FROM span_stage p JOIN firsts f ON p.seq = f.seq""")
-        else:  # a copy's spans are its first's: DISTINCT folds them
-            con.execute("""CREATE OR REPLACE TEMP TABLE new_spans AS SELECT DISTINCT record_id, secret_id,
+        else:  # a copy's spans are its first's: DISTINCT folds them (a view: one copy of the spans fewer)
+            con.execute("""CREATE OR REPLACE TEMP VIEW new_spans AS SELECT DISTINCT record_id, secret_id,
                 secret_class, detector, detector_version, "start", "end" FROM span_stage""")
         tagged = _one(con, "SELECT count(DISTINCT record_id) FROM new_spans")
         con.execute("""CREATE OR REPLACE TEMP TABLE add_spans AS SELECT n.* FROM new_spans n ANTI JOIN secret_spans s
@@ -1029,7 +1060,8 @@ def _merge(con: duckdb.DuckDBPyConnection, settings: Settings, tagger: Tagger, b
             store.point_records_view(con, settings, snap["snapshot_id"])
             if new:
                 _update_users(con, parent_records=0 if latest is None else
-                              _one(con, f"SELECT records FROM snapshots WHERE snapshot_id = {_q(latest[0])}"))
+                              _one(con, f"SELECT records FROM snapshots WHERE snapshot_id = {_q(latest[0])}"),
+                              online=staged_path is None)
         else:
             builder.abort()
             snap = {"snapshot_id": latest[0], "sha256": latest[1]}
