@@ -23,12 +23,24 @@ $(MLFLOW_SERVER_VENV)/.installed:
 
 mlflow-server-env: $(MLFLOW_SERVER_VENV)/.installed
 
+# uv installs, not pip (uv is bootstrapped into the venv with pip): on the 2-core machine (load ~9, empty
+# caches) the install took 71 s with uv against 530 s with pip, with the same version of every package
+# (pip freeze of both compared). uv reads no pip.conf: the local CPU wheel of torch is found through
+# FIND_LINKS and asked for by its local version (+cpu), so that nothing can pull a CUDA build; once it is
+# in, the project's `torch>=2.4` is satisfied and uv leaves it alone.
+# No bytecode is compiled at install (pip compiled all of it: 110 s of CPU, mostly for modules never
+# imported); Python writes it on first import instead, which PYTHONDONTWRITEBYTECODE (set on some machines)
+# would turn into a recompile in every process: hence the unexport.
+TORCH := torch==2.13.0+cpu
+FIND_LINKS ?= /opt/wheels
+UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
+unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "uv==0.13.9"
 	# torch first, pinned: the local CPU wheel. Anything unpinned would pull CUDA.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(UV_INSTALL) $(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS)) "$(TORCH)"
+	$(UV_INSTALL) -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -228,16 +228,39 @@ def build_org(tmp_path, settings):
     return {"source": src, "late": rest, "base": base, "n_late": len(late)}
 
 
+@pytest.fixture(scope="session")
+def _org_template(tmp_path_factory):
+    """`build_org` once per test process (~7.5 s of CPU: the demo organization and a tiny base model; 15 tests
+    and a module fixture asked for one each). The base model is deterministic for its seed and the demo data
+    for theirs, so a copy is what a fresh build would write."""
+    from components.core.settings import load_settings
+
+    tmp = tmp_path_factory.mktemp("org-template")
+    (tmp / "veil-home").mkdir()
+    return build_org(tmp, load_settings(tmp / "veil-home").ensure())
+
+
+def copy_org(template, tmp_path):
+    """The template's source and base model copied under `tmp_path`, where `build_org` would have put them: a
+    test appends to its source (tests/flows/test_retrain.py) or moves its base, never the template's."""
+    import shutil
+
+    src, base = tmp_path / "messages.jsonl", tmp_path / "base"
+    shutil.copyfile(template["source"], src)
+    shutil.copytree(template["base"], base)
+    return {**template, "source": src, "base": base, "late": list(template["late"])}
+
+
 @pytest.fixture
-def org(tmp_path, settings):
-    return build_org(tmp_path, settings)
+def org(tmp_path, settings, _org_template):
+    return copy_org(_org_template, tmp_path)
 
 
 @pytest.fixture(scope="session")
-def org_builder():
-    """`build_org` for module-scoped fixtures: `from conftest import build_org` would find whichever
-    tests/*/conftest.py an xdist worker registered as `conftest` first."""
-    return build_org
+def org_builder(_org_template):
+    """`org` for module-scoped fixtures (`org_builder(tmp_path, settings)`): `from conftest import build_org`
+    would find whichever tests/*/conftest.py an xdist worker registered as `conftest` first."""
+    return lambda tmp_path, settings: copy_org(_org_template, tmp_path)
 
 
 # --- shared by test_retrain.py and test_retrain_killed.py ---------------------------------------------
