@@ -350,7 +350,7 @@ def run(policy: Path = typer.Option(..., "--policy"), source: Path = typer.Optio
     """The whole pipeline on your own data, through Prefect (or, with --no-prefect, in this process)."""
     _check_inputs(policy, source, base_model, public_corpus)
     check_precision(precision)
-    quiet_third_party()
+    quiet_third_party(prefect=prefect)   # --no-prefect never imports Prefect (seconds of start-up)
     s = settings_with_device()
     t0 = time.time()
     mapping = _mapping(user_field, text_field, id_field, time_field, meta)
