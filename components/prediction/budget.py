@@ -261,10 +261,11 @@ class _Sqlite:
                 con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
                     out = work(run)
+                    con.execute("COMMIT")     # returns after the WAL's fsync: only then is a token drawn
                 except BaseException:
-                    con.execute("ROLLBACK")
+                    if con.in_transaction:    # a failed COMMIT too: the next charge starts clean
+                        con.execute("ROLLBACK")
                     raise
-                con.execute("COMMIT")
                 return out
             except sqlite3.DatabaseError as e:
                 if unreadable(e):
