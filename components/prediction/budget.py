@@ -19,8 +19,9 @@ the sum of the charge rows up to a row id (`through_id`), advanced in the same t
 counts; the spend is that sum plus the rows after `through_id` (none, unless something that does not
 advance it — an earlier Veil on the same file — inserted rows: they are counted, never skipped). On SQLite
 each process charges through ONE persistent connection with SQLite's prepared-statement cache, no ORM: a
-charge is four short statements and one commit (its fsync), ≈ 0.1–0.2 ms of CPU, so a busy machine (a
-million-person reservation beside it) delays it by little. The fsync stays: see `_Sqlite`.
+charge is a few short statements and one commit (its fsync): ≈ 0.4–0.7 ms of CPU measured, the fsync's system
+time included, against ≈ 3.2 ms before (bench/scale.py), so a busy machine (a million-person reservation
+beside it) delays it by little. The fsync stays: see `_Sqlite`.
 
 Why a counter and not a per-token ledger reservation: one private token costs *every* person in the
 ensemble the same curve (their shard may be selected). The per-person ledger is charged once, at build
