@@ -104,14 +104,16 @@ def _charger(home: str, ready, go, stop, out) -> None:
     tb.create("bench", 10 ** 9, "refuse")
     for _ in range(5):          # warm: the first charges open the file and the pool
         tb.charge("bench", 1)
-    idle, lat = [], []
+    idle, lat, cpu = [], [], [0.0, 0.0]
     ready.set()
     while not stop.is_set():
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_s(), time.perf_counter()
         tb.charge("bench", 1)
-        (lat if go.is_set() else idle).append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        (lat if go.is_set() else idle).append(t1 - t0)
+        cpu[go.is_set()] += _cpu_s() - c0     # the charge's own CPU (getrusage's tick: a mean over many)
         time.sleep(0.01)
-    out.put((idle, lat))
+    out.put((idle, lat, cpu))
 
 
 def section_ledger_reserve(n: int, work: Path, **_) -> dict:
@@ -144,7 +146,8 @@ def section_token_during_reserve(n: int, work: Path, **_) -> dict:
     took = _reserve(led, costs)
     cpu = _cpu_s() - cpu0
     stop.set()
-    idle, lat = (sorted(x) for x in q.get(timeout=600))
+    idle, lat, ccpu = q.get(timeout=600)
+    idle, lat = sorted(idle), sorted(lat)
     p.join(60)
     led.dispose()
 
@@ -152,7 +155,8 @@ def section_token_during_reserve(n: int, work: Path, **_) -> dict:
         return None if not xs else 1000 * xs[min(len(xs) - 1, int(f * len(xs)))]
     return {"time_s": took, "cpu_s": cpu, "first_reserve_s": first_s, "token_charges": len(lat),
             "token_p50_ms": pct(lat, 0.5), "token_p99_ms": pct(lat, 0.99), "token_max_ms": pct(lat, 1.0),
-            "idle_charges": len(idle), "idle_p50_ms": pct(idle, 0.5), "idle_p99_ms": pct(idle, 0.99)}
+            "idle_charges": len(idle), "idle_p50_ms": pct(idle, 0.5), "idle_p99_ms": pct(idle, 0.99),
+            "token_cpu_ms": 1000 * ccpu[1] / max(1, len(lat)), "idle_cpu_ms": 1000 * ccpu[0] / max(1, len(idle))}
 
 
 def build_fixture(n: int, releases: int, where: Path) -> dict:
@@ -314,7 +318,8 @@ def _line(r: dict) -> str:
         detail = "token p50/p99/max " + "/".join("-" if r.get(k) is None else f"{r[k]:.0f}"
                                                 for k in ("token_p50_ms", "token_p99_ms", "token_max_ms")) + \
                  f" ms ({r['token_charges']} charges)" + \
-                 ("" if r.get("idle_p99_ms") is None else f"; idle p50/p99 {r['idle_p50_ms']:.0f}/{r['idle_p99_ms']:.0f} ms")
+                 ("" if r.get("idle_p99_ms") is None else f"; idle p50/p99 {r['idle_p50_ms']:.0f}/{r['idle_p99_ms']:.0f} ms") + \
+                 ("" if r.get("token_cpu_ms") is None else f"; CPU {r['token_cpu_ms']:.2f} ms a charge")
     elif r["section"] == "ledger-report":
         detail = f"{r['releases']} releases"
     else:

@@ -186,6 +186,8 @@ def population_digest(key: bytes, chosen) -> str:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from components.draws.columns import take  # startup
+
     u, r = chosen.column("user_id"), chosen.column("record_id")
     h = hashlib.sha256()
     if u.type == pa.string() and r.type == pa.string() and u.null_count == 0 and r.null_count == 0:
@@ -193,8 +195,10 @@ def population_digest(key: bytes, chosen) -> str:
         # lines are hashed straight from Arrow's buffers, a slice at a time
         order = pc.sort_indices(pa.table({"u": u, "r": r}), sort_keys=[("u", "ascending"), ("r", "ascending")])
         for start in range(0, len(order), _DIGEST_SLICE):
-            idx = order.slice(start, _DIGEST_SLICE)
-            lines = pc.binary_join_element_wise(u.take(idx), "\x1f", r.take(idx), "\n", "")
+            # chunk by chunk (columns.take): Arrow's own take on a chunked column first concatenates
+            # the whole column, for every slice (at 10⁷ people, a gigabyte or more at once: the plan's peak)
+            idx = order.slice(start, _DIGEST_SLICE).to_numpy()
+            lines = pc.binary_join_element_wise(take(u, idx), "\x1f", take(r, idx), "\n", "")
             for chunk in (lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]):
                 if len(chunk):
                     offsets = chunk.buffers()[1]
@@ -209,7 +213,7 @@ def population_digest(key: bytes, chosen) -> str:
     return prf(key, "population-digest", h.hexdigest()).hex()
 
 
-_DIGEST_SLICE = 1 << 20
+_DIGEST_SLICE = 1 << 18     # rows hashed at a time: their lines and ids are copied (≈ 30 MB a slice)
 
 
 def commitment(salt: str, obj: Any) -> str:

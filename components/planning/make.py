@@ -121,14 +121,16 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
 
 
 def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Table | None = None,
-                  per_record: bool = False) -> tuple[AuditSplit, _Canaries | None]:
+                  per_record: bool = False, train_text: bool = True) -> tuple[AuditSplit, _Canaries | None]:
     """The audit split of `records` (record_id, user_id, text) under the policy's unit, canaries merged.
 
     Every decision about a unit depends on that unit alone (see audit_split); tests/privacy checks it.
     `per_record`: records with several owners — attacker samples are drawn per record, never from a
     count of a person's texts (a recipient's content would move their writer's choice; see
     docs/privacy/multi-owner.md); with an `owners` column in `records`, per slot of the attribution
-    graph rather than per text (a text-keyed draw let one owner's content move other people's records)."""
+    graph rather than per text (a text-keyed draw let one owner's content move other people's records).
+    `train_text=False`: the split's training rows (and the canaries' merged into them) leave the text out —
+    the draws still key on it and deduplicate by it; nothing else changes (`_reads_train_text`)."""
     spec = policy.spec
     unit = "record" if per_record else spec.privacy_unit
     # secret units: decisions must not move when a secret's value is substituted — compare masked texts
@@ -140,6 +142,12 @@ def reserve_audit(policy, records: pa.Table, *, key: bytes, secret_spans: pa.Tab
     owners = None
     if per_record and "owners" in records.column_names:
         owners = records.column("owners").to_pylist()
+    if not train_text and owners is None:
+        # the text decides through `content` alone; the rows the split copies for training are ids only
+        # (at 10⁷ people the text is most of a record's bytes, and nothing downstream reads it)
+        if content is None:
+            content = records.column("text")
+        records = records.drop_columns(["text"])
     split = split_for_audit(records, holdout=float(spec.audit.holdout_users), m=spec.audit.attacker_samples_per_user,
                             seed=spec.training.seed, key=key, unit=unit,
                             attacker_record_rate=float(spec.audit.attacker_record_rate), content=content,
@@ -155,6 +163,23 @@ def bound_contributions(train: pa.Table, mechanism: str, *, k: int, selection: s
     ctx = PlanContext(policy=None, snapshot=None, key=key, steps=0, batch=0, k=int(k), selection=selection,
                       seed=int(seed), scorer=scorer)
     return get(mechanism).bound(ctx, train).chosen
+
+
+# Selections that read a record's text (its length, its perplexity); "random" and "random-chunk" do not.
+_TEXT_SELECTIONS = ("longest", "shortest", "ppl-high", "ppl-low")
+
+
+def _reads_train_text(policy, comp: Compute) -> bool:
+    """Whether anything after the audit split reads the training rows' text: the selection (lengths,
+    perplexities), or `auto` estimating gradient diversity at the base model. Otherwise the training
+    table carries ids only (issue 27: the planner's memory at 10⁷ people). The mechanisms' bounds read
+    ids, counts and owners (tests/planning/test_planning_text_free.py checks that a plan made without the
+    text is byte-identical to one made with it)."""
+    spec = policy.spec
+    if spec.contribution.selection in _TEXT_SELECTIONS:
+        return True
+    return (spec.mechanism == "auto" and comp.base_model is not None and comp.user_grad_ratio is None
+            and spec.privacy_unit == "user")
 
 
 def _load_records(snapshot) -> pa.Table:
@@ -214,7 +239,7 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     say("reserving audit users and attacker samples")
     split, canaries = reserve_audit(policy, records if owners is None else records.append_column("owners", owners["owners"]),
                                     key=key, secret_spans=getattr(snapshot, "secret_spans", None),
-                                    per_record=owners is not None)
+                                    per_record=owners is not None, train_text=_reads_train_text(policy, comp))
     chosen = resolve(policy, split.train, steps=steps, batch=int(comp.expected_batch_size or spec.training.expected_batch_size),
                      user_grad_ratio=comp.user_grad_ratio, base_model=comp.base_model, cache_dir=cache_dir, say=say)
     mech = get(chosen.mechanism)
