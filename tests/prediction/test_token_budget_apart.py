@@ -27,7 +27,8 @@ def _hold_ledger_write_lock(led: Ledger):
     def work(conn):
         st.bump_state(conn)            # a reservation's first write: the lock is really taken
         inside.set()
-        release.wait(60)
+        release.wait(60)   # a charge or read that waited for this lock would take ~60 s: the tests' 20 s
+        # limits tell waiting from not waiting with room for a loaded CI machine (idle: ~20 ms)
 
     t = threading.Thread(target=lambda: st.transact(led.engine, work), daemon=True)
     t.start()
@@ -66,13 +67,13 @@ def test_a_token_charge_does_not_wait_for_a_reservation_sqlite(settings):
         return False
 
     took = _charge_while_locked(led, tb, locked)
-    assert took < 2.0, f"a token charge took {took:.2f} s while the ledger was locked"   # idle: ~20 ms
+    assert took < 20.0, f"a token charge took {took:.2f} s while the ledger was locked"   # idle: ~20 ms
     # the ledger's own reads do not wait either (`read_only`: a snapshot, no lock)
     release, t = _hold_ledger_write_lock(led)
     try:
         t0 = time.perf_counter()
         led.summary()
-        assert time.perf_counter() - t0 < 5.0
+        assert time.perf_counter() - t0 < 20.0
     finally:
         release.set()
         t.join(30)
@@ -104,7 +105,7 @@ def test_a_token_charge_does_not_wait_for_a_reservation_postgresql(tmp_path):
                 return False
 
         took = _charge_while_locked(led, tb, locked)
-        assert took < 2.0, f"a token charge took {took:.2f} s while a reservation held its locks"
+        assert took < 20.0, f"a token charge took {took:.2f} s while a reservation held its locks"
         tb.dispose()
         led.dispose()
 
