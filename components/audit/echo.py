@@ -33,11 +33,11 @@ import numpy as np
 import pyarrow as pa
 
 from components.audit import public as pub
-from components.audit.canaries import canary_substring
+from components.audit.canaries import VOCAB, canary_substring
 from components.audit.ceiling import certificate_ceilings
 from components.audit.metrics import auroc
 from components.audit.user_inference import user_inference_report
-from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED
+from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED, margin, people_needed, z_value
 from components.core.errors import VeilError
 
 _WORD = re.compile(r"[^\W_]+")
@@ -46,7 +46,11 @@ STATISTICS = ("bigram", "echo")
 SECTION_SCHEMA = "veil.audit.synthetic-echo/v1"
 COVERAGE_NOTE = ("Not covered by the certificate: measured on the plan's private canary split; published only as "
                  "verdicts and coarsely quantized aggregates (one canary moves a published value with probability "
-                 "<= 10 %).")
+                 "<= 10 %; a value no grid can hold to that is not published).")
+# How many Δ = 1/(n − 1) one canary moves an end of the Newcombe interval of the AUROC: the point moves by
+# at most Δ, the ends by up to ~1.8 Δ (their slope in Â reaches 2 near Â = 1, and the width changes with
+# the group sizes). tests/privacy/test_echo_public_leak.py checks the 1.8 on a sweep of Â and group sizes.
+INTERVAL_SPREAD = 2.0
 
 
 def words(text: str) -> list[str]:
@@ -104,23 +108,29 @@ def _counts(texts: Iterable[str], suffixes: Sequence[tuple[str, ...]]):
             while j <= min(len(w), i + longest) and tuple(w[i:j]) in grams:
                 found.add(tuple(w[i:j]))
                 j += 1
-    vocab.update(x for s in suffixes for x in s)
-    return found, big, left, len(vocab)
+    # the smoothing's vocabulary: the corpus' words and the public word list suffixes are drawn from —
+    # never the other canaries' words, so a canary's score is a function of the corpus and its own suffix
+    # alone (one canary added or removed moves no other canary's score; echo_scores adds a canary's own
+    # words outside this set)
+    vocab.update(VOCAB)
+    return found, big, left, vocab
 
 
 def echo_scores(texts: Sequence[str], canaries: Sequence[EchoCanary], *, alpha: float = ALPHA) -> list[dict]:
     """Per canary: user_id, member, suffix_words, echoed_words (longest contiguous run of the suffix found
     in one record), echo (that over the suffix's length), bigrams_found (suffix bigrams that occur in the
-    corpus) and bigram (mean log P(w_i | w_{i−1}) of the suffix under the corpus' add-alpha bigram model).
-    Private rows: exact values of the canaries' secrets against a public corpus."""
+    corpus) and bigram (mean log P(w_i | w_{i−1}) of the suffix under the corpus' add-alpha bigram model,
+    vocabulary: the corpus' words, the public word list `canaries.VOCAB` and the canary's own words).
+    Each row depends on the corpus and that canary's suffix only. Private rows: exact values of the canaries' secrets against a public corpus."""
     if not texts:
         raise VeilError("echo audit: the corpus has no records")
     if not canaries:
         raise VeilError("echo audit: no canaries")
-    found, big, left, v = _counts(texts, [c.suffix for c in canaries])
+    found, big, left, vocab = _counts(texts, [c.suffix for c in canaries])
     rows = []
     for c in canaries:
         s, n = c.suffix, len(c.suffix)
+        v = len(vocab) + len(set(s) - vocab)
         run = max((j - i for i in range(n) for j in range(i + 1, n + 1) if s[i:j] in found), default=0)
         pairs = [s[i:i + 2] for i in range(n - 1)]
         lp = [math.log((big[p] + alpha) / (left[p[0]] + alpha * v)) for p in pairs]
@@ -166,9 +176,18 @@ def echo_audit(texts: Sequence[str], canaries: Sequence[EchoCanary], certificate
 
 
 def public_section(private: dict, *, corpus: dict, model: dict) -> dict:
-    """What may leave: verdicts, count buckets, AUROC and mean echo fraction on the public grids, the
-    certificate's ceilings. One canary moves a group's mean echo fraction (in [0, 1]) by at most
-    1/(n − 1), as it moves the AUROC, so both use `public.auroc_grid`."""
+    """What may leave: verdicts, count buckets, the AUROCs and each group's mean echo fraction on a grid,
+    the intervals on a grid of their own, the certificate's ceilings, people needed on the 1-2-5 ladder.
+
+    Neighbouring: one canary added, removed or replaced (its suffix, its label, or whether the corpus echoes
+    it). Each canary's statistics depend on the corpus and its own suffix only (`echo_scores`), so one canary
+    moves a Mann–Whitney AUROC or a group's mean echo fraction (in [0, 1]) by at most Δ = 1/(n − 1), n the
+    smaller group's public lower end, and an interval's ends by at most INTERVAL_SPREAD·Δ. Each is published
+    on the finest grid w with (its spread)·Δ/w ≤ 10 % (`public.strict_auroc_grid`) — or not at all when no
+    grid qualifies (fewer than ~21 canaries a group for the point, ~41 for the interval). People needed is
+    computed from published values only (the AUROC bucket's midpoint, or 1/2 when none is published, and
+    the count buckets' lower ends), so it moves only when they do. Checked by
+    tests/privacy/test_echo_public_leak.py."""
     n_in, n_out = private["users_in"], private["users_out"]
     sec = {"schema": SECTION_SCHEMA, "verdict": private["verdict"], "passed": private["verdict"] == PASSED,
            "covered_by_certificate": False, "coverage_note": COVERAGE_NOTE,
@@ -182,26 +201,42 @@ def public_section(private: dict, *, corpus: dict, model: dict) -> dict:
            "reasons": []}
     rep = private.get("report")
     if rep is None:
-        sec.update(auroc=None, auroc_interval=None, auroc_grid=None, echo_auroc=None, auroc_ceiling=None,
-                   auroc_ceiling_pld=None, mean_echo=None, people_needed=None)
+        sec.update(auroc=None, auroc_interval=None, auroc_grid=None, interval_grid=None, echo_auroc=None,
+                   auroc_ceiling=None, auroc_ceiling_pld=None, mean_echo=None, people_needed=None)
         sec["reasons"].append(f"echo audit: INCONCLUSIVE — {private.get('why')}")
         return sec
-    q = pub.public_auroc(rep["auroc"], rep["auroc_interval"], n_in, n_out)
-    w = q["auroc_grid"]
+    w = pub.strict_auroc_grid(n_in, n_out)
+    wi = pub.strict_auroc_grid(n_in, n_out, INTERVAL_SPREAD)
     by = {c["m"]: c for c in rep["curves"]}
     ec = by.get("echo")
-    sec.update(auroc=q["auroc"], auroc_interval=q["auroc_interval"], auroc_grid=w,
-               echo_auroc=None if ec is None else {"auroc": pub.bucket(ec["auroc"], w),
-                                                   "auroc_interval": pub.outward(ec["interval"], w),
-                                                   "verdict": ec["verdict"]},
+    ceiling = rep["binding_ceiling"]
+    sec.update(auroc=None if w is None else pub.bucket(rep["auroc"], w),
+               auroc_interval=None if wi is None else pub.outward(rep["auroc_interval"], wi),
+               auroc_grid=w, interval_grid=wi,
+               echo_auroc=None if ec is None else {
+                   "auroc": None if w is None else pub.bucket(ec["auroc"], w),
+                   "auroc_interval": None if wi is None else pub.outward(ec["interval"], wi),
+                   "verdict": ec["verdict"]},
                auroc_ceiling=rep["auroc_ceiling"] if rep.get("epsilon") is not None else None,
-               auroc_ceiling_pld=rep["auroc_ceiling_pld"], binding_ceiling=rep["binding_ceiling"],
+               auroc_ceiling_pld=rep["auroc_ceiling_pld"], binding_ceiling=ceiling,
                confidence=rep["confidence"],
-               mean_echo={g: pub.bucket(private["means"][g]["echo"], w) for g in ("members", "held_out")},
+               mean_echo=None if w is None else {g: pub.bucket(private["means"][g]["echo"], w)
+                                                 for g in ("members", "held_out")},
                empirical_epsilon_exceeds_certified=bool(rep["epsilon_lower_bound_exceeds"]),
-               above_ceiling=bool(rep["above_ceiling"]),
-               people_needed=pub.public_people_needed(rep["people_needed"], rep["people_needed_unbounded"])
-               if private["verdict"] == INCONCLUSIVE else None)
+               above_ceiling=bool(rep["above_ceiling"]), people_needed=None)
+    if w is None:
+        sec["reasons"].append("echo audit: too few canaries for a public AUROC (one canary would move its coarsest "
+                              "bucket more than 10 % of the time): verdicts and counts only")
+    if private["verdict"] == INCONCLUSIVE:
+        # from published values only: the bucket's midpoint (1/2, an audit that finds nothing, without one)
+        # and the count buckets' lower ends — never the exact Â or group sizes
+        a_pub = 0.5 if w is None else sum(sec["auroc"]) / 2
+        lo_in, lo_out = max(1, sec["canaries_in"][0]), max(1, sec["canaries_out"][0])
+        need = people_needed(a_pub, lo_in, lo_out, rep["z"], margin(a_pub, threshold=private["threshold"],
+                                                                    ceiling=ceiling))
+        sec["people_needed"] = pub.public_people_needed(need, need is None)
+        sec["people_needed_basis"] = ("the AUROC bucket's midpoint" if w is not None else
+                                      "an audit that finds nothing (AUROC 1/2)") + " and the count buckets' lower ends"
     for c in rep["curves"]:
         what = "echo" if c["m"] == "echo" else "bigram"
         if c["above_ceiling"]:

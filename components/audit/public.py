@@ -58,6 +58,17 @@ def auroc_grid(n_in: int, n_out: int) -> float:
     return w if w is not None else AUROC_GRIDS[-1]
 
 
+def strict_auroc_grid(n_in: int, n_out: int, spread: float = 1.0) -> float | None:
+    """The finest AUROC grid w with spread·Δ/w ≤ 10 % (Δ = 1/(n − 1), n the smaller group's public lower
+    end), or None when even the coarsest grid breaks the rule: then the value is not published.
+    `spread` bounds how many Δ one person moves the published quantity (1 for a Mann–Whitney AUROC or a
+    group mean in [0, 1]; more for an interval's ends, whose width also depends on the group sizes).
+    `auroc_grid` falls back to the coarsest grid instead; the echo audit (components/audit/echo.py)
+    publishes nothing rather than a value one canary moves more often than the rule allows."""
+    n = min(count_bucket(n_in)[0], count_bucket(n_out)[0])
+    return _grid(spread / (n - 1) if n >= 2 else None, AUROC_GRIDS)
+
+
 def exposure_grid(n_secrets: int, n_candidates: int, *, excess: bool = False) -> float | None:
     """Exposure lies in [0, log2(R+1)] (excess over a reference: twice that span), so one secret moves
     a class mean of n by at most span/(n − 1)."""

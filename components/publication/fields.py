@@ -687,10 +687,12 @@ declare(Field("prefect", "parameters.precision", P, "the operator's training pre
 # `veil audit-synthetic`: the corpus against the plan's echo canaries (components/audit/echo.py). Measured on the
 # private canary split after training, so uncovered: verdicts, count buckets and values on the audit's grids.
 channel("cli.audit_synthetic", "the operator and registry readers: `veil audit-synthetic --json`")
-_ECHO_Q = ("quantized as the model audit's section (components/audit/public.py: count buckets; AUROC and the groups' "
-           "mean echo fraction, both moved at most 1/(n − 1) by one canary, on the AUROC grid; verdicts at 95 % "
-           "simultaneous intervals); marked covered_by_certificate: false")
-_ECHO_T = "tests/audit/test_audit_echo.py"
+_ECHO_Q = ("count buckets of 10; the AUROCs and the groups' mean echo fraction (each moved at most Δ = 1/(n − 1) by "
+           "one canary) on the finest grid with Δ/w ≤ 10 %, the intervals (ends moved at most 2Δ) on the finest with "
+           "2Δ/w ≤ 10 %, neither published when no grid qualifies (public.strict_auroc_grid); people needed from "
+           "those published values on the 1-2-5 ladder; verdicts at 95 % simultaneous intervals; marked "
+           "covered_by_certificate: false")
+_ECHO_T = "tests/privacy/test_echo_public_leak.py"
 declare(
     *(Field("cli.audit_synthetic", p, P, w) for p, w in [
         ("schema", _CONST), ("covered_by_certificate", _CONST), ("coverage_note", _CONST), ("statistics.**", _CONST),

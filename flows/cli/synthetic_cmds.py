@@ -137,8 +137,9 @@ def audit_synthetic(corpus: str = typer.Argument(..., help="corpus id (its folde
                               f"{doc['canaries_out'][0]}–{doc['canaries_out'][1] - 1} held out ({doc['canary_kind']})")
         if doc.get("auroc") is not None:
             ceil = doc.get("binding_ceiling")
-            t.add_row("bigram AUROC", f"in {_rng(doc['auroc'])}, {doc['confidence']:.0%} interval within "
-                                      f"{_rng(doc['auroc_interval'])} · DP ceiling "
+            within = ("" if doc.get("auroc_interval") is None else
+                      f", {doc['confidence']:.0%} interval within {_rng(doc['auroc_interval'])}")
+            t.add_row("bigram AUROC", f"in {_rng(doc['auroc'])}{within} · DP ceiling "
                                       + ("none (no user-level ε)" if ceil is None else f"{ceil:.3f}"))
             if doc.get("echo_auroc"):
                 t.add_row("echo AUROC", f"in {_rng(doc['echo_auroc']['auroc'])}")

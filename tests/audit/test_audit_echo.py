@@ -24,9 +24,9 @@ PREFIXES = ["  * Fix build with", "  * New upstream release", "  * Update the", 
 CERT = {"privacy_unit": "user", "epsilon": 0.5, "delta": 1e-6}
 
 
-def _brute(texts, suffix, all_suffixes, alpha=1.0):
+def _brute(texts, suffix, alpha=1.0):
     """Longest contiguous run of `suffix` in one text; mean add-alpha bigram log-probability, the vocabulary
-    being the corpus' words and every canary's (one model for all canaries)."""
+    being the corpus' words, the public word list and this canary's own (never the other canaries')."""
     toks = [words(t) for t in texts]
     n = len(suffix)
     run = 0
@@ -35,7 +35,7 @@ def _brute(texts, suffix, all_suffixes, alpha=1.0):
             g = list(suffix[i:j])
             if any(w[k:k + len(g)] == g for w in toks for k in range(len(w) - len(g) + 1)):
                 run = max(run, j - i)
-    vocab = {x for w in toks for x in w} | {x for s in all_suffixes for x in s}
+    vocab = {x for w in toks for x in w} | set(VOCAB) | set(suffix)
     lps = []
     for a, b in zip(suffix, suffix[1:]):
         c_ab = sum(1 for w in toks for k in range(len(w) - 1) if w[k] == a and w[k + 1] == b)
@@ -50,10 +50,11 @@ def test_statistics_match_a_brute_force_count():
     texts = [" ".join(small[i] for i in rng.integers(12, size=int(rng.integers(3, 15)))) for _ in range(40)]
     texts.append("Some PREFIX: " + " ".join(small[:5]) + ", and more")   # a planted 5-word echo
     canaries = [EchoCanary(f"c{i}", tuple(small[j] for j in rng.integers(12, size=6)), bool(i % 2))
-                for i in range(10)] + [EchoCanary("planted", tuple(small[:5]) + ("zzz",), True)]
+                for i in range(10)] + [EchoCanary("planted", tuple(small[:5]) + ("zzz",), True),
+                                       EchoCanary("outside", ("qqq", "zzz", "www", "zzz"), False)]
     rows = {r["user_id"]: r for r in echo_scores(texts, canaries)}
     for c in canaries:
-        run, lp = _brute(texts, c.suffix, [x.suffix for x in canaries])
+        run, lp = _brute(texts, c.suffix)
         assert rows[c.user_id]["echoed_words"] == run
         assert rows[c.user_id]["echo"] == pytest.approx(run / len(c.suffix))
         assert rows[c.user_id]["bigram"] == pytest.approx(lp, rel=1e-12)
