@@ -11,7 +11,12 @@ over rounds. On a shared 2-core VM repeated runs differ by ±5 %: compare within
 
 Targets (issue 6): veil_s ≤ 1.3 × nonprivate_s, and veil_s < opacus_s; issue 24: full fine-tuning
 (`--full`, also at `--seq-len 256`) ≤ 1.15× and LoRA ≤ 1.05× non-private, both faster than Opacus.
-`--threads 1` gives steadier ratios on a shared machine. Opacus runs in both of its
+`--threads 1` gives steadier ratios on a shared machine. Measured 2026-11-27 on a shared 2-core
+AMD EPYC VM (load average 7–14 from other jobs), `--threads 1`, CPU-second ratios
+(veil_cpu_s / nonprivate_cpu_s; opacus_cpu_s / veil_cpu_s), each "before" run alongside its "after"
+run: `--full` 1.235 → 1.096 (Opacus 1.45× Veil); `--full --seq-len 256 --rounds 8` 1.132 → 1.134
+(unchanged within noise; Opacus 1.25×); LoRA 0.895 → 0.900 (Opacus 1.13×, Opacus ghost 1.79×).
+Wall-clock ratios under that load are not meaningful. Opacus runs in both of its
 modes: per-sample gradients via hooks ("opacus") and ghost clipping with a second backward
 ("opacus-ghost"); `opacus_s` is the former (the issue's contract), `opacus_ghost_s` the latter.
 """

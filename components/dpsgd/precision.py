@@ -213,13 +213,17 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def _product32(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _product32(op, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """op(a, b) (torch.mm or torch.bmm) with float32 accumulation and result when either factor is
-    16-bit: the fused GEMM where the device has it, else on upcast factors (unchanged for float32)."""
-    out = _fused(op, a, b)
-    if out is not None:
-        return out
+    16-bit: the fused GEMM where the device has it, else on upcast factors (unchanged for float32).
+    `out`: a tensor of the result's shape and dtype that the upcast product is written into (the
+    fused GEMM allocates its own); the result is returned either way."""
+    fused = _fused(op, a, b)
+    if fused is not None:
+        return fused
     dt = torch.promote_types(acc_dtype(a.dtype), acc_dtype(b.dtype))
+    if out is not None and out.dtype == dt:
+        return op(a.to(dt), b.to(dt), out=out)
     return op(a.to(dt), b.to(dt))
 
 
@@ -228,6 +232,6 @@ def mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _product32(torch.mm, a, b)
 
 
-def bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Batched a @ b, as `mm32`."""
-    return _product32(torch.bmm, a, b)
+def bmm32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Batched a @ b, as `mm32` (`out`: see _product32)."""
+    return _product32(torch.bmm, a, b, out)

@@ -15,10 +15,18 @@ from components.core.errors import VeilError
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Every entry of every tensor is finite, with one host sync for the lot (one per tensor would
-    stall a GPU step hundreds of times: a 1B LoRA model has 308 trainable tensors)."""
+    stall a GPU step hundreds of times: a 1B LoRA model has 308 trainable tensors).
+
+    First from each tensor's sum (float32 at least): a NaN or ±inf entry makes any sum NaN or ±inf,
+    so finite sums prove every entry finite with one read per tensor — isfinite's abs, compares and
+    bool copies cost 1.5 % of a full fine-tuning step on a CPU. Only when a sum is not finite (an
+    entry is, or a finite tensor's sum overflowed) are the entries checked one by one."""
     if not tensors:
         return True
     dev = tensors[0].device
+    sums = torch.stack([t.sum(dtype=acc_dtype(t.dtype)).to(device=dev, dtype=torch.float64) for t in tensors])
+    if bool(torch.isfinite(sums).all()):
+        return True
     return bool(torch.stack([torch.isfinite(t).all().to(dev) for t in tensors]).all())
 
 

@@ -219,6 +219,9 @@ def test_finiteness_checks_batched_into_one_sync():
     assert all_finite([]) and all_finite([torch.ones(3), torch.zeros(2, 2)])
     assert not all_finite([torch.ones(3), torch.tensor([1.0, float("nan")])])
     assert not all_finite([torch.tensor([float("-inf")]), torch.ones(1)])
+    # finite entries whose sum overflows (the sums are the first test): checked entry by entry
+    assert all_finite([torch.full((4,), 3e38), torch.full((3,), 3e38, dtype=torch.bfloat16)])
+    assert not all_finite([torch.full((4,), 3e38), torch.tensor([3e38, float("nan")])])
     m = _gpt2()
     with torch.no_grad():
         m.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
@@ -229,3 +232,35 @@ def test_finiteness_checks_batched_into_one_sync():
     with pytest.raises(VeilError, match="not finite"):
         step(0, units, ids, lengths)
     step.close()
+
+
+def test_kept_per_record_buffers_are_reused_and_do_not_leak():
+    """On a CPU the book-kept backward writes per-record gradients into buffers kept from one
+    micro-batch to the next (no fresh pages each step): a second micro-batch of other records gives
+    what a fresh engine gives on it, in the same buffers, and none of them is in the returned sum."""
+    import copy
+
+    from components.dpsgd.grad_samplers import HookPerRecord
+    from components.dpsgd.per_sample import sequence_losses
+    from test_training_precision import _gpt2
+
+    model = _gpt2()
+    fresh_model = copy.deepcopy(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    rng = np.random.default_rng(3)
+    batches = [torch.as_tensor(rng.integers(1, 64, size=(4, 12))) for _ in range(2)]
+    lengths = torch.tensor([12, 9, 5, 12])
+    args = (torch.ones(4, dtype=torch.float64), torch.arange(4), 4, 0.05, sequence_losses)
+
+    hp = HookPerRecord(model, names)
+    hp.clipped_group(batches[0], lengths, *args, ghost="never")
+    kept = {k: [t.data_ptr() for t in v] for k, v in hp._buffers._kept.items()}
+    assert kept, "no per-record buffer was kept"
+    got, _ = hp.clipped_group(batches[1], lengths, *args, ghost="never")
+    assert {k: [t.data_ptr() for t in v] for k, v in hp._buffers._kept.items()} == kept
+    ptrs = {p for v in kept.values() for p in v}
+    assert not any(t.data_ptr() in ptrs for t in got.values())
+    hp.remove()
+    want, _ = HookPerRecord(fresh_model, names).clipped_group(batches[1], lengths, *args, ghost="never")
+    for n in names:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)

@@ -116,6 +116,40 @@ def test_nonfinite_factor_makes_only_its_units_ghost_norm_nonfinite(kind, bad, s
     assert torch.isfinite(torch.cat([got[:bad_unit], got[bad_unit + 1:]])).all()
 
 
+@pytest.mark.parametrize("owner", [None, [0, 1, 1, 2, 2, 2]])
+def test_split_self_gram_equals_instantiation(owner):
+    """From SPLIT_GRAM_TOKENS tokens a unit, a use's own Gram pair is formed from its upper row half
+    and lower-right quarter (¾ of the LM head's [L, V] products). The tied embedding/head norm still
+    equals the instantiated per-unit gradient's (odd L: unequal halves), and a non-finite entry in
+    either half still makes its unit's norm — and only its unit's — non-finite."""
+    from components.dpsgd.grad_samplers import SPLIT_GRAM_TOKENS
+
+    B, L, V, d = 6, SPLIT_GRAM_TOKENS + 3, 11, 3
+    torch.manual_seed(2)
+    emb = nn.Embedding(V, d).double()
+    head = nn.Linear(d, V, bias=False).double()
+    head.weight = emb.weight
+    ids = torch.randint(0, V, (B, L))
+    g_emb, h = torch.randn(B, L, d, dtype=torch.float64), torch.randn(B, L, d, dtype=torch.float64)
+    g_head = torch.randn(B, L, V, dtype=torch.float64)
+    per = (_SAMPLERS[nn.Embedding](emb, ids, g_emb)["weight"] + _SAMPLERS[nn.Linear](head, h, g_head)["weight"])
+    n_units = B if owner is None else max(owner) + 1
+    own = torch.arange(B) if owner is None else torch.tensor(owner)
+    slots = None if owner is None else _slots(own, n_units)
+    units = torch.zeros((n_units, V, d), dtype=per.dtype).index_add_(0, own, per)
+    got = ghost_norm_sq([_Use(emb, "embedding", ids, g_emb), _Use(head, "linear", h, g_head)], slots)
+    torch.testing.assert_close(got, units.flatten(1).square().sum(1))
+    for t in (3, L - 2):                     # a token in the upper half, then one in the lower
+        bad = g_head.clone()
+        bad[2, t, 4] = float("nan")
+        h_bad = h.clone()
+        h_bad[2, t] = 0.0                    # the row that meets it is zero: NaN, not 0, all the same
+        got = ghost_norm_sq([_Use(emb, "embedding", ids, g_emb), _Use(head, "linear", h_bad, bad)], slots)
+        bad_unit = int(own[2])
+        assert not torch.isfinite(got[bad_unit])
+        assert torch.isfinite(torch.cat([got[:bad_unit], got[bad_unit + 1:]])).all()
+
+
 def test_on_a_gpu_large_weights_take_the_ghost_path():
     """At 1B scale on a GPU every instantiated per-record gradient is held to the end of the
     backward (B copies of each weight: 111.6 GiB measured on an H200 with the CPU rule); there only

@@ -131,8 +131,8 @@ def test_a_units_norm_is_never_computed_in_16_bits(monkeypatch, arch, lora, meth
         seen["rows"] += 1
         return row_sq_norms(u)
 
-    def checked_bmm32(a, b):
-        out = bmm32(a, b)
+    def checked_bmm32(a, b, **kw):
+        out = bmm32(a, b, **kw)
         assert out.dtype == torch.float32, f"a per-record or Gram product in {out.dtype}"
         return out
 
