@@ -182,7 +182,7 @@ def public_section(private: dict, *, corpus: dict, model: dict) -> dict:
     moves a Mann–Whitney AUROC or a group's mean echo fraction (in [0, 1]) by at most Δ = 1/(n − 1), n the
     smaller group's public lower end, and an interval's ends by at most INTERVAL_SPREAD·Δ. Each is published
     on the finest grid w with (its spread)·Δ/w ≤ 10 % (`public.strict_auroc_grid`) — or not at all when no
-    grid qualifies (fewer than ~21 canaries a group for the point, ~41 for the interval). People needed is
+    grid qualifies (the smaller group under 30 canaries for the point, under 50 for the interval). People needed is
     computed from published values only (the AUROC bucket's midpoint, or 1/2 when none is published, and
     the count buckets' lower ends), so it moves only when they do. Checked by
     tests/privacy/test_echo_public_leak.py."""

@@ -13,8 +13,9 @@ metrics, CLI output, the public plot) therefore carries only:
   changes with the group sizes). The point sits on the finest grid w with Δ/w ≤ 10 % (`auroc_grid`),
   the interval, rounded outwards so it never looks tighter, on the finest with INTERVAL_SPREAD·Δ/w ≤
   10 % (`interval_grid`): if the statistic sits anywhere in its bucket with roughly even odds, one
-  person moves a published bucket with probability at most 10 %. When no grid qualifies (fewer than
-  21 people in a group for the point, 41 for the interval) the value is not published — null, and a
+  person moves a published bucket with probability at most 10 %. When no grid qualifies (the smaller
+  group under 30 people for the point, under 50 for the interval: count buckets' lower ends below 21
+  and 41) the value is not published — null, and a
   reason says so — never put on a grid one person moves more often; the verdicts stay;
 - people needed (inconclusive only) on the 1-2-5 ladder, computed from published values only — the
   AUROC bucket's midpoint (1/2 when none is published), the count buckets' lower ends, the policy's
