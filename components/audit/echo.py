@@ -37,7 +37,7 @@ from components.audit.canaries import VOCAB, canary_substring
 from components.audit.ceiling import certificate_ceilings
 from components.audit.metrics import auroc
 from components.audit.user_inference import user_inference_report
-from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED, margin, people_needed, z_value
+from components.audit.verdict import FAILED, INCONCLUSIVE, PASSED
 from components.core.errors import VeilError
 
 _WORD = re.compile(r"[^\W_]+")
@@ -47,10 +47,8 @@ SECTION_SCHEMA = "veil.audit.synthetic-echo/v1"
 COVERAGE_NOTE = ("Not covered by the certificate: measured on the plan's private canary split; published only as "
                  "verdicts and coarsely quantized aggregates (one canary moves a published value with probability "
                  "<= 10 %; a value no grid can hold to that is not published).")
-# How many Δ = 1/(n − 1) one canary moves an end of the Newcombe interval of the AUROC: the point moves by
-# at most Δ, the ends by up to ~1.8 Δ (their slope in Â reaches 2 near Â = 1, and the width changes with
-# the group sizes). tests/privacy/test_echo_public_leak.py checks the 1.8 on a sweep of Â and group sizes.
-INTERVAL_SPREAD = 2.0
+# How many Δ one canary moves an end of the AUROC's interval (the model audit's bound: `public.INTERVAL_SPREAD`).
+INTERVAL_SPREAD = pub.INTERVAL_SPREAD
 
 
 def words(text: str) -> list[str]:
@@ -184,7 +182,7 @@ def public_section(private: dict, *, corpus: dict, model: dict) -> dict:
     moves a Mann–Whitney AUROC or a group's mean echo fraction (in [0, 1]) by at most Δ = 1/(n − 1), n the
     smaller group's public lower end, and an interval's ends by at most INTERVAL_SPREAD·Δ. Each is published
     on the finest grid w with (its spread)·Δ/w ≤ 10 % (`public.strict_auroc_grid`) — or not at all when no
-    grid qualifies (fewer than ~21 canaries a group for the point, ~41 for the interval). People needed is
+    grid qualifies (the smaller group under 30 canaries for the point, under 50 for the interval). People needed is
     computed from published values only (the AUROC bucket's midpoint, or 1/2 when none is published, and
     the count buckets' lower ends), so it moves only when they do. Checked by
     tests/privacy/test_echo_public_leak.py."""
@@ -230,13 +228,9 @@ def public_section(private: dict, *, corpus: dict, model: dict) -> dict:
     if private["verdict"] == INCONCLUSIVE:
         # from published values only: the bucket's midpoint (1/2, an audit that finds nothing, without one)
         # and the count buckets' lower ends — never the exact Â or group sizes
-        a_pub = 0.5 if w is None else sum(sec["auroc"]) / 2
-        lo_in, lo_out = max(1, sec["canaries_in"][0]), max(1, sec["canaries_out"][0])
-        need = people_needed(a_pub, lo_in, lo_out, rep["z"], margin(a_pub, threshold=private["threshold"],
-                                                                    ceiling=ceiling))
-        sec["people_needed"] = pub.public_people_needed(need, need is None)
-        sec["people_needed_basis"] = ("the AUROC bucket's midpoint" if w is not None else
-                                      "an audit that finds nothing (AUROC 1/2)") + " and the count buckets' lower ends"
+        sec["people_needed"], sec["people_needed_basis"] = pub.published_people_needed(
+            sec["auroc"], sec["canaries_in"], sec["canaries_out"], rep["z"], threshold=private["threshold"],
+            ceiling=ceiling)
     for c in rep["curves"]:
         what = "echo" if c["m"] == "echo" else "bigram"
         if c["above_ceiling"]:

@@ -6,11 +6,20 @@ metrics, CLI output, the public plot) therefore carries only:
 
 - verdicts (passed / failed / inconclusive), overall, per gate and per m of the ablation;
 - counts on a grid of 10: [lo, lo + 10);
-- AUROC (point and interval) on a grid w chosen from {0.05, 0.1, 0.25, 0.5} as the finest with
-  Δ/w ≤ 10 %, where Δ = 1/(n − 1) bounds how far adding, removing or replacing one person moves the
-  Mann–Whitney AUROC (n: the lower end of the smaller group's published count). If the statistic
-  sits anywhere in its bucket with roughly even odds, one person moves the published bucket with
-  probability at most 10 % — and the interval is rounded outwards, so it never looks tighter;
+- AUROC (point and interval) on grids chosen from {0.05, 0.1, 0.25, 0.5}. Adding, removing or
+  replacing one person (trained or held out) moves the Mann–Whitney AUROC by at most Δ = 1/(n − 1)
+  (n: the lower end of the smaller group's published count) and an end of its Newcombe interval by at
+  most INTERVAL_SPREAD·Δ (~1.8 Δ measured: the ends' slope in Â reaches 2 near Â = 1, and the width
+  changes with the group sizes). The point sits on the finest grid w with Δ/w ≤ 10 % (`auroc_grid`),
+  the interval, rounded outwards so it never looks tighter, on the finest with INTERVAL_SPREAD·Δ/w ≤
+  10 % (`interval_grid`): if the statistic sits anywhere in its bucket with roughly even odds, one
+  person moves a published bucket with probability at most 10 %. When no grid qualifies (the smaller
+  group under 30 people for the point, under 50 for the interval: count buckets' lower ends below 21
+  and 41) the value is not published — null, and a
+  reason says so — never put on a grid one person moves more often; the verdicts stay;
+- people needed (inconclusive only) on the 1-2-5 ladder, computed from published values only — the
+  AUROC bucket's midpoint (1/2 when none is published), the count buckets' lower ends, the policy's
+  threshold and the certificate's ceiling — so it moves only when they do (`people_needed_basis`);
 - per secret class, the mean exposure on a grid from {0.5, 1, 2} bits by the same rule with
   Δ = log2(R + 1)/(n − 1) (one secret moves a class mean of n exposures by at most that); a class
   with too few secrets for even a 2-bit grid publishes its verdict and count only;
@@ -25,13 +34,18 @@ from __future__ import annotations
 
 import math
 
-from components.audit.verdict import round_up_ladder
+from components.audit.verdict import margin, people_needed, round_up_ladder
 
 SECTION_SCHEMA = "veil.audit/v2"
 COUNT_GRID = 10
 MOVE_PROBABILITY = 0.10
 AUROC_GRIDS = (0.05, 0.1, 0.25, 0.5)
 EXPOSURE_GRIDS = (0.5, 1.0, 2.0)
+# How many Δ = 1/(n − 1) one person moves an end of the Newcombe interval of the AUROC: the point moves by
+# at most Δ, the ends by up to ~1.8 Δ (their slope in Â reaches 2 near Â = 1, and the width changes with
+# the group sizes), at every z up to 8 simultaneous estimates. Checked on a sweep by
+# tests/privacy/test_echo_public_leak.py and tests/privacy/test_audit_public_neighbours.py.
+INTERVAL_SPREAD = 2.0
 COVERAGE_NOTE = ("Not covered by the certificate: measured after training on private held-out people, "
                  "canaries and secrets; published only as verdicts and coarsely quantized class-level "
                  "aggregates (one person or secret moves a published value with probability <= 10 %).")
@@ -51,20 +65,13 @@ def _grid(delta: float | None, grids) -> float | None:
     return None
 
 
-def auroc_grid(n_in: int, n_out: int) -> float:
-    """The AUROC grid for groups of these (exact, private) sizes, decided from their public buckets."""
-    n = min(count_bucket(n_in)[0], count_bucket(n_out)[0])
-    w = _grid(1.0 / (n - 1) if n >= 2 else None, AUROC_GRIDS)
-    return w if w is not None else AUROC_GRIDS[-1]
-
-
 def strict_auroc_grid(n_in: int, n_out: int, spread: float = 1.0) -> float | None:
     """The finest AUROC grid w with spread·Δ/w ≤ 10 % (Δ = 1/(n − 1), n the smaller group's public lower
     end), or None when even the coarsest grid breaks the rule: then the value is not published.
     `spread` bounds how many Δ one person moves the published quantity (1 for a Mann–Whitney AUROC or a
-    group mean in [0, 1]; more for an interval's ends, whose width also depends on the group sizes).
-    `auroc_grid` falls back to the coarsest grid instead; the echo audit (components/audit/echo.py)
-    publishes nothing rather than a value one canary moves more often than the rule allows."""
+    group mean in [0, 1]; INTERVAL_SPREAD for an interval's ends, whose width also depends on the group
+    sizes). The model audit (`public_auroc`) and the echo audit (components/audit/echo.py) publish nothing
+    rather than a value one person moves more often than the rule allows."""
     n = min(count_bucket(n_in)[0], count_bucket(n_out)[0])
     return _grid(spread / (n - 1) if n >= 2 else None, AUROC_GRIDS)
 
@@ -94,9 +101,26 @@ def outward(interval, w: float, lo: float = 0.0, hi: float = 1.0) -> list[float]
 
 
 def public_auroc(point: float, interval, n_in: int, n_out: int) -> dict:
-    w = auroc_grid(n_in, n_out)
-    return {"auroc": bucket(point, w), "auroc_interval": outward(interval, w), "auroc_grid": w,
+    """The point on its grid and the interval on its own (None, each, when no grid holds the rule)."""
+    w = strict_auroc_grid(n_in, n_out)
+    wi = strict_auroc_grid(n_in, n_out, INTERVAL_SPREAD)
+    return {"auroc": None if w is None else bucket(point, w),
+            "auroc_interval": None if wi is None else outward(interval, wi), "auroc_grid": w, "interval_grid": wi,
             "users_in": count_bucket(n_in), "users_out": count_bucket(n_out)}
+
+
+def published_people_needed(auroc_bucket, users_in, users_out, z: float, *, threshold: float | None,
+                            ceiling: float | None) -> tuple[dict | str | None, str]:
+    """People needed (on the ladder) and what it was computed from: published values only — the AUROC
+    bucket's midpoint (1/2, an audit that finds nothing, when no bucket is published), the count buckets'
+    lower ends, z (from the public number of simultaneous estimates), the policy's threshold and the
+    certificate's ceiling — never the exact Â or group sizes, which one person moves across a ladder step."""
+    a = 0.5 if auroc_bucket is None else (auroc_bucket[0] + auroc_bucket[1]) / 2
+    need = people_needed(a, max(1, users_in[0]), max(1, users_out[0]), z, margin(a, threshold=threshold,
+                                                                                 ceiling=ceiling))
+    basis = (("the AUROC bucket's midpoint" if auroc_bucket is not None else "an audit that finds nothing (AUROC 1/2)")
+             + " and the count buckets' lower ends")
+    return public_people_needed(need, need is None), basis
 
 
 def public_people_needed(need: dict | None, unbounded: bool) -> dict | str | None:

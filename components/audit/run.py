@@ -378,7 +378,8 @@ def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows,
     """Verdicts and quantized class-level aggregates only (see `public`): built from the exact values
     without copying any of them."""
     q = pub.public_auroc(ui["auroc"], ui["auroc_interval"], ui["users_in"], ui["users_out"])
-    reasons = _ui_reasons("user inference", ui)
+    need, need_basis = _public_need(ui, q)
+    reasons = _ui_reasons("user inference", ui, q, need)
     canaries = None
     if canary_private is not None:
         canaries = {"users_in": pub.count_bucket(canary_private["users_in"]),
@@ -386,9 +387,9 @@ def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows,
         if "auroc" in canary_private:
             cq = pub.public_auroc(canary_private["auroc"], canary_private["auroc_interval"],
                                   canary_private["users_in"], canary_private["users_out"])
-            canaries.update({k: cq[k] for k in ("auroc", "auroc_interval", "auroc_grid")})
+            canaries.update({k: cq[k] for k in ("auroc", "auroc_interval", "auroc_grid", "interval_grid")})
             canaries["above_ceiling"] = bool(canary_private["above_ceiling"])
-            reasons += _ui_reasons("canaries", canary_private)
+            reasons += _ui_reasons("canaries", canary_private, cq, _public_need(canary_private, cq)[0])
         if canary_rows:
             canaries["exposure"] = pub.public_exposure_class(canary_rows, None, n_candidates)
     by_class: dict[str, list] = {}
@@ -445,8 +446,8 @@ def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows,
             "threshold": ui["threshold"],
             "binding_ceiling": binding,
             "by_m": [{"m": c["m"] if c["m"] is not None else "all", "verdict": c["verdict"]} for c in ui["curves"]],
-            "people_needed": pub.public_people_needed(ui["people_needed"], ui["people_needed_unbounded"])
-            if ui["verdict"] == INCONCLUSIVE else None,
+            "people_needed": need,
+            "people_needed_basis": need_basis,
             "empirical_epsilon_exceeds_certified": bool(ui["epsilon_lower_bound_exceeds"]),
             "confidence": ui["confidence"],
             "interval": f"Newcombe score interval (Hanley–McNeil variance), simultaneous over "
@@ -455,7 +456,8 @@ def _public_section(audit_id, created, verdict, ui, canary_private, canary_rows,
         "secret_exposure": exposure,
         "canaries": canaries,
         "quantization": {"count_grid": pub.COUNT_GRID, "move_probability": pub.MOVE_PROBABILITY,
-                         "auroc_grids": list(pub.AUROC_GRIDS), "exposure_grids_bits": list(pub.EXPOSURE_GRIDS)},
+                         "auroc_grids": list(pub.AUROC_GRIDS), "interval_spread": pub.INTERVAL_SPREAD,
+                         "exposure_grids_bits": list(pub.EXPOSURE_GRIDS)},
         "ceiling_basis": ("user-level (ε, δ) of the certificate" if eps is not None else
                           f"none: the certificate's privacy unit is {cert.get('privacy_unit')!r}, not the user"),
         "epsilon": eps, "delta": delta,
@@ -496,9 +498,27 @@ def _one_run(scores: pa.Table, canary_mask, plan: Mapping, res: AuditReservation
     return out
 
 
-def _ui_reasons(what: str, r: Mapping) -> list[str]:
-    """Public one-line reasons, from verdicts and public values only."""
+def _public_need(r: Mapping, q: Mapping) -> tuple[dict | str | None, str | None]:
+    """People needed for an inconclusive gate, from its published values only (`public.published_people_needed`:
+    the AUROC bucket's midpoint, the count buckets, the policy's threshold, the certificate's ceiling, and z
+    from the public number of simultaneous estimates). None, None for a gate that is not inconclusive."""
+    if r.get("verdict") != INCONCLUSIVE:
+        return None, None
+    return pub.published_people_needed(q["auroc"], q["users_in"], q["users_out"], r["z"], threshold=r["threshold"],
+                                       ceiling=r["binding_ceiling"])
+
+
+def _ui_reasons(what: str, r: Mapping, q: Mapping, need) -> list[str]:
+    """Public one-line reasons, from verdicts and public values only (`q`: the published AUROC fields,
+    `need`: the published people needed)."""
     out = []
+    if q["auroc"] is None:
+        who = "canaries" if what == "canaries" else "people"
+        out.append(f"{what}: too few {who} for a public AUROC (one would move its coarsest bucket more than "
+                   f"{pub.MOVE_PROBABILITY:.0%} of the time): verdicts and counts only")
+    elif q["auroc_interval"] is None:
+        out.append(f"{what}: too few {'canaries' if what == 'canaries' else 'people'} for a public interval (one "
+                   f"would move its ends' coarsest bucket more than {pub.MOVE_PROBABILITY:.0%} of the time)")
     for c in r.get("curves", []):
         if c["above_ceiling"]:
             out.append(f"{what}: at {_where(c['m'])} the {r['confidence']:.0%} interval of AUROC lies above the "
@@ -511,11 +531,10 @@ def _ui_reasons(what: str, r: Mapping) -> list[str]:
         out.append(f"{what}: the attack's ROC forces (95 %) an ε above the certified {r['epsilon']:g}: "
                    "THE CERTIFICATE OR THE CODE IS WRONG; do not release")
     if r.get("verdict") == INCONCLUSIVE:
-        need = pub.public_people_needed(r.get("people_needed"), r.get("people_needed_unbounded", False))
         need_s = (f"about {need['in']} in and {need['out']} out" if isinstance(need, dict) else str(need))
         bad = [_where(c["m"]) for c in r["curves"] if c["verdict"] == INCONCLUSIVE]
         out.append(f"{what}: INCONCLUSIVE — too few people to decide "
-                   f"({pub.count_bucket(r['users_in'])[0]}+ in, {pub.count_bucket(r['users_out'])[0]}+ out; "
+                   f"({q['users_in'][0]}+ in, {q['users_out'][0]}+ out; "
                    f"undecided at {', '.join(bad)}); needs {need_s}")
     return out
 

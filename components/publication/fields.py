@@ -139,8 +139,12 @@ declare(
 mirror("certificate", "audit", "audit.public")
 
 # --- the audit's public section ----------------------------------------------------------------------------
-_AUDIT_Q = ("quantized on public grids (components/audit/public.py: count buckets, AUROC and exposure grids "
-            "chosen from public sizes; verdicts at 95 % simultaneous intervals); marked covered_by_certificate: false")
+_AUDIT_Q = ("quantized on public grids (components/audit/public.py: count buckets of 10; the AUROC (moved at most "
+            "Δ = 1/(n − 1) by one person) on the finest grid with Δ/w ≤ 10 %, its interval (ends moved at most 2Δ) on "
+            "the finest with 2Δ/w ≤ 10 %, neither published when no grid qualifies; exposure grids chosen from public "
+            "sizes; people needed from published values on the 1-2-5 ladder; verdicts at 95 % simultaneous "
+            "intervals; checked on neighbours by tests/privacy/test_audit_public_neighbours.py); marked "
+            "covered_by_certificate: false")
 _AUDIT_T = "tests/privacy/test_audit_public_leak.py"
 declare(
     *(Field("audit.public", p, P, w) for p, w in [

@@ -47,9 +47,12 @@ def _table(doc: dict) -> Table:
     ui = doc["user_inference"]
     ceil = f"DP ceiling {doc['auroc_ceiling']:.3f} from (ε, δ)" + (
         f", {doc['auroc_ceiling_pld']:.3f} from the mechanism's PLD" if doc.get("auroc_ceiling_pld") is not None else "")
-    t.add_row("user inference", f"{_STYLE.get(ui['verdict'], ui['verdict'])} · AUROC in {_rng(doc['auroc'])}, "
-                                f"{ui['confidence']:.0%} interval within {_rng(doc['auroc_interval'])} "
-                                f"(grid {doc['auroc_grid']:g}) · {ceil}"
+    # a value no grid can hold to the public rule is not published (null): say so rather than print a range
+    auc = (f"AUROC in {_rng(doc['auroc'])} (grid {doc['auroc_grid']:g})" if doc.get("auroc") is not None
+           else "AUROC not published (too few people)")
+    if doc.get("auroc_interval") is not None:
+        auc += f", {ui['confidence']:.0%} interval within {_rng(doc['auroc_interval'])} (grid {doc['interval_grid']:g})"
+    t.add_row("user inference", f"{_STYLE.get(ui['verdict'], ui['verdict'])} · {auc} · {ceil}"
               + (f" · policy max {ui['threshold']:g}" if ui.get("threshold") is not None else ""))
     t.add_row("  by samples/user", "  ".join(f"m={r['m']}: {r['verdict'] or '—'}" for r in ui["by_m"]))
     t.add_row("  users", f"{_count(doc['users_in'])} trained / {_count(doc['users_out'])} held out")
@@ -77,7 +80,8 @@ def _table(doc: dict) -> Table:
     can = doc.get("canaries")
     if can:
         t.add_row("canaries", f"{_STYLE.get(can.get('verdict'), can.get('verdict'))} · {_count(can['users_in'])} "
-                              f"injected / {_count(can['users_out'])} held out · AUROC in {_rng(can.get('auroc'))}")
+                              f"injected / {_count(can['users_out'])} held out · "
+                              + (f"AUROC in {_rng(can['auroc'])}" if can.get("auroc") is not None else "AUROC not published"))
     for r in doc["reasons"]:
         t.add_row("[yellow]why[/yellow]" if "INCONCLUSIVE" in r else "[red]why[/red]", r)
     t.add_row("coverage", doc["coverage_note"])

@@ -35,7 +35,9 @@ def _audit_line(aud: dict, short: bool = False) -> str:
     if aud.get("schema") != "veil.audit/v2":
         return f"{word} · AUROC {aud['auroc']:.3f} ≤ {_ceiling(aud)} (v1 section)"
     a = aud["auroc"]
-    line = f"{word} · AUROC in [{a[0]:g}, {a[1]:g}) · ceiling {_ceiling(aud)}"
+    # null when the groups are too small for any grid the public rule allows
+    line = (f"{word} · AUROC in [{a[0]:g}, {a[1]:g}) · ceiling {_ceiling(aud)}" if a is not None
+            else f"{word} · AUROC not published (too few people) · ceiling {_ceiling(aud)}")
     if short:
         return line
     gate = aud.get("gate")

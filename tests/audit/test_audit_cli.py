@@ -48,7 +48,11 @@ def test_audit_json_contract(fake_registry):
     assert list(doc)[:8] == ["verdict", "passed", "covered_by_certificate", "auroc", "auroc_interval",
                              "auroc_ceiling", "users_in", "users_out"]
     assert doc["verdict"] == "inconclusive" and doc["passed"] is False and doc["covered_by_certificate"] is False
-    assert doc["users_in"] == [0, 10] and doc["users_out"] == [0, 10] and doc["auroc"] == [0.5, 1.0]
+    # too few people for any grid the public rule allows: no AUROC or interval, and people needed from the
+    # published values (AUROC 1/2 without a bucket, the count buckets' lower ends)
+    assert doc["users_in"] == [0, 10] and doc["users_out"] == [0, 10]
+    assert doc["auroc"] is None and doc["auroc_interval"] is None and doc["auroc_grid"] is None
+    assert doc["user_inference"]["people_needed_basis"].startswith("an audit that finds nothing")
     need = doc["user_inference"]["people_needed"]
     assert isinstance(need, dict) and need["in"] >= 10 and need["out"] >= 10
     assert doc["auroc_ceiling"] == pytest.approx(1 - (1 - 1e-5) ** 2 / (1 + 2.718281828459045 ** 2))

@@ -102,8 +102,11 @@ def test_non_private_model_fails_dp_ceiling_and_keeps_evidence_private(world, se
     # public: verdict, buckets, the loud reason; not covered by the certificate
     assert s["verdict"] == "failed" and not res.passed and not s["passed"] and s["above_ceiling"]
     assert s["covered_by_certificate"] is False and "Not covered by the certificate" in s["coverage_note"]
-    assert s["users_in"] == [0, 10] and s["users_out"] == [0, 10] and s["auroc_grid"] == 0.5
-    assert s["auroc"] == [0.5, 1.0] and s["auroc_ceiling"] == pytest.approx(ui["auroc_ceiling"])
+    assert s["users_in"] == [0, 10] and s["users_out"] == [0, 10]
+    # 8 + 8 people: no grid holds one person's move to 10 % (public.py), so no AUROC is published; the verdict stays
+    assert s["auroc"] is s["auroc_interval"] is s["auroc_grid"] is s["interval_grid"] is None
+    assert any("too few people for a public AUROC" in r for r in s["reasons"])
+    assert s["auroc_ceiling"] == pytest.approx(ui["auroc_ceiling"])
     assert any("CERTIFICATE OR THE CODE IS WRONG" in r for r in s["reasons"])
     assert s["secret_exposure"]["by_class"]["credential"]["mean_bits"] is None   # one secret: verdict only
     doc = json.dumps(res.to_json())
