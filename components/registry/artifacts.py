@@ -54,7 +54,7 @@ def privacy_tags(cert: Mapping[str, Any]) -> dict[str, str]:
         tags[f"privacy.secret.{cls}.kappa"] = repr(float(c["kappa"]))
     audit = cert.get("audit") or {}
     for key in ("auroc", "auroc_ceiling", "passed", "verdict"):
-        if key in audit:
+        if audit.get(key) is not None:   # an AUROC too few people allow publishing is null: no tag, not "None"
             tags[f"audit.{key}"] = str(audit[key])
     if "covered_by_certificate" in audit:   # the audit's public section says it is not covered
         tags["audit.covered_by_certificate"] = str(bool(audit["covered_by_certificate"])).lower()
