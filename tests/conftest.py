@@ -120,7 +120,7 @@ def _pinned_plan_key():
 # starts later than it could: keep the list to files of a minute or more.
 SLOW_FILES = [
     "tests/flows/test_team_postgres.py",         # ~165 s: PostgreSQL, its own Prefect server, a retraining
-    "tests/flows/test_cli_output.py",            # ~133 s for its retraining, plus four CLI runs
+    "tests/flows/test_cli_output.py",            # ~133 s for its retraining, plus three CLI runs
     "tests/flows/test_retrain.py",               # a retraining line: train, skip, skip, train
     "tests/flows/test_deployment_worker.py",     # ~100-124 s: `prefect deploy`, a process worker, two runs
     "tests/flows/test_retrain_killed.py",        # a 60-step retraining killed, then resumed
