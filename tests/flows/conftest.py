@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from _prefect_server import PrefectServer  # noqa: F401 (tests/flows/test_team_postgres.py imports it from here)
+from _prefect_server import PREFECT, PrefectServer  # noqa: F401 (tests in tests/flows import them from here)
 
 # Prefect configures its console log handler on import, bound to the sys.stderr of that moment:
 # imported here (collection, pytest's session-long stream), not inside a test whose captured
