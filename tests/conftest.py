@@ -1,7 +1,9 @@
 """Test environment: every test gets its own VEIL_HOME; nothing touches the network or ~/.
 
-Prefect's ephemeral server takes 20–30 s to start on 2 cores, so flow tests share one
-session-scoped harness (`prefect_harness`); everything else tests plain functions.
+A Prefect server takes 20–30 s to start on 2 cores (more under xdist's load), so every test that runs
+flows shares ONE per test process: the session's real server (`prefect_server`, tests/_prefect_server.py).
+`prefect_harness` points this process' flows at it, in place of prefect_test_harness' ephemeral one,
+which an xdist worker used to start beside the real one; everything else tests plain functions.
 """
 from __future__ import annotations
 
@@ -57,11 +59,38 @@ def settings(veil_home):
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_server(tmp_path_factory):
+    """One real Prefect server for every test of this process that needs one: tests tell their runs apart
+    by flow run id, start time or parameters (model name, VEIL_HOME), never by counting all of the
+    server's runs."""
+    from _prefect_server import PrefectServer, drain_prefect_workers
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
+    try:
+        yield server
+    finally:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        # pointed at the test's server: with no URL the drain would start an ephemeral one (~15 s)
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            drain_prefect_workers()
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_server):
+    """From the first test that asks on, this process' flows report to the session's server, as inside
+    prefect_test_harness (which this replaces: it started a second, ephemeral server). The server's
+    database URL is set too, so a test reads the bytes that server stored (tests/privacy/test_prefect_*)."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_server.api_url,
+                             PREFECT_SERVER_DATABASE_CONNECTION_URL: prefect_server.db_url}):
+        # and as the process-global settings (as the harness does): code in a context copied before this
+        # fixture ran (a thread started earlier) sees the server too
+        with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            yield prefect_server
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -91,7 +120,7 @@ def _pinned_plan_key():
 # starts later than it could: keep the list to files of a minute or more.
 SLOW_FILES = [
     "tests/flows/test_team_postgres.py",         # ~165 s: PostgreSQL, its own Prefect server, a retraining
-    "tests/flows/test_cli_output.py",            # ~133 s for its retraining, plus four CLI runs
+    "tests/flows/test_cli_output.py",            # ~133 s for its retraining, plus three CLI runs
     "tests/flows/test_retrain.py",               # a retraining line: train, skip, skip, train
     "tests/flows/test_deployment_worker.py",     # ~100-124 s: `prefect deploy`, a process worker, two runs
     "tests/flows/test_retrain_killed.py",        # a 60-step retraining killed, then resumed

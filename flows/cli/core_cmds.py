@@ -391,6 +391,8 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
     because whoever runs this holds VEIL_HOME (its private area, the ledger: `veil ledger` shows the
     same counts): they are an administrator. The flow never logs them to the Prefect server."""
     _check_inputs(policy, source, base_model, public_corpus)
+    if serve:  # a bad schedule is said before the quieting and device check load mlflow and torch (~10 s of CPU)
+        _check_schedule(cron, timezone)
     quiet_third_party()
     settings_with_device()
     if serve:
@@ -419,21 +421,25 @@ def retrain(policy: Path = typer.Option(..., "--policy"), source: Path = typer.O
                 out.print(f"utility limit: {limit_line(result['evaluation'])}")
 
 
-def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name, mapping) -> None:
-    import os
-    import signal
-
+def _check_schedule(cron: str, timezone: str) -> None:
+    """Prefect's own check of the schedule, before anything is registered."""
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
-    from flows.pipeline import serve_retraining  # startup
-
-    try:  # Prefect's own check of the schedule, before anything is registered
+    try:
         CronSchedule(cron=cron, timezone=timezone)
     except ValidationError as e:
         why = e.errors()[0].get("msg", "invalid")
         raise VeilError(f"--cron {cron!r} --timezone {timezone!r}: {why}") from None
-    s = _settings()
+
+
+def _serve_retraining(policy, source, fmt, cron, timezone, base_model, public_corpus, name, mapping) -> None:
+    import os
+    import signal
+
+    from flows.pipeline import serve_retraining  # startup
+
+    s = _settings()   # the schedule was checked first thing (`retrain`: _check_schedule)
     if not os.environ.get("PREFECT_API_URL"):
         raise VeilError("--serve needs a Prefect server: set PREFECT_API_URL (or prefect_api_url in veil.toml)")
     err.print(f"serving veil-retrain/retrain-{name} on '{cron}' ({timezone}) at {os.environ['PREFECT_API_URL']}; "

@@ -1,147 +1,22 @@
-"""A REAL Prefect server for the flow tests (not the ephemeral API: it runs no scheduler).
-
-Started from the venv's `prefect server start` on a free 127.0.0.1 port with its own PREFECT_HOME
-and SQLite database, analytics off; the scheduler's loops are shortened so a schedule shows its runs
-within seconds. Always stopped (process group killed) whatever the test did.
-"""
+"""The flow tests' helpers: Prefect's console handler on the live stream, the `api` fixture (this process'
+flows report to the session's real Prefect server, tests/conftest.py's `prefect_server`), a tiny
+organization and policy for the retraining tests."""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
 import logging
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
+
+from _prefect_server import PREFECT, PrefectServer  # noqa: F401 (tests in tests/flows import them from here)
 
 # Prefect configures its console log handler on import, bound to the sys.stderr of that moment:
 # imported here (collection, pytest's session-long stream), not inside a test whose captured
 # stream (capsys) is closed when it ends and would break every later test's flow logging.
 import prefect  # noqa: F401,E402
-
-PREFECT = str(Path(sys.executable).parent / "prefect")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrefectServer:
-    def __init__(self, home: Path, **env: str):
-        self.home = home
-        self.port = _free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
-        self.log = home / "server.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        self.env.update({
-            "PREFECT_HOME": str(home), "PREFECT_API_URL": self.api_url,
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_UI_ENABLED": "false",
-            # seconds, not the default minute: a schedule's runs appear while the test waits
-            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
-            "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "1",
-            # a run waiting for the deployment's concurrency slot retries in 2 s, not 30
-            "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
-            # services the tests do not need cost CPU on 2 shared cores
-            "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
-            "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
-            "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": "false",
-            "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_ENABLED": "false",
-        })
-        self.env.update(env)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 120) -> "PrefectServer":
-        self.proc = subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"],
-            env=self.env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prefect server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"prefect server not healthy after {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=15)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=10)
-
-    def api(self, method: str, path: str, **kw):
-        # The server answers 503 while its SQLite file is locked by its own services (the scheduler
-        # writing runs) and 429 when busy; Prefect's own client retries both with backoff, so the
-        # tests' raw calls do too (CI saw one 503 on POST /deployments/ on 2 busy cores).
-        for attempt in range(6):
-            r = httpx.request(method, f"{self.api_url}{path}", timeout=30, **kw)
-            if r.status_code not in (429, 503) or attempt == 5:
-                break
-            time.sleep(0.5 * 2 ** attempt)
-        r.raise_for_status()
-        return r.json() if r.content else None
-
-    def server_log(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """One server for every flow test (starting one costs ~25 s on 2 cores): tests tell their runs
-    apart by parameters (model name, VEIL_HOME), never by counting all of the server's runs."""
-    server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
-    try:
-        yield server
-    finally:
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        # pointed at the test's server: with no URL the drain would start an ephemeral one (~15 s)
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            _drain_prefect_workers()
-        server.stop()
-
-
-def _drain_prefect_workers() -> None:
-    """Send this process' queued flow logs and events while the server is up (as
-    prefect_test_harness does): otherwise they retry a stopped server at exit for a minute."""
-    import inspect
-
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.utilities.asyncutils import run_coro_as_sync
-
-    async def drain():
-        try:
-            r = APILogWorker.instance().drain()
-            if inspect.isawaitable(r):
-                await r
-        except RuntimeError:  # never started
-            pass
-        r = EventsWorker.drain_all()
-        if inspect.isawaitable(r):
-            await r
-
-    run_coro_as_sync(drain())
 
 
 def _console_handlers_to(stream) -> None:

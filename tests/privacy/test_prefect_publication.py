@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -57,16 +58,19 @@ def test_a_real_flow_leaves_no_private_value_in_prefect(prefect_harness, tmp_pat
     shard_texts = [[f"{marker} {i} the weekly report" for i in range(3)], [f"{marker} shard two {i}" for i in range(3)]]
     cfg = ShardTraining(epochs=1, learning_rate=1e-2, seq_len=16, batch_size=2, lora_r=2, lora_alpha=4)
     storage = tmp_path / "prefect-storage"
+    since = datetime.now(timezone.utc)
     with temporary_settings({PREFECT_RESULTS_PERSIST_BY_DEFAULT: True, PREFECT_LOCAL_STORAGE_PATH: storage}):
         facts = train_shards(str(base), shard_texts, cfg, [tmp_path / f"s{i}" for i in range(2)], runner="thread")
     private = [marker, *(repr(f["mean_loss"]) for f in facts), *(f["sha256"] for f in facts)]
 
     with get_client(sync_client=True) as client:
-        from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, LogFilter
-        from prefect.client.schemas.filters import LogFilterFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, TaskRunFilter, TaskRunFilterFlowRunId
 
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["pmixed-build"])))
-        run = max(runs, key=lambda r: r.created)
+        # this test's run: the server is the test process' shared one (tests/conftest.py), other tests' runs on it
+        # (earlier shard builds included) are not this one
+        (run,) = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["pmixed-build"])),
+                                       flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
         if run.parameters:   # the shard flow takes none; the pipeline's are declared handles (test above)
             publish("prefect", {"parameters": run.parameters})
         assert run.state.is_completed() and run.state.data is None
