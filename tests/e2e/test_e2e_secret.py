@@ -62,6 +62,9 @@ def test_secret_protection_pipeline(veil_home, tmp_path):
     # the audit ran on the registered model; a secret-level guarantee bounds no user-level test,
     # so the AUROC ceiling is the trivial one
     audit = cert["audit"]
-    assert audit is not None and 0.0 <= audit["auroc"][0] < audit["auroc"][1] <= 1.0
+    assert audit is not None
+    # a bucket, or — with groups too small for the 10 % rule (components.audit.public) — none, and a reason
+    assert (audit["auroc"] is None and "too few" in json.dumps(audit["reasons"])) or \
+        0.0 <= audit["auroc"][0] < audit["auroc"][1] <= 1.0, audit
     assert audit["auroc_ceiling"] == 1.0 and audit["ceiling_basis"].startswith("none")
     assert audit["covered_by_certificate"] is False and audit["verdict"] in ("passed", "failed", "inconclusive")
