@@ -92,7 +92,6 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
                policy: str | Path | None = None, register: bool = True, progress: bool = True) -> dict:
     """Generate, scan, certify and seal, record in the ledger, register. Returns the operator's document
     (`public`: what `--json` prints, through the gate; `private`: the scan file's path)."""
-    from components.ledger import Ledger  # startup
 
     # Every input is checked before the model is loaded (one line, exit 2): prompts, settings, rules.
     prompts = load_prompts(prompts_path) if prompts_path else None
@@ -143,22 +142,10 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    scan_path = Path(settings.private_dir) / "synthetic" / final.name / "scan.jsonl"
-    _write_private_jsonl(scan_path, matches)
-
-    led = Ledger.open(settings)
-    try:
-        release_id = led.record_post_processing(
-            kind="synthetic", release_key=cert["sha256"], of_release=model["ledger_release_id"],
-            params={"model": loaded.name, "model_version": str(loaded.version), "records": records,
-                    "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"]},
-            detail={"certificate_sha256": cert["sha256"]})
-    finally:
-        led.dispose()
-    reg = None
-    if register:
-        with step("registering the corpus", on=progress):
-            reg = register_synthetic(settings, final, scan=counts, ledger_release_id=release_id)
+    scan_path, release_id, reg = _record_corpus(
+        settings, final, cert, model, matches, counts, register=register, progress=progress,
+        params={"model": loaded.name, "model_version": str(loaded.version), "records": records,
+                "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"]})
     public = publish("cli.synthesize", {
         "model_uri": model_uri, "records": records, "corpus_dir": str(final),
         "uri": None if reg is None else reg["uri"], "run_id": None if reg is None else reg["run_id"],
@@ -168,6 +155,29 @@ def synthesize(settings: Settings, model_uri: str, *, records: int, prompts_path
         "sampling": sampling.public(), "scan": counts, "statement": cert["statement"]})
     return {"public": public, "private": {"scan_matches": str(scan_path), "matched_records":
                                           len({m["index"] for m in matches})}}
+
+
+def _record_corpus(settings: Settings, final: Path, cert: dict, model: dict, matches: list, counts: dict, *,
+                   params: dict, register: bool, progress: bool):
+    """What both corpus sources do once the sealed corpus is in place: the scan's matches to the private
+    area, the release event in the ledger (post-processing: no charge), and the registration.
+    Returns (scan_path, ledger release id, registration or None)."""
+    from components.ledger import Ledger  # startup
+
+    scan_path = Path(settings.private_dir) / "synthetic" / final.name / "scan.jsonl"
+    _write_private_jsonl(scan_path, matches)
+    led = Ledger.open(settings)
+    try:
+        release_id = led.record_post_processing(
+            kind="synthetic", release_key=cert["sha256"], of_release=model["ledger_release_id"],
+            params=params, detail={"certificate_sha256": cert["sha256"]})
+    finally:
+        led.dispose()
+    reg = None
+    if register:
+        with step("registering the corpus", on=progress):
+            reg = register_synthetic(settings, final, scan=counts, ledger_release_id=release_id)
+    return scan_path, release_id, reg
 
 
 def _model_run_tags(settings: Settings, run_id: str) -> dict:
@@ -249,7 +259,6 @@ def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, promp
     charged to its token budget before it is drawn. Refused up front when records × max_new_tokens exceed
     the tokens left; stopped cleanly (what was drawn kept) if concurrent serving spends the budget first.
     Certified as part of that release's transcript, sealed, scanned, recorded, registered like `synthesize`."""
-    from components.ledger import Ledger  # startup
     from components.prediction.budget import TokenBudget  # startup
 
     prompts = load_prompts(prompts_path) if prompts_path else None
@@ -313,22 +322,11 @@ def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, promp
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    scan_path = Path(settings.private_dir) / "synthetic" / final.name / "scan.jsonl"
-    _write_private_jsonl(scan_path, matches)
-    led = Ledger.open(settings)
-    try:
-        release_id = led.record_post_processing(
-            kind="synthetic", release_key=cert["sha256"], of_release=model["ledger_release_id"],
-            params={"model": model["name"], "model_version": str(model["version"]), "records": records,
-                    "records_kept": len(recs), "source": "pmixed", "tokens_charged": facts["tokens_charged"],
-                    "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"]},
-            detail={"certificate_sha256": cert["sha256"]})
-    finally:
-        led.dispose()
-    reg = None
-    if register:
-        with step("registering the corpus", on=progress):
-            reg = register_synthetic(settings, final, scan=counts, ledger_release_id=release_id)
+    scan_path, release_id, reg = _record_corpus(
+        settings, final, cert, model, matches, counts, register=register, progress=progress,
+        params={"model": model["name"], "model_version": str(model["version"]), "records": records,
+                "records_kept": len(recs), "source": "pmixed", "tokens_charged": facts["tokens_charged"],
+                "certificate_sha256": cert["sha256"], "corpus_sha256": corpus["sha256"]})
     public = publish("cli.synthesize", {
         "model_uri": model_uri, "source": "pmixed", "records": records, "records_kept": len(recs),
         "tokens_charged": facts["tokens_charged"], "stopped_by_budget": facts["stopped_by_budget"],
