@@ -252,6 +252,8 @@ def audit_synthetic(settings: Settings, corpus: str | Path, *, policy: str | Pat
     if record:
         record_echo_audit(settings, cert["sha256"], public)
     return {"public": public, "private": str(path), "verdict": public["verdict"]}
+
+
 def synthesize_pmixed(settings: Settings, model_uri: str, *, records: int, prompts_path: str | Path | None = None,
                       max_new_tokens: int = 64, policy: str | Path | None = None, register: bool = True,
                       progress: bool = True, device: str = "cpu") -> dict:
