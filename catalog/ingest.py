@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import queue
 import threading
 import time
@@ -861,7 +862,11 @@ def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_
         _WORKER.update(key=key, tagger=tagger, normalizer=_Normalizer(sql, tagger))
     tagger, norm = _WORKER["tagger"], _WORKER["normalizer"]
     rows = 0
-    with ipc.new_file(part, shard_mod.PART) as w, ipc.new_file(spans_part, _SPANS) as ws:
+    # Written under partial names and renamed once whole: a worker killed mid-part leaves no file the
+    # writer could take for a finished part (it reads only the final names, after the worker's
+    # result; shards.partial(), removed like every stage file by the next writer's recover()).
+    tmp_part, tmp_spans = shard_mod.partial(part), shard_mod.partial(spans_part)
+    with ipc.new_file(tmp_part, shard_mod.PART) as w, ipc.new_file(tmp_spans, _SPANS) as ws:
         # (a lambda: _prefetch closes a transform that has close(); this one serves the next part too)
         for batch, out in _prefetch(_prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
                                     transform=lambda b: norm(b)):
@@ -875,6 +880,8 @@ def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_
                                                 schema=shard_mod.PART))
             if spans is not None:
                 ws.write_table(spans.cast(_SPANS))
+    os.replace(tmp_spans, spans_part)
+    os.replace(tmp_part, part)      # last: the rows' file names a finished part
     return {"rows": rows, "lines": conn.lines}
 
 

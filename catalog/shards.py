@@ -31,6 +31,7 @@ import hashlib
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -153,8 +154,17 @@ class ShardedJsonl:
                                            self.sql, self.rules, self.ner, str(part), str(sp)))
             lines = 0
             for k, fut in enumerate(futures):
-                res = fut.result()
                 part, sp = self._files(k)
+                try:
+                    res = fut.result()
+                except BrokenProcessPool:
+                    a, b = self.ranges[k]
+                    raise VeilError(f"{self.path}: a --shards worker process died while working on bytes {a}-{b} "
+                                    "(killed, or out of memory); nothing was written to the catalog; run the "
+                                    "ingest again") from None
+                if not (part.is_file() and sp.is_file()):   # a finished part is renamed into place whole
+                    raise RuntimeError(f"catalog: shard part {k} reported done but its files are missing; "
+                                       "refusing to stage")
                 try:
                     for name, path in (("rows", part), ("spans", sp)):
                         # (not closed here: the snapshot writer's thread may still hold a batch's mapped
@@ -176,9 +186,18 @@ class ShardedJsonl:
             for k in range(len(self.ranges)):
                 for p in self._files(k):
                     p.unlink(missing_ok=True)
+                    partial(p).unlink(missing_ok=True)
             hasher.join()
         if self._sha_error is not None:
             raise self._sha_error
+
+
+def partial(path: Path | str) -> Path:
+    """Where a worker writes a part before renaming it to `path`: `x.part-3.stage.arrow` →
+    `x.part-3.partial.stage.arrow` (still `*.stage.arrow`, so a crashed ingest's are removed by the next
+    writer's recover())."""
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".stage.arrow") + ".partial.stage.arrow")
 
 
 def _shift(t: pa.Table, by: int, cols) -> pa.Table:

@@ -145,6 +145,52 @@ def test_sharded_ingest_writes_the_same_snapshot(settings, tmp_path, monkeypatch
     assert not list((settings.cache_dir / "ingest-tmp").glob("*.arrow"))   # parts removed
 
 
+def _dying_work(path, start, end, first, *args):
+    """A shard worker that is killed (SIGKILL: no cleanup, no exception) half-way through writing
+    every part but the first. Module level: the spawned worker imports it by name."""
+    import os
+    import signal
+
+    from catalog import ingest, shards
+
+    if start > 0:
+        shards.partial(args[-2]).write_bytes(b"ARROW1\0\0half a part")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return ingest._shard_work(path, start, end, first, *args)
+
+
+def test_killed_shard_worker_leaves_no_catalog_change(settings, tmp_path, monkeypatch):
+    """A worker killed mid-part: the ingest fails with one line, no snapshot, no ingest row, no part
+    or partial file is left, and the next ingest of the same file gives the golden snapshot."""
+    import pytest
+
+    from catalog import ingest, shards
+    from components.core.errors import VeilError
+
+    monkeypatch.setattr(shards, "MIN_PART_BYTES", 1 << 15)
+    monkeypatch.setattr(ingest, "_shard_work", _dying_work)
+    a = write(tmp_path / "a.jsonl", lines(1, 1500))
+    with pytest.raises(VeilError, match="worker process died while working on bytes"):
+        _ingest_sharded(settings, a)
+    # (COMMITTED, the writers' record of committed snapshots, is the catalog's: no snapshot in it)
+    left = sorted(p.name for p in settings.snapshots_dir.iterdir() if p.name != "COMMITTED") \
+        if settings.snapshots_dir.exists() else []
+    assert not left, left   # no snapshot folder, no .tmp- folder, no LATEST
+    assert not list((settings.cache_dir / "ingest-tmp").glob("*.arrow"))
+    con = duckdb.connect(str(settings.catalog_path), read_only=True)
+    try:
+        assert con.sql("SELECT count(*) FROM ingests").fetchall()[0][0] == 0
+    finally:
+        con.close()
+    monkeypatch.undo()
+    assert _digest(settings, _ingest(settings, a)) == GOLDEN_FIRST
+
+
+def _ingest_sharded(settings, src):
+    return ingest_source(src, "jsonl", settings=settings, time_field="ts", metadata_fields=("team", "to"),
+                         rules=RULES, shards=2)
+
+
 def test_cut_ranges_start_at_lines_and_cover_the_file(tmp_path):
     from catalog.shards import cut
 
