@@ -12,6 +12,8 @@ can drop); for pyarrow, the size of the table it builds.
     python bench/ingest.py --baseline-commit 92a5528 --shards 2 --big --json   # a commit (temporary worktree),
                                            # ours sharded too, and 10M records (peak RSS: flat?)
     python bench/ingest.py --real          # also real text: this machine's Debian changelogs
+    python bench/ingest.py --shards 2 --pairs 3   # 1 process and 2 shard workers, interleaved: the speed-up
+    python bench/ingest.py --scales 3 10   # also 3M and 10M records, one run each: peak RSS flat or not
 
 `--real` adds real multi-person text (every installed package's changelog.Debian.gz, maintainers as
 people): ingested by the debian-changelog connector, and the same entries as JSONL through the JSONL
@@ -317,10 +319,10 @@ def _run_child(args: list[str], tree: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _compare(src: Path, work: Path, baseline: Path, pairs: int, shards: int = 1, parse: bool = True) -> list[dict]:
+def _compare(src: Path, work: Path, baseline: Path | None, pairs: int, shards: int = 1, parse: bool = True) -> list[dict]:
     ours_tree = Path(__file__).resolve().parents[1]
-    builds = [("baseline", baseline, 1), ("ours", ours_tree, 1)] + ([(f"ours --shards {shards}", ours_tree, shards)]
-                                                                   if shards > 1 else [])
+    builds = ([("baseline", baseline, 1)] if baseline is not None else []) + [("ours", ours_tree, 1)] + \
+        ([(f"ours --shards {shards}", ours_tree, shards)] if shards > 1 else [])
     runs = [{"build": "pyarrow.json.read_json", "pair": 0, **_run_child(["--child-pyarrow", str(src)], ours_tree)}
             ] if parse else []
     for i in range(pairs):
@@ -353,7 +355,12 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-commit", default=None, metavar="REV",
                     help="a commit of this repository as the baseline (a temporary `git worktree`, removed after)")
     ap.add_argument("--shards", type=int, default=1,
-                    help="with a baseline: also run ours with `--shards N` worker processes")
+                    help="also run ours with `--shards N` worker processes, interleaved with the one-process "
+                         "ingest (fresh processes, `--pairs` of each; a baseline too if given)")
+    ap.add_argument("--scales", type=int, nargs="*", default=[],
+                    help="also ingest these multiples of the records (e.g. `--scales 3 10`: 3M and 10M beside "
+                         "1M; copies of the file, each copy's texts prefixed with its number: distinct records; "
+                         "one run per build): peak RSS at each size — memory flat or not")
     ap.add_argument("--big", action="store_true",
                     help="with a baseline: also ingest 10× the records (10 copies of the file, each copy's texts "
                          "prefixed with its number: distinct records; one run per build): does peak memory stay flat?")
@@ -363,7 +370,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.baseline_commit is not None:
         return _with_worktree(args)
-    if args.baseline is not None:
+    if args.baseline is not None or args.shards > 1 or args.scales or args.big:
         return _main_compare(args)
     if args.real and not (args.real_dir.is_dir() and next(args.real_dir.glob("*/changelog.Debian.gz"), None)):
         print(f"--real-dir: {args.real_dir} holds no <package>/changelog.Debian.gz (a Debian machine's "
@@ -492,26 +499,33 @@ def _main_compare(args) -> int:
     try:
         if not src.is_file():
             generate(src, args.records, chars=args.chars)
-        runs = _compare(src, work, args.baseline.resolve(), args.pairs, args.shards)
+        baseline = args.baseline.resolve() if args.baseline is not None else None
+        runs = _compare(src, work, baseline, args.pairs, args.shards)
         for r in runs:
             r.setdefault("records", args.records)
         sizes = [args.records]
-        if args.big:
-            big = work / "bench-10m.jsonl"
+        for times in sorted(set(args.scales + ([10] if args.big else []))):
+            if times <= 1:
+                continue
+            big = work / f"bench-{times}x.jsonl"
             if not big.is_file():
-                scale_up(src, big, 10)
-            src.unlink(missing_ok=True)  # (disk: the 10× file is ~4 GB at 1M records)
+                scale_up(src, big, times)
             # (no pyarrow row: its table of 10× the records would need ~10 GB)
-            for r in _compare(big, work, args.baseline.resolve(), 1, args.shards, parse=False):
-                runs.append({**r, "records": r.get("records", 10 * args.records), "pair": f"{r['pair']} (10×)"})
-            sizes.append(10 * args.records)
+            for r in _compare(big, work, baseline, 1, args.shards, parse=False):
+                runs.append({**r, "records": r.get("records", times * args.records), "pair": f"{r['pair']} ({times}×)"})
+            big.unlink(missing_ok=True)  # (disk: the 10× file is ~4 GB at 1M records)
+            sizes.append(times * args.records)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     whos = list(dict.fromkeys(r["build"] for r in runs if r["build"] != "pyarrow.json.read_json"))
-    result = {"records": args.records, "cpus": os.cpu_count(), "baseline": str(args.baseline_commit or args.baseline),
+    speedup = _speedup(runs, args.shards, args.records) if args.shards > 1 else None
+    result = {"records": args.records, "cpus": os.cpu_count(),
+              "baseline": str(args.baseline_commit or args.baseline) if args.baseline is not None else None,
               "runs": runs, "target_records_per_second": 150_000,
               "summary": {f"{who} @ {n:,}": _summary(runs, who, n) for n in sizes for who in whos}}
+    if speedup is not None:
+        result["shards_speedup"] = speedup
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -519,7 +533,8 @@ def _main_compare(args) -> int:
     from rich.table import Table
 
     t = Table(title=f"JSONL ingest, ~{args.chars} chars a record, {os.cpu_count()} CPUs, "
-                    f"baseline = {result['baseline']}; each row a fresh process, one after the other")
+                    + (f"baseline = {result['baseline']}; " if result["baseline"] else "")
+                    + "each row a fresh process, one after the other")
     for c in ("build", "records", "load before→after", "seconds", "records/s", "CPU s", "CPU s / 1M",
               "peak RSS + MiB", "of it anonymous", "CPU s per thread", "snapshot"):
         t.add_column(c)
@@ -538,7 +553,23 @@ def _main_compare(args) -> int:
                   f"{b['records_per_second_max']:,} records/s here; peak RSS +{b['max_rss_mib']} MiB (anonymous "
                   f"{b['max_anon_mib']}); on 2 free cores at most {b['records_per_second_2_free_cores_bound']:,} "
                   "records/s (CPU s / 2, or the busiest thread)")
+    if speedup:
+        print(f"--shards {args.shards} against one process, pair by pair (same minutes): wall × "
+              f"{', '.join(f'{x:.2f}' for x in speedup['wall_ratios'])} (one process' wall / sharded wall: above 1 "
+              f"is faster), CPU × {', '.join(f'{x:.2f}' for x in speedup['cpu_ratios'])} (sharded CPU / one "
+              "process' CPU)")
     return 0
+
+
+def _speedup(runs: list[dict], shards: int, records: int) -> dict:
+    """Per pair at the base size: one process' wall over the sharded run's wall (the speed-up), and
+    the sharded run's CPU over one process' (what sharding costs)."""
+    one = {r["pair"]: r for r in runs if r["build"] == "ours" and r.get("records") == records}
+    many = {r["pair"]: r for r in runs if r["build"] == f"ours --shards {shards}" and r.get("records") == records}
+    pairs = [k for k in one if k in many]
+    return {"pairs": len(pairs),
+            "wall_ratios": [round(one[k]["seconds"] / many[k]["seconds"], 3) for k in pairs],
+            "cpu_ratios": [round(many[k]["cpu_seconds"] / one[k]["cpu_seconds"], 3) for k in pairs]}
 
 
 if __name__ == "__main__":
