@@ -179,7 +179,8 @@ def test_a_ledger_from_before_the_record_is_filled_once_and_a_release_without_on
 
 
 def test_the_record_on_postgresql():
-    """The same record, scan and burn-down on a real PostgreSQL server (skipped without its binaries)."""
+    """The same record, scan, backfill and burn-down on a real PostgreSQL server (skipped without its
+    binaries)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from _ledger_pg import postgres_server
 
@@ -196,6 +197,13 @@ def test_the_record_on_postgresql():
             with led.engine.begin() as conn:     # no record: the scan (count distinct on PostgreSQL)
                 conn.execute(st.release_curves.delete())
             assert led.burn_down() == fast and fast[-1]["retired"] == 1
+            with led.engine.begin() as conn:     # a ledger from before the table: filled when opened
+                conn.exec_driver_sql("DROP TABLE ledger_release_curves")
+        finally:
+            led.dispose()
+        led = Ledger(url, KEY)
+        try:
+            assert _recorded(led) == rec and led.burn_down() == fast
         finally:
             led.dispose()
 
