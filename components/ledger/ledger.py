@@ -539,17 +539,19 @@ class Ledger:
     def _read_weights(self, m: Mapping[str, str]) -> np.ndarray | None:
         return _weights_of(m, self.conversion, self.orders, self._where())
 
-    def _people(self) -> "_People":
+    def _people(self, conn: Connection | None = None) -> "_People":
         """Every person's effective spend, charges and retirements (linked pseudonyms folded in), from the
         running spend and two GROUP BYs; cached until the ledger's seq moves (every write that changes any
-        of them moves it)."""
-        with st.read_only(self.engine) as conn:
-            seq = st.read_state(conn)[0]
-            got = getattr(self, "_people_cache", None)
-            if got is not None and got.seq == seq:
-                return got
-            with st.no_gc():
-                got = _People.read(conn, self.orders, seq)
+        of them moves it). `conn`: read in that connection's snapshot (the caller reads more in it)."""
+        if conn is None:
+            with st.read_only(self.engine) as own:
+                return self._people(own)
+        seq = st.read_state(conn)[0]
+        got = getattr(self, "_people_cache", None)
+        if got is not None and got.seq == seq:
+            return got
+        with st.no_gc():
+            got = _People.read(conn, self.orders, seq)
         self._people_cache = got
         return got
 
@@ -676,7 +678,7 @@ class Ledger:
             rel = conn.execute(select(st.releases.c.id, st.releases.c.mechanism).order_by(st.releases.c.id)).all()
             if b is None or not rel:
                 return []
-            ps = self._people()
+            ps = self._people(conn)      # the same snapshot as the releases' rows read below
             retired_by = dict(conn.execute(select(st.exclusions.c.release_id, func.count())
                                            .group_by(st.exclusions.c.release_id)).all())
             recorded = st.release_curves_of(conn)
