@@ -457,6 +457,7 @@ class Ledger:
             conn.execute(st.events.insert().values(release_id=rid, status="registered", at=at,
                                                    detail=json.dumps(dict(detail or {}), sort_keys=True,
                                                                      default=str)))
+            st.record_release_curves(conn, rid, 0, set())
             return int(rid)
         return st.transact(self.engine, work)
 
@@ -538,15 +539,18 @@ class Ledger:
     def _read_weights(self, m: Mapping[str, str]) -> np.ndarray | None:
         return _weights_of(m, self.conversion, self.orders, self._where())
 
-    def _people(self) -> "_People":
+    def _people(self, conn: Connection | None = None) -> "_People":
         """Every person's effective spend, charges and retirements (linked pseudonyms folded in), from the
         running spend and two GROUP BYs; cached until the ledger's seq moves (every write that changes any
-        of them moves it)."""
-        with st.read_only(self.engine) as conn:
-            seq = st.read_state(conn)[0]
-            got = getattr(self, "_people_cache", None)
-            if got is not None and got.seq == seq:
-                return got
+        of them moves it). `conn`: read in that connection's snapshot (the caller reads more in it)."""
+        if conn is None:
+            with st.read_only(self.engine) as own:
+                return self._people(own)
+        seq = st.read_state(conn)[0]
+        got = getattr(self, "_people_cache", None)
+        if got is not None and got.seq == seq:
+            return got
+        with st.no_gc():
             got = _People.read(conn, self.orders, seq)
         self._people_cache = got
         return got
@@ -559,8 +563,7 @@ class Ledger:
         ps = self._people()
         b = _budget_of(m)
         delta = b.delta if b else None
-        eps = (np.asarray(_rdp.epsilon_of_spend(ps.spend, delta, self.orders, self.conversion, self._read_weights(m)),
-                          dtype=float).reshape(-1)
+        eps = (ps.epsilon(delta, self.orders, self.conversion, self._read_weights(m))
                if (delta and len(ps.keys)) else None)
         return ps.keys, eps, ps.charges, ps.retired
 
@@ -632,7 +635,7 @@ class Ledger:
         b = _budget_of(m)
         spend = {"max_epsilon": None, "median_epsilon": None, "min_epsilon": None}
         if b is not None and len(ps.keys):
-            eps = _rdp.epsilon_of_spend(ps.spend, b.delta, self.orders, self.conversion, self._read_weights(m))
+            eps = ps.epsilon(b.delta, self.orders, self.conversion, self._read_weights(m))
             spend = {"max_epsilon": float(eps.max()), "median_epsilon": float(np.median(eps)),
                      "min_epsilon": float(eps.min())}
         uncovered = sum(int(c) for mech, c in by_mech if not _person_claim(mech))
@@ -662,67 +665,170 @@ class Ledger:
 
     def burn_down(self) -> list[dict]:
         """After each release: max, median and min ε(δ) over the people known so far. Aggregates only.
-        Reads the charges release by release (their index), never all at once. A release whose charges
-        are all one curve (`store.one_curve_release`) and that charged exactly the people known by then
-        less those it retired (their counts say so: each charged or retired person has a people row from
-        that release or before, and no one is both) is added to them as that curve, without reading a row
-        per person; any other release (several curves, linked pseudonyms) is read row by row."""
+
+        Without identity links, people are kept in groups of equal history (`_burn_down_groups`), so a
+        release costs O(its rows), and nothing per person when it is one curve to everyone known less
+        those it retired (`ledger_release_curves` says so in O(1); a release without that record is
+        scanned: `store.one_curve_release`) — the spends and ε are computed once per group. With links,
+        every person's spend is a row (`_burn_down_rows`). Both add the same curves in the same order to
+        the same starting rows, so their figures are the same floats."""
         with st.read_only(self.engine) as conn:
             m = st.read_meta(conn)
             b = _budget_of(m)
             rel = conn.execute(select(st.releases.c.id, st.releases.c.mechanism).order_by(st.releases.c.id)).all()
             if b is None or not rel:
                 return []
-            ps = self._people()
-            n = len(self.orders)
-            ar, rep = np.zeros((len(ps.keys), n)), None
-            has_rep = np.zeros(len(ps.keys), dtype=bool)
+            ps = self._people(conn)      # the same snapshot as the releases' rows read below
             retired_by = dict(conn.execute(select(st.exclusions.c.release_id, func.count())
                                            .group_by(st.exclusions.c.release_id)).all())
+            recorded = st.release_curves_of(conn)
             weights = self._read_weights(m)
-            out = []
-            for r in rel:
-                replace = relation_of(r.mechanism) == "replace"
-                if replace and rep is None:
-                    rep = np.zeros_like(ar)
-                into = rep if replace else ar
-                known = ps.first <= r.id
-                one = st.one_curve_release(conn, r.id, n) if ps.owner is None else None
-                if one is not None:
-                    ret = st.retired_keys(conn, r.id) if retired_by.get(r.id) else []
-                    if one[0] + len(ret) != int(known.sum()) or any(k not in ps.idx for k in ret):
-                        one = None
-                if one is not None:
-                    charged = known.copy()
-                    charged[[ps.idx[k] for k in ret]] = False
-                    if one[0]:
-                        into[charged] += one[1]
-                        if replace:
-                            has_rep[charged] = True
-                else:
-                    ck, mat = st.charge_rows(conn, r.id, n)
-                    if ck:
-                        tj, ri = ps.targets(ck)
-                        del ck
-                        np.add.at(into, tj, mat if ps.owner is None else mat[ri])
-                        if replace:
-                            has_rep[tj] = True
-                    del mat
-                if has_rep.any():
-                    spend = ar.copy()
-                    spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
-                    spend = spend[known]
-                else:
-                    spend = ar if known.all() else ar[known]
-                e = (_rdp.epsilon_of_spend(spend, b.delta, self.orders, self.conversion, weights)
-                     if known.any() else np.zeros(0))
-                del spend
-                out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
-                            "retired": int(retired_by.get(r.id, 0)),
-                            "max_epsilon": float(np.max(e)) if len(e) else 0.0,
-                            "median_epsilon": float(np.median(e)) if len(e) else 0.0,
-                            "min_epsilon": float(np.min(e)) if len(e) else 0.0})
+            if ps.owner is None:
+                return self._burn_down_groups(conn, rel, ps, b, weights, retired_by, recorded)
+            return self._burn_down_rows(conn, rel, ps, b, weights, retired_by)
+
+    def _one_curve(self, conn: Connection, rid: int, ps: "_People", known_count: int, retired_by: Mapping,
+                   recorded: Mapping) -> tuple[np.ndarray, list[int]] | None:
+        """(the curve, the retired people's indices) when release `rid` charged exactly the people known
+        by then less those it retired, all the same curve (their counts say so: each charged or retired
+        person has a people row from that release or before, and no one is both); None otherwise."""
+        one = st.one_curve_release(conn, rid, len(self.orders), recorded)
+        if one is None:
+            return None
+        ret = st.retired_keys(conn, rid) if retired_by.get(rid) else []
+        if one[0] + len(ret) != known_count or any(k not in ps.idx for k in ret):
+            return None
+        return (one[1] if one[0] else None), [ps.idx[k] for k in ret]
+
+    def _burn_down_groups(self, conn: Connection, rel, ps: "_People", b: Budget, weights, retired_by: Mapping,
+                          recorded: Mapping) -> list[dict]:
+        """burn_down without links: people in groups of equal history (first release; then, per release,
+        charged with which curve or not), one spend row per group. A one-curve release moves no one
+        between groups (its retired people are split off first); any other release regroups the people
+        it charged by (group, curve). ε and the max/median/min are computed per group, weighted by size."""
+        n = len(self.orders)
+        firsts, gid = np.unique(ps.first, return_inverse=True)
+        gid = np.asarray(gid, dtype=np.int64).reshape(-1)
+        g_first = firsts.astype(np.int64)
+        ar, rep = np.zeros((len(firsts), n)), np.zeros((len(firsts), n))
+        has_rep = np.zeros(len(firsts), dtype=bool)
+
+        def grow(src: np.ndarray) -> np.ndarray:      # new groups copying groups `src`; their ids
+            nonlocal ar, rep, has_rep, g_first
+            base = len(g_first)
+            ar, rep = np.concatenate([ar, ar[src]]), np.concatenate([rep, rep[src]])
+            has_rep, g_first = np.concatenate([has_rep, has_rep[src]]), np.concatenate([g_first, g_first[src]])
+            return base + np.arange(len(src), dtype=np.int64)
+
+        out = []
+        for r in rel:
+            replace = relation_of(r.mechanism) == "replace"
+            size = np.bincount(gid, minlength=len(g_first))
+            known_count = int(size[g_first <= r.id].sum())
+            one = self._one_curve(conn, r.id, ps, known_count, retired_by, recorded)
+            if one is not None:
+                curve, ret = one
+                skip = np.zeros(len(g_first), dtype=bool)
+                if ret:                     # the retired leave their groups for copies that are not charged
+                    ri = np.array(ret, dtype=np.int64)
+                    src, inv = np.unique(gid[ri], return_inverse=True)
+                    new = grow(src)
+                    gid[ri] = new[np.asarray(inv).reshape(-1)]
+                    skip = np.concatenate([skip, np.ones(len(new), dtype=bool)])
+                if curve is not None:
+                    charged = (g_first <= r.id) & ~skip
+                    into = rep if replace else ar
+                    into[charged] += curve
+                    if replace:
+                        has_rep[charged] = True
+            else:
+                ck, cid, uniq = st.charge_curve_ids(conn, r.id, n)
+                if ck:
+                    tj = np.fromiter(map(ps.idx.__getitem__, ck), dtype=np.int64, count=len(ck))
+                    del ck
+                    pair = gid[tj] * len(uniq) + cid
+                    up, inv = np.unique(pair, return_inverse=True)
+                    new = grow(up // len(uniq))
+                    into = rep if replace else ar
+                    into[new] += uniq[up % len(uniq)]
+                    if replace:
+                        has_rep[new] = True
+                    gid[tj] = new[np.asarray(inv).reshape(-1)]
+                    del tj, pair, inv
+            size = np.bincount(gid, minlength=len(g_first))
+            live = np.flatnonzero((g_first <= r.id) & (size > 0))
+            spend = ar[live]
+            hr = has_rep[live]
+            if hr.any():
+                spend[hr] = rep[live][hr] + _rdp.replace_of_add_remove(ar[live][hr], self.orders)
+            e = (np.asarray(_rdp.epsilon_of_spend(spend, b.delta, self.orders, self.conversion, weights),
+                            dtype=float).reshape(-1) if len(live) else np.zeros(0))
+            w = size[live]
+            people = int(w.sum())
+            out.append({"release_id": r.id, "mechanism": r.mechanism, "people": people,
+                        "retired": int(retired_by.get(r.id, 0)),
+                        "max_epsilon": float(np.max(e)) if len(e) else 0.0,
+                        "median_epsilon": _weighted_median(e, w) if len(e) else 0.0,
+                        "min_epsilon": float(np.min(e)) if len(e) else 0.0})
+            if len(g_first) > 4 * max(1, len(live)) + 64:   # drop empty groups now and then
+                keep, gid = np.unique(gid, return_inverse=True)
+                gid = np.asarray(gid, dtype=np.int64).reshape(-1)
+                ar, rep, has_rep, g_first = ar[keep], rep[keep], has_rep[keep], g_first[keep]
         return out
+
+    def _burn_down_rows(self, conn: Connection, rel, ps: "_People", b: Budget, weights,
+                        retired_by: Mapping) -> list[dict]:
+        """burn_down with identity links: a spend row per listed person; each release's rows are read and
+        added to every person they count for (`_People.targets`: a linked key counts for several)."""
+        n = len(self.orders)
+        ar, rep = np.zeros((len(ps.keys), n)), None
+        has_rep = np.zeros(len(ps.keys), dtype=bool)
+        out = []
+        for r in rel:
+            replace = relation_of(r.mechanism) == "replace"
+            if replace and rep is None:
+                rep = np.zeros_like(ar)
+            into = rep if replace else ar
+            known = ps.first <= r.id
+            # with links, a retired or charged key may count for several people: read the rows
+            ck, mat = st.charge_rows(conn, r.id, n)
+            if ck:
+                tj, ri = ps.targets(ck)
+                del ck
+                np.add.at(into, tj, mat[ri])
+                if replace:
+                    has_rep[tj] = True
+            del mat
+            if has_rep.any():
+                spend = ar.copy()
+                spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], self.orders)
+                spend = spend[known]
+            else:
+                spend = ar if known.all() else ar[known]
+            e = (_rdp.epsilon_of_spend(spend, b.delta, self.orders, self.conversion, weights)
+                 if known.any() else np.zeros(0))
+            del spend
+            out.append({"release_id": r.id, "mechanism": r.mechanism, "people": int(known.sum()),
+                        "retired": int(retired_by.get(r.id, 0)),
+                        "max_epsilon": float(np.max(e)) if len(e) else 0.0,
+                        "median_epsilon": float(np.median(e)) if len(e) else 0.0,
+                        "min_epsilon": float(np.min(e)) if len(e) else 0.0})
+        return out
+
+
+def _weighted_median(e: np.ndarray, w: np.ndarray) -> float:
+    """np.median of the values `e` each repeated `w` times (w ≥ 1), without repeating them: the middle
+    one or the mean of the middle two of the sorted values, as np.median takes them (NaN if any is)."""
+    if np.isnan(e).any():
+        return float("nan")
+    order = np.argsort(e, kind="stable")
+    cum = np.cumsum(w[order])
+    total = int(cum[-1])
+
+    def at(i: int) -> float:         # the i-th (0-based) of the sorted repeated values
+        return e[order[int(np.searchsorted(cum, i, side="right"))]]
+    mid = np.array([at(total // 2)] if total % 2 else [at(total // 2 - 1), at(total // 2)], dtype=float)
+    return float(np.mean(mid))
 
 
 def _maybe_key(key: bytes, person_id) -> str | None:
@@ -801,15 +907,33 @@ def _fold_links(people: list[str], first: dict, links: dict[str, set[str]]):
 class _People:
     """Every listed person (linked pseudonyms folded in: `_fold_links`) with their effective spend, number of
     charges and of retirements, and first release: what `veil ledger`'s views read. From the running spend
-    (one row per pseudonym and mechanism), not from the charges."""
+    (one row per pseudonym and mechanism), not from the charges. The spends are kept as distinct rows `u`
+    and each person's row in them `g` (people charged alike share one: 10⁶ people, a few rows), so ε is
+    converted once per distinct spend (`epsilon`)."""
     seq: int
     keys: list
-    spend: np.ndarray
+    u: np.ndarray
+    g: np.ndarray
     charges: np.ndarray
     retired: np.ndarray
     first: np.ndarray
     idx: dict
     owner: dict | None
+
+    @property
+    def spend(self) -> np.ndarray:
+        """The (people × orders) spend matrix."""
+        return self.u[self.g]
+
+    def epsilon(self, delta: float, orders, conversion: str, weights) -> np.ndarray:
+        """Each person's ε(δ) (rdp.epsilon_of_spend, row by row: the same floats as on the whole matrix),
+        cached for these arguments."""
+        key = (float(delta), tuple(orders), conversion, None if weights is None else np.asarray(weights).tobytes())
+        got = getattr(self, "_eps", None)
+        if got is None or got[0] != key:
+            e = np.asarray(_rdp.epsilon_of_spend(self.u, delta, orders, conversion, weights), dtype=float).reshape(-1)
+            got = self._eps = (key, e[self.g])
+        return got[1]
 
     def targets(self, row_keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(listed person index, row index) pairs for rows keyed by pseudonym: one per row, or, with links,
@@ -827,36 +951,52 @@ class _People:
     @classmethod
     def read(cls, conn: Connection, orders, seq: int) -> "_People":
         n = len(orders)
-        keys, firsts = [], []
-        for k, f in st.columns(conn, select(st.people.c.person_key, st.people.c.first_release_id)
-                               .order_by(st.people.c.person_key), 2):
-            keys += k
-            firsts += f
+        keys, firsts = st.people_columns(conn)
         links = st.read_links(conn)
         if links:
             keys, owner, first = _fold_links(keys, dict(zip(keys, firsts)), links)
             firsts = [first[k] for k in keys]
         else:
             owner = None
-        idx = {k: j for j, k in enumerate(keys)}
-        out = cls(seq, keys, np.zeros((len(keys), n)), np.zeros(len(keys), dtype=np.int64),
-                  np.zeros(len(keys), dtype=np.int64), np.array(firsts, dtype=np.int64), idx, owner)
+        p = len(keys)
+        idx = dict(zip(keys, range(p)))
+        out = cls(seq, keys, np.zeros((1, n)), np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64),
+                  np.zeros(p, dtype=np.int64), np.array(firsts, dtype=np.int64), idx, owner)
         del firsts
-        ks, ms, mat, cnt = st.spend_rows(conn, None, n)
+        ks, mid, mechs, uniq, gid, cnt = st.spend_table(conn, n)
         tj, ri = out.targets(ks)
         del ks
-        rel = {mm: relation_of(mm) == "replace" for mm in set(ms)}
-        rep_row = np.fromiter((rel[mm] for mm in ms), dtype=bool, count=len(ms))
-        ar, rep = np.zeros_like(out.spend), np.zeros_like(out.spend)
-        has_rep = np.zeros(len(keys), dtype=bool)
-        sel = rep_row[ri]
-        np.add.at(ar, tj[~sel], mat[ri[~sel]])
-        np.add.at(rep, tj[sel], mat[ri[sel]])
-        has_rep[tj[sel]] = True
+        rep_of = np.array([relation_of(mm) == "replace" for mm in mechs], dtype=bool)
+        rep_row = rep_of[mid] if len(mid) else np.zeros(0, dtype=bool)
         np.add.at(out.charges, tj, cnt[ri])
-        out.spend = ar
-        if has_rep.any():
-            out.spend[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], orders)
+        if owner is None and (not len(tj) or np.bincount(tj, minlength=p).max() <= 1):
+            # one running-spend row per person at most: their spend is a function of (curve, relation)
+            # alone; each distinct pair is computed once, as the row-by-row sum below would compute it
+            pair, inv = np.unique(gid * 2 + rep_row, return_inverse=True)
+            c, rp = pair // 2, (pair % 2).astype(bool)
+            ar, rep = np.zeros((len(pair) + 1, n)), np.zeros((len(pair) + 1, n))
+            ar[:-1][~rp] += uniq[c[~rp]]
+            rep[:-1][rp] += uniq[c[rp]]
+            u = ar
+            hr = np.concatenate([rp, [False]])
+            if hr.any():
+                u[hr] = rep[hr] + _rdp.replace_of_add_remove(ar[hr], orders)
+            out.u = u                               # the last row: nobody charged (all retired): zero
+            out.g = np.full(p, len(pair), dtype=np.int64)
+            out.g[tj] = np.asarray(inv, dtype=np.int64).reshape(-1)
+        else:
+            mat = uniq[gid]
+            del gid
+            ar, rep = np.zeros((p, n)), np.zeros((p, n))
+            has_rep = np.zeros(p, dtype=bool)
+            sel = rep_row[ri]
+            np.add.at(ar, tj[~sel], mat[ri[~sel]])
+            np.add.at(rep, tj[sel], mat[ri[sel]])
+            has_rep[tj[sel]] = True
+            del mat
+            if has_rep.any():
+                ar[has_rep] = rep[has_rep] + _rdp.replace_of_add_remove(ar[has_rep], orders)
+            out.u, out.g = ar, np.arange(p, dtype=np.int64)
         ret = conn.execute(select(st.exclusions.c.person_key, func.count()).group_by(st.exclusions.c.person_key)).all()
         if ret:
             rj, rri = out.targets([r[0] for r in ret])
@@ -1035,17 +1175,23 @@ class _Pricing:
                 zip([pk[j] for j in new], repeat(rid), repeat(at)), conflict="ON CONFLICT DO NOTHING")
         del new
         yes = o[ok[o]]
+        seen: set[bytes] = set()    # the distinct curves inserted (two: several), for ledger_release_curves
         for s in range(0, len(yes), st.WRITE_CHUNK):
             part = yes[s:s + st.WRITE_CHUNK]
             keys = [pk[j] for j in part.tolist()]
+            blobs = self._charge_blobs(part)
+            if len(seen) < 2:
+                seen.update(blobs)
             st.bulk(conn, st.charges, ("person_key", "release_id", "rdp", "rows", "sampling_rate"),
-                    zip(keys, repeat(rid), self._charge_blobs(part), rows_of[part].tolist(),
+                    zip(keys, repeat(rid), blobs, rows_of[part].tolist(),
                         rate_of[part].astype(float).tolist()))
+            del blobs
             st.bulk(conn, st.spend, ("person_key", "mechanism", "rdp", "charges", "seq"),
                     zip(keys, repeat(self.mechanism), st.encode_curves(self.new_spend[part]),
                         (self.prev_count[part] + 1).tolist(), repeat(seq)), conflict=st.SPEND_UPSERT)
         st.bulk(conn, st.exclusions, ("person_key", "release_id"),
                 zip([pk[j] for j in o[~ok[o]].tolist()], repeat(rid)))
+        st.record_release_curves(conn, rid, len(yes), seen)
 
 
 def _rows_and_rates(costs: Mapping[str, PersonCost], ids: list[str]) -> tuple[np.ndarray, np.ndarray]:

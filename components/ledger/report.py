@@ -16,6 +16,8 @@ import csv
 import os
 from pathlib import Path
 
+import numpy as np
+
 from components.ledger.ledger import Ledger, pld_estimate_max
 from components.core.errors import VeilError
 from components.draws.annex import load_annex
@@ -32,17 +34,48 @@ BURN_DOWN_PNG = "ledger-burndown.png"
 
 
 def write_private_rows(ledger: Ledger, private_dir: Path) -> Path:
-    """Per-person spend (pseudonym, ε, releases charged, times retired), 0600, private area only."""
+    """Per-person spend (pseudonym, ε, releases charged, times retired), 0600, private area only.
+
+    The bytes `csv.writer` writes (QUOTE_MINIMAL, CRLF; a float as its repr), made faster for 10⁶ people:
+    each distinct value is formatted once (people charged alike share their ε and counts), and lines are
+    joined in chunks — unless some field would need quoting (then csv.writer itself writes the file)."""
     path = Path(private_dir) / PEOPLE_CSV
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     keys, eps, charges, retired = ledger.person_table()
+    cols = [keys, [""] * len(keys) if eps is None else _formatted(eps, repr), _formatted(charges, str),
+            _formatted(retired, str)]
     with os.fdopen(fd, "w", newline="") as f:
-        w = csv.writer(f)        # the rows as columns: no dict per person (10⁶ people)
+        w = csv.writer(f)
         w.writerow(["person_key", "epsilon", "releases_charged", "times_retired"])
-        w.writerows(zip(keys, [""] * len(keys) if eps is None else eps.tolist(), charges.tolist(), retired.tolist()))
+        if any(_needs_quoting(c) for c in cols):
+            w.writerows(zip(*cols))
+        else:
+            line = "{},{},{},{}\r\n".format
+            for i in range(0, len(keys), _CSV_CHUNK):
+                f.write("".join(map(line, *(c[i:i + _CSV_CHUNK] for c in cols))))
     tmp.replace(path)
     return path
+
+
+_CSV_CHUNK = 100_000
+
+
+def _formatted(values, fmt) -> list[str]:
+    """`fmt` of each value, computed once per distinct value (by its bits: -0.0 and 0.0 stay apart)."""
+    a = np.asarray(values)
+    if not len(a):
+        return []
+    bits = a.view(np.int64) if a.dtype == np.float64 else a.astype(np.int64)
+    u, first, inv = np.unique(bits, return_index=True, return_inverse=True)
+    text = [fmt(x) for x in a[first].tolist()]
+    return [text[i] for i in np.asarray(inv).reshape(-1).tolist()]
+
+
+def _needs_quoting(col: list[str]) -> bool:
+    """Whether csv.writer (QUOTE_MINIMAL) would quote or escape some field of `col`."""
+    joined = "".join(col)
+    return any(c in joined for c in (",", '"', "\r", "\n"))
 
 
 def write_private_secret_rows(ledger: Ledger, private_dir: Path) -> Path:
