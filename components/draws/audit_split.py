@@ -54,6 +54,9 @@ class AuditSplit:
     n_eligible: int
     # evaluation people (components.draws.eval_split): drawn first, never trained on nor audited
     evaluation: EvalReservation = field(default_factory=empty_reservation)
+    # True when every "member" attacker row's person has a row in `train` (checked, not assumed): then a
+    # bound that keeps `train` whole leaves keep_trained_members nothing to drop (make_plan skips it)
+    members_trained: bool = False
 
     @cached_property
     def trained_users(self) -> list[str]:
@@ -195,8 +198,12 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     attacker = attacker.sort_by([("user_id", "ascending"), ("record_id", "ascending")])
     keep = np.flatnonzero(live[person] & ~held[person] & ~chosen[pairs.group])
     train = take_rows(records, keep)
+    has_train = np.zeros(len(people), bool)
+    has_train[person[keep]] = True
+    att_person = pairs.person[att]
     return AuditSplit(held_out_users=sorted_strings(take(people, np.flatnonzero(held))),
-                      attacker=attacker, train=train, n_eligible=int(eligible), evaluation=reservation)
+                      attacker=attacker, train=train, n_eligible=int(eligible), evaluation=reservation,
+                      members_trained=bool(has_train[att_person[~held[att_person]]].all()))
 
 
 _CHUNK = 1 << 20       # (person, text) pairs drawn per batch for record units (bounds the message copies)

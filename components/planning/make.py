@@ -90,6 +90,13 @@ class _Canaries:
     merged: AuditSplit         # the real split with the canaries' split folded in
 
 
+def _members_trained(split: AuditSplit) -> bool:
+    """Whether every member attacker row's person has a training row (a small split: the canaries')."""
+    members = split.attacker.filter(split.attacker.column("member")).column("user_id")
+    return bool(pc.all(pc.is_in(members, value_set=pc.unique(split.train.column("user_id")))).as_py()
+                if len(members) else True)
+
+
 def _like(canary_train: pa.Table, train: pa.Table) -> pa.Table:
     """Canary rows in the real rows' schema: a canary owns its own records (multi-owner `owners`)."""
     if "owners" in train.column_names and "owners" not in canary_train.column_names:
@@ -116,7 +123,8 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
         held_out_users=sorted(split.held_out_users + c_split.held_out_users),
         attacker=pa.concat_tables([split.attacker, c_split.attacker]),
         train=pa.concat_tables([split.train, _like(c_split.train, split.train)]),
-        n_eligible=split.n_eligible, evaluation=split.evaluation)
+        n_eligible=split.n_eligible, evaluation=split.evaluation,
+        members_trained=split.members_trained and _members_trained(c_split))
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
 
@@ -266,12 +274,14 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
         raise
 
     # members are people the model actually trained on: the bound may have left a non-held-out person
-    # with nothing (multi-owner), and their samples must not be scored as a member's
-    cols = [bounded.chosen.column("user_id").cast(pa.string())]
-    if bounded.owners is not None:
-        cols.append(pc.drop_null(pc.list_flatten(bounded.owners)).cast(pa.string()))
-    trained_people = pa.chunked_array([c for col in cols for c in getattr(col, "chunks", [col])], pa.string())
-    split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
+    # with nothing (multi-owner), and their samples must not be scored as a member's. A bound that kept
+    # the split's training rows whole (the same table) drops nobody the split had trained: nothing to do
+    if not (split.members_trained and bounded.owners is None and bounded.chosen is split.train):
+        cols = [bounded.chosen.column("user_id").cast(pa.string())]
+        if bounded.owners is not None:
+            cols.append(pc.drop_null(pc.list_flatten(bounded.owners)).cast(pa.string()))
+        trained_people = pa.chunked_array([c for col in cols for c in getattr(col, "chunks", [col])], pa.string())
+        split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
     train_tbl = _train_table(bounded)
     files = {"train_records": _write_parquet(_sorted(train_tbl), out_dir, "train"),
              "attacker_records": _write_parquet(_sorted(split.attacker), out_dir, "attacker")}
