@@ -186,19 +186,26 @@ def population_digest(key: bytes, chosen) -> str:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from components.draws.columns import take  # startup
+    from components.draws.columns import is_sorted, take  # startup
 
     u, r = chosen.column("user_id"), chosen.column("record_id")
     h = hashlib.sha256()
     if u.type == pa.string() and r.type == pa.string() and u.null_count == 0 and r.null_count == 0:
         # Columns: Arrow sorts strings as UTF-8 bytes, i.e. by code point, as `sorted` sorts `str`s; the
         # lines are hashed straight from Arrow's buffers, a slice at a time
-        order = pc.sort_indices(pa.table({"u": u, "r": r}), sort_keys=[("u", "ascending"), ("r", "ascending")])
-        for start in range(0, len(order), _DIGEST_SLICE):
-            # chunk by chunk (columns.take): Arrow's own take on a chunked column first concatenates
-            # the whole column, for every slice (at 10⁷ people, a gigabyte or more at once: the plan's peak)
-            idx = order.slice(start, _DIGEST_SLICE).to_numpy()
-            lines = pc.binary_join_element_wise(take(u, idx), "\x1f", take(r, idx), "\n", "")
+        # rows the planner already sorted (make_plan sorts the training rows once) are hashed in place
+        pair = pa.table({"u": u, "r": r})
+        order = None if is_sorted(pair, ["u", "r"]) else pc.sort_indices(
+            pair, sort_keys=[("u", "ascending"), ("r", "ascending")])
+        for start in range(0, len(u), _DIGEST_SLICE):
+            if order is None:
+                us, rs = u.slice(start, _DIGEST_SLICE), r.slice(start, _DIGEST_SLICE)
+            else:
+                # chunk by chunk (columns.take): Arrow's own take on a chunked column first concatenates
+                # the whole column, for every slice (at 10⁷ people, a gigabyte or more at once: the plan's peak)
+                idx = order.slice(start, _DIGEST_SLICE).to_numpy()
+                us, rs = take(u, idx), take(r, idx)
+            lines = pc.binary_join_element_wise(us, "\x1f", rs, "\n", "")
             for chunk in (lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]):
                 if len(chunk):
                     offsets = chunk.buffers()[1]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -48,12 +49,20 @@ from components.draws.annex import prf, prf_seed, prf_seed_column, prf_uniform, 
 @dataclass(frozen=True)
 class AuditSplit:
     held_out_users: list[str]           # never trained on
-    trained_users: list[str]
     attacker: pa.Table                  # record_id, user_id, member (bool)
     train: pa.Table                     # the input rows training may use (attacker texts removed)
     n_eligible: int
     # evaluation people (components.draws.eval_split): drawn first, never trained on nor audited
     evaluation: EvalReservation = field(default_factory=empty_reservation)
+    # True when every "member" attacker row's person has a row in `train` (checked, not assumed): then a
+    # bound that keeps `train` whole leaves keep_trained_members nothing to drop (make_plan skips it)
+    members_trained: bool = False
+
+    @cached_property
+    def trained_users(self) -> list[str]:
+        """The people with a training row, sorted. Computed on demand: planning never reads it, and at
+        10⁷ people the sorted list is ≈ 15 CPU s and half a gigabyte of Python strings (issue 27)."""
+        return sorted_strings(pc.unique(self.train.column("user_id")))
 
 
 ATTACKER_SCHEMA = pa.schema([("record_id", pa.string()), ("user_id", pa.string()), ("member", pa.bool_())])
@@ -189,9 +198,12 @@ def split_for_audit(records: pa.Table, *, holdout: float, m: int, seed: int, key
     attacker = attacker.sort_by([("user_id", "ascending"), ("record_id", "ascending")])
     keep = np.flatnonzero(live[person] & ~held[person] & ~chosen[pairs.group])
     train = take_rows(records, keep)
+    has_train = np.zeros(len(people), bool)
+    has_train[person[keep]] = True
+    att_person = pairs.person[att]
     return AuditSplit(held_out_users=sorted_strings(take(people, np.flatnonzero(held))),
-                      trained_users=sorted_strings(take(people, np.unique(person[keep]))),
-                      attacker=attacker, train=train, n_eligible=int(eligible), evaluation=reservation)
+                      attacker=attacker, train=train, n_eligible=int(eligible), evaluation=reservation,
+                      members_trained=bool(has_train[att_person[~held[att_person]]].all()))
 
 
 _CHUNK = 1 << 20       # (person, text) pairs drawn per batch for record units (bounds the message copies)
@@ -249,7 +261,7 @@ def _owner_slots(records: pa.Table, users: list, rids: list, cont: list, owners:
         att_user.append(u)
         att_member.append(u not in out_set)
     train = records.take(pa.array(keep, type=pa.int64()))
-    return AuditSplit(held_out_users=sorted(out_set), trained_users=sorted(set(train.column("user_id").to_pylist())),
+    return AuditSplit(held_out_users=sorted(out_set),
                       attacker=_attacker_table(att_rid, att_user, att_member), train=train,
                       n_eligible=len(set(att_user)), evaluation=reservation)
 
@@ -310,5 +322,5 @@ def split_canaries(records: pa.Table, *, m: int, seed: int, key: bytes | None = 
             att_member.append(u not in out)
     keep = [i for i, (u, t) in enumerate(zip(users, texts)) if u not in out and t not in excluded[u]]
     train = records.take(pa.array(keep, type=pa.int64()))
-    return AuditSplit(held_out_users=sorted(out), trained_users=sorted(set(ids) - out),
+    return AuditSplit(held_out_users=sorted(out),
                       attacker=_attacker_table(att_rid, att_user, att_member), train=train, n_eligible=len(ids))

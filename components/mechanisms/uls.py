@@ -26,8 +26,7 @@ class ULS(SubsampledGaussian):
     def bound(self, ctx: PlanContext, train) -> Bounded:
         """random / random-chunk keep every record (the trainer draws G afresh at every visit, so the
         bound holds by the clipped mean); deterministic strategies fix each user's k records here."""
-        import pyarrow.compute as pc
-
+        from components.draws.columns import distinct_count  # startup
         from components.draws.selection import REDRAWN_PER_VISIT, select_records  # startup
 
         caveats = []
@@ -38,7 +37,7 @@ class ULS(SubsampledGaussian):
         else:
             chosen = select_records(train, ctx.k, ctx.selection, seed=ctx.seed, scorer=ctx.scorer,
                                     key=ctx.key)
-        return Bounded(chosen=chosen, n_units=int(pc.count_distinct(chosen.column("user_id")).as_py()),
+        return Bounded(chosen=chosen, n_units=distinct_count(chosen.column("user_id")),
                        records_per_user=int(ctx.k), caveats=caveats)
 
     def ledger_costs(self, plan: Mapping, rates: dict[str, list[float]], orders) -> dict:

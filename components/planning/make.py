@@ -22,6 +22,7 @@ from components.mechanisms import Bounded, Calibrated, PlanContext, get
 from components.mechanisms.auto import Resolved, resolve
 from components.mechanisms.gaussian import PopulationRefusal
 from components.draws.annex import annex_dir, commitment, plan_key, save_annex, seal_annex, snapshot_commitment
+from components.draws.columns import distinct_count, sort_rows
 from components.draws.eval_split import evaluation_sections
 from components.planning.forecast import plan_forecast
 from components.draws.audit_split import (AuditSplit, keep_trained_members, masked_texts, split_canaries,
@@ -79,7 +80,7 @@ def _write_parquet(table: pa.Table, out_dir: Path, stem: str) -> tuple[str, str]
 
 
 def _sorted(table: pa.Table) -> pa.Table:
-    return table.sort_by([("user_id", "ascending"), ("record_id", "ascending")])
+    return sort_rows(table, ["user_id", "record_id"])
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,13 @@ class _Canaries:
     records: pa.Table          # snapshot schema, every canary record (trained and held out)
     users: list[str]
     merged: AuditSplit         # the real split with the canaries' split folded in
+
+
+def _members_trained(split: AuditSplit) -> bool:
+    """Whether every member attacker row's person has a training row (a small split: the canaries')."""
+    members = split.attacker.filter(split.attacker.column("member")).column("user_id")
+    return bool(pc.all(pc.is_in(members, value_set=pc.unique(split.train.column("user_id")))).as_py()
+                if len(members) else True)
 
 
 def _like(canary_train: pa.Table, train: pa.Table) -> pa.Table:
@@ -113,10 +121,10 @@ def _canaries(policy, split: AuditSplit, seed: int, key: bytes) -> _Canaries | N
     c_split = split_canaries(recs.select(["record_id", "user_id", "text"]), m=m, seed=seed, key=key)
     merged = AuditSplit(
         held_out_users=sorted(split.held_out_users + c_split.held_out_users),
-        trained_users=sorted(split.trained_users + c_split.trained_users),
         attacker=pa.concat_tables([split.attacker, c_split.attacker]),
         train=pa.concat_tables([split.train, _like(c_split.train, split.train)]),
-        n_eligible=split.n_eligible, evaluation=split.evaluation)
+        n_eligible=split.n_eligible, evaluation=split.evaluation,
+        members_trained=split.members_trained and _members_trained(c_split))
     return _Canaries(records=recs, users=sorted(set(recs["user_id"].to_pylist())), merged=merged)
 
 
@@ -240,6 +248,10 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
     split, canaries = reserve_audit(policy, records if owners is None else records.append_column("owners", owners["owners"]),
                                     key=key, secret_spans=getattr(snapshot, "secret_spans", None),
                                     per_record=owners is not None, train_text=_reads_train_text(policy, comp))
+    # The training rows in (user, record) order once: the population digest and the train file both need
+    # that order, and re-sorting sorted rows is a check, not a sort (issue 27: each sort of 10⁷ people's
+    # rows is ≈ 30 CPU s). A plan does not depend on its rows' order (the same snapshot shuffled plans the same).
+    split = dataclasses.replace(split, train=_sorted(split.train))
     chosen = resolve(policy, split.train, steps=steps, batch=int(comp.expected_batch_size or spec.training.expected_batch_size),
                      user_grad_ratio=comp.user_grad_ratio, base_model=comp.base_model, cache_dir=cache_dir, say=say)
     mech = get(chosen.mechanism)
@@ -262,12 +274,14 @@ def make_plan(policy, snapshot, *, private_dir: str | Path, compute: Compute | d
         raise
 
     # members are people the model actually trained on: the bound may have left a non-held-out person
-    # with nothing (multi-owner), and their samples must not be scored as a member's
-    cols = [bounded.chosen.column("user_id").cast(pa.string())]
-    if bounded.owners is not None:
-        cols.append(pc.drop_null(pc.list_flatten(bounded.owners)).cast(pa.string()))
-    trained_people = pa.chunked_array([c for col in cols for c in getattr(col, "chunks", [col])], pa.string())
-    split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
+    # with nothing (multi-owner), and their samples must not be scored as a member's. A bound that kept
+    # the split's training rows whole (the same table) drops nobody the split had trained: nothing to do
+    if not (split.members_trained and bounded.owners is None and bounded.chosen is split.train):
+        cols = [bounded.chosen.column("user_id").cast(pa.string())]
+        if bounded.owners is not None:
+            cols.append(pc.drop_null(pc.list_flatten(bounded.owners)).cast(pa.string()))
+        trained_people = pa.chunked_array([c for col in cols for c in getattr(col, "chunks", [col])], pa.string())
+        split = dataclasses.replace(split, attacker=keep_trained_members(split.attacker, trained_people))
     train_tbl = _train_table(bounded)
     files = {"train_records": _write_parquet(_sorted(train_tbl), out_dir, "train"),
              "attacker_records": _write_parquet(_sorted(split.attacker), out_dir, "attacker")}
@@ -317,7 +331,7 @@ def _annex_body(policy, snapshot, split: AuditSplit, canaries: _Canaries | None,
         "held_out_users": list(split.held_out_users),
         "canary_users": list(canaries.users) if canaries is not None else [],
         **named,
-        "counts": {"n_train_users": int(pc.count_distinct(bounded.chosen.column("user_id")).as_py()),
+        "counts": {"n_train_users": distinct_count(bounded.chosen.column("user_id")),
                    "n_train_records": int(train_tbl.num_rows), "n_units": int(bounded.n_units),
                    "n_held_out_users": len(split.held_out_users), "n_attacker_records": int(split.attacker.num_rows),
                    "n_audit_eligible_users": int(split.n_eligible)},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from components.draws import streams
@@ -205,3 +206,45 @@ def test_streams_replay_each_persons_numpy_generator():
             assert np.array_equal(streams.floyd_choice(seed, words, pop, size),
                                   streams._numpy_choice(seed, words, pop, size)), (seed, size)
     assert streams._verified()
+
+
+def test_sorted_rows_are_checked_not_resorted_and_counted_as_runs(monkeypatch):
+    """is_sorted / sort_rows / distinct_count (issue 27: the planner sorts its training rows once) agree
+    with Arrow's sort and count on odd ids, across slices and chunks, sorted or not."""
+    from components.draws import columns
+    from components.draws.columns import distinct_count, is_sorted, sort_rows
+
+    monkeypatch.setattr(columns, "_CHECK_SLICE", 5)          # several slices
+    for case in range(6):
+        recs = odd_table(np.random.default_rng(100 + case), 25)
+        keys = ["user_id", "record_id"]
+        want = recs.sort_by([(k, "ascending") for k in keys])
+        chunked = pa.concat_tables([want.slice(0, 9), want.slice(9, 30), want.slice(39)])
+        for t in (want, chunked):
+            assert is_sorted(t, keys) and sort_rows(t, keys) is t
+            assert distinct_count(t["user_id"]) == pc.count_distinct(t["user_id"]).as_py()
+        assert not is_sorted(recs, keys) and sort_rows(recs, keys).equals(want)
+        assert distinct_count(recs["user_id"]) == pc.count_distinct(recs["user_id"]).as_py()
+        # equal users, record ids out of order: unsorted on the pair, sorted on the user alone
+        swapped = want.take(pa.array([1, 0] + list(range(2, want.num_rows)))) if want["user_id"][0] == want["user_id"][1] \
+            else None
+        if swapped is not None and want["record_id"][0] != want["record_id"][1]:
+            assert not is_sorted(swapped, keys) and is_sorted(swapped, ["user_id"])
+    nulls = pa.table({"user_id": pa.array(["a", None, "b"]), "record_id": pa.array(["1", "2", "3"])})
+    assert not is_sorted(nulls, ["user_id", "record_id"])
+    assert distinct_count(nulls["user_id"]) == 2
+
+
+@pytest.mark.parametrize("unit", ["user", "record"])
+def test_members_trained_says_whether_every_member_has_a_training_row(unit):
+    """The split's flag that lets make_plan skip keep_trained_members is computed, not assumed: with
+    record units every text of a person can go to the attacker, leaving a "member" with no row."""
+    recs = odd_table(np.random.default_rng(5), 40)
+    kw = dict(holdout=0.3, m=2, seed=11, key=KEY, unit=unit, attacker_record_rate=0.97 if unit == "record" else 0.0)
+    split = split_for_audit(recs, **kw)
+    members = set(split.attacker.filter(split.attacker["member"])["user_id"].to_pylist())
+    trained = set(split.train["user_id"].to_pylist())
+    assert split.members_trained == members.issubset(trained)
+    if unit == "record":
+        assert not split.members_trained           # at rate 0.97 some person lost every text to the attacker
+    assert split.trained_users == sorted(trained)
