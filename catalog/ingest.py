@@ -399,7 +399,7 @@ class _FastStage:
         bad = None if ok is None else np.flatnonzero(~ok)
         if bad is not None and len(bad) > self._MAX_SLOW:
             bad = None
-        sub = batch if bad is None else batch.take(pa.array(bad))
+        sub = batch if bad is None else batch.filter(pa.array(~ok))   # (a take would join the text chunks)
         con.register("batch", sub)
         try:
             out = con.sql(sql).to_arrow_table()
@@ -439,6 +439,30 @@ def _spans_table(spans, seqs: pa.Array, rids: pa.Array) -> pa.Table:
     })
 
 
+_MALLOC_TUNED = False
+
+
+def _tune_malloc() -> None:
+    """Let glibc's malloc keep the ingest's large blocks (the 16 MiB reads, their carries, the UTF-8
+    and newline scans' temporaries) in its heap instead of mapping fresh pages for each and unmapping
+    them when freed: each fresh page is a fault the kernel zeroes. Measured on 1M records: the parse
+    thread's page faults 118k → 36k, the ingest's system CPU 2.5 → 1.5 s (docs/scaling.md). Once per
+    process; a no-op off glibc. The freed blocks stay in the heap (up to the trim threshold), which
+    the next batch reuses: peak memory is what the pipeline holds at once, as before."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 64 << 20)    # M_MMAP_THRESHOLD: blocks under 64 MiB come from the heap
+    mallopt(-1, 256 << 20)   # M_TRIM_THRESHOLD: give memory back past 256 MiB free at the top
+
+
 def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_field: str = "user",
                   text_field: str = "text", id_field: str | None = None, time_field: str | None = None,
                   metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
@@ -452,6 +476,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     `shards`: worker processes for the per-record work of a JSONL file (catalog/shards.py); the
     snapshot is the same as with one."""
     t0 = time.perf_counter()
+    _tune_malloc()
     source = Path(source)
     if fmt not in FORMATS:
         raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
