@@ -486,6 +486,10 @@ def _summary(runs: list[dict], who: str, records: int) -> dict:
             "records_per_second_max": round(max(r["records_per_second"] for r in mine)),
             "max_rss_mib": round(max(r["max_rss_mib"] for r in mine)),
             "max_anon_mib": round(max(r["max_anon_mib"] for r in mine)),
+            # the wall time's lower bound on enough free cores: the busiest pipeline thread's CPU
+            "busiest_thread_cpu_seconds_min": round(min(max(v for k, v in r["thread_cpu"].items()
+                                                            if k not in ("pools", "shard workers"))
+                                                        for r in mine), 2),
             # on two free cores, at best: the CPU seconds spread over both, or the busiest thread
             "records_per_second_2_free_cores_bound": round(records / max(
                 min(r["cpu_seconds"] for r in mine) / 2,
@@ -549,7 +553,8 @@ def _main_compare(args) -> int:
     Console(width=220).print(t)
     for key, b in result["summary"].items():
         if b:
-            print(f"{key}: least CPU {b['cpu_seconds_min']} s ({b['cpu_seconds_per_1m_min']} per 1M records); best "
+            print(f"{key}: least CPU {b['cpu_seconds_min']} s ({b['cpu_seconds_per_1m_min']} per 1M records), busiest "
+                  f"thread {b['busiest_thread_cpu_seconds_min']} CPU s; best "
                   f"{b['records_per_second_max']:,} records/s here; peak RSS +{b['max_rss_mib']} MiB (anonymous "
                   f"{b['max_anon_mib']}); on 2 free cores at most {b['records_per_second_2_free_cores_bound']:,} "
                   "records/s (CPU s / 2, or the busiest thread)")

@@ -120,6 +120,27 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _q_ascii(s: str) -> str:
+    """A string literal in ASCII-only SQL: other characters as chr(code point). This DuckDB build
+    tokenizes a statement holding any non-ASCII character in a Python loop over its characters
+    (~8 ms for the stage query, run once per batch with the GIL held). Identifiers (a non-ASCII
+    metadata field name) stay as they are: such a mapping pays that loop."""
+    if s.isascii():
+        return _q(s)
+    parts, run = [], []
+    for ch in s:
+        if ch.isascii():
+            run.append(ch)
+            continue
+        if run:
+            parts.append(_q("".join(run)))
+            run = []
+        parts.append(f"chr({ord(ch)})")
+    if run:
+        parts.append(_q("".join(run)))
+    return "(" + " || ".join(parts) + ")"
+
+
 def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
@@ -137,21 +158,32 @@ _STAGED = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("user_id"
                      ("source", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")), ("metadata", pa.string())])
 
 
+# A source's timestamp as the stage query reads it (epoch seconds, or what DuckDB's cast reads).
+_TS_SQL = ("CASE WHEN ts IS NULL THEN NULL "
+           "WHEN regexp_full_match(trim(ts), '[0-9]{9,11}(\\.[0-9]+)?') THEN to_timestamp(TRY_CAST(trim(ts) AS DOUBLE)) "
+           "ELSE TRY_CAST(trim(ts) AS TIMESTAMPTZ) END")
+
+
+def _meta_pairs(meta_names: Sequence[str], with_source_id: bool, with_path: bool) -> list[tuple[str, str]]:
+    """(key, column) of the metadata object's members, in its order. The source's own id and the path
+    (what path_glob rules see, so a re-tag sees it too) are kept."""
+    return ([("source_id", "source_id")] if with_source_id else []) + \
+        ([("path", "path")] if with_path and "path" not in meta_names else []) + \
+        [(m, meta_col(m)) for m in meta_names if not (with_source_id and m == "source_id")]
+
+
 def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: str, time_field: str | None,
                user_field: str, text_field: str, max_bytes: int, with_source_id: bool = False,
                with_path: bool = False, candidate: str = "false") -> str:
     if has_meta_cols:
-        # The source's own id and the path (what path_glob rules see, so a re-tag sees it too) are kept.
-        pairs = ([("source_id", "source_id")] if with_source_id else []) + \
-                ([("path", "path")] if with_path and "path" not in meta_names else []) + \
-                [(m, _ident(meta_col(m))) for m in meta_names if not (with_source_id and m == "source_id")]
+        pairs = [(k, _ident(c)) for k, c in _meta_pairs(meta_names, with_source_id, with_path)]
         if pairs:
             # A JSON object of the non-null members (absent fields leave no key behind), written by
             # hand: the same bytes as json_merge_patch('{}', json_object(…)) (a test compares them) at
             # ~60 % of its CPU. The columns are strings (connectors/base.py): to_json quotes them.
             # Recipient fields arrive as JSON array text (`_recipients`): kept as an array, which the
             # owners column and the dedup union read; every other member is a JSON string.
-            members = ", ".join(f"CASE WHEN {col} IS NOT NULL THEN to_json({_q(k)}) || ':' || "
+            members = ", ".join(f"CASE WHEN {col} IS NOT NULL THEN to_json({_q_ascii(k)}) || ':' || "
                                 f"{col if k in RECIPIENT_FIELDS else f'to_json({col})'} END"
                                 for k, col in pairs)
             meta = f"'{{' || concat_ws(',', {members}) || '}}'"
@@ -160,30 +192,232 @@ def _stage_sql(meta_names: Sequence[str], has_meta_cols: bool, default_source: s
     else:
         meta = "coalesce(metadata, '{}')"
     tname = time_field or "time"
-    ts = ("CASE WHEN ts IS NULL THEN NULL "
-          "WHEN regexp_full_match(trim(ts), '[0-9]{9,11}(\\.[0-9]+)?') THEN to_timestamp(TRY_CAST(trim(ts) AS DOUBLE)) "
-          "ELSE TRY_CAST(trim(ts) AS TIMESTAMPTZ) END")
+    ts = _TS_SQL
     return f"""
     WITH b AS (SELECT *, trim("user") AS u, {ts} AS cts FROM batch),
     v AS (SELECT *,
         CASE WHEN error IS NOT NULL THEN error
-             WHEN u IS NULL OR u = '' THEN {_q(f"missing user: field {user_field!r} is absent or empty")}
-             WHEN text IS NULL OR NOT regexp_matches(text, '\S') THEN {_q(f"missing text: field {text_field!r} is absent or empty")}
+             WHEN u IS NULL OR u = '' THEN {_q_ascii(f"missing user: field {user_field!r} is absent or empty")}
+             WHEN text IS NULL OR NOT regexp_matches(text, '\S') THEN {_q_ascii(f"missing text: field {text_field!r} is absent or empty")}
              WHEN strlen(text) > {int(max_bytes)}
                   THEN 'oversized record: ' || strlen(text)::VARCHAR || ' bytes > {int(max_bytes)}'
              WHEN ts IS NOT NULL AND cts IS NULL
-                  THEN {_q(f"bad timestamp: field {tname!r} is not a date we read (ISO-8601, RFC 2822, epoch seconds/ms, …): ")} || left(ts, 60)
+                  THEN {_q_ascii(f"bad timestamp: field {tname!r} is not a date we read (ISO-8601, RFC 2822, epoch seconds/ms, …): ")} || left(ts, 60)
         END AS reason FROM b)
     SELECT seq, line, "offset" AS byte_offset, locator, u AS user_id, reason,
-           NULL::VARCHAR AS record_id,  -- sha256(user_id ‖ 0x1f ‖ text): _RecordIds, after this query
+           NULL::VARCHAR AS record_id,  -- sha256(user_id, 0x1f, text): _RecordIds, after this query
            CASE WHEN reason IS NOT NULL THEN coalesce(raw, encode(to_json(struct_pack(
                 "user" := "user", text := left(text, 65536), ts := ts))::VARCHAR)) END AS raw,
-           coalesce(nullif(trim(source), ''), {_q(default_source)}) AS source,
+           coalesce(nullif(trim(source), ''), {_q_ascii(default_source)}) AS source,
            cts::TIMESTAMPTZ AS created_at, {meta} AS metadata,
            CASE WHEN reason IS NULL THEN length(text) END AS chars,
            CASE WHEN reason IS NULL THEN {candidate} ELSE false END AS candidate
     FROM v
     """
+
+
+def _chunks(a) -> list[pa.Array]:
+    return a.chunks if isinstance(a, pa.ChunkedArray) else [a]
+
+
+def _byte_view(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, data bytes) of a string array (its own slice: offsets index `data`)."""
+    n = len(a)
+    offs = np.frombuffer(a.buffers()[1], dtype=np.int32)[a.offset:a.offset + n + 1].astype(np.int64)
+    buf = a.buffers()[2]
+    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None and offs[-1] > offs[0] else np.zeros(1, np.uint8)
+    return offs, data
+
+
+def _plain_edges(a) -> np.ndarray:
+    """Per row: set, and its first and last bytes printable non-space ASCII ('!'..'~'): trimming
+    (DuckDB's trim: spaces and Unicode spaces) leaves such a value as it is."""
+    out = []
+    for c in _chunks(a):
+        offs, data = _byte_view(c)
+        first, last = offs[:-1], offs[1:] - 1
+        ok = last >= first
+        f = data[np.where(ok, first, 0)]
+        e = data[np.where(ok, last, 0)]
+        ok &= (f >= 0x21) & (f <= 0x7E) & (e >= 0x21) & (e <= 0x7E)
+        if c.null_count:
+            ok &= c.is_valid().to_numpy(zero_copy_only=False)
+        out.append(ok)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
+def _not_blank_head(a) -> np.ndarray:
+    """Per row: set, and its first byte is not RE2's \s ([\t\n\f\r ]): then the text matches '\S'
+    (a text that starts blank is left to the stage query, which asks RE2)."""
+    out = []
+    for c in _chunks(a):
+        offs, data = _byte_view(c)
+        ok = offs[1:] > offs[:-1]
+        f = data[np.where(ok, offs[:-1], 0)]
+        ok &= (f != 9) & (f != 10) & (f != 12) & (f != 13) & (f != 32)
+        if c.null_count:
+            ok &= c.is_valid().to_numpy(zero_copy_only=False)
+        out.append(ok)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
+_UNSAFE_BYTES = np.zeros(256, dtype=bool)
+_UNSAFE_BYTES[:0x20] = _UNSAFE_BYTES[0x22] = _UNSAFE_BYTES[0x5C] = _UNSAFE_BYTES[0x7F] = True
+
+
+def _json_plain(a) -> np.ndarray:
+    """Per row: no byte that DuckDB's to_json escapes (or might: control characters, '"', '\\',
+    DEL) — then to_json(v) is '"' || v || '"'. One scan of the column's bytes; per row only if
+    any such byte is there."""
+    out = []
+    for c in _chunks(a):
+        offs, data = _byte_view(c)
+        n = len(c)
+        bad = _UNSAFE_BYTES[data[offs[0]:offs[-1]]]
+        if not bad.any():
+            out.append(np.ones(n, dtype=bool))
+            continue
+        at = np.flatnonzero(bad) + offs[0]
+        rows = np.searchsorted(offs, at, side="right") - 1
+        ok = np.ones(n, dtype=bool)
+        ok[rows] = False
+        out.append(ok)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
+class _FastStage:
+    """The stage query (`_stage_sql`) for the rows whose every value is plain, in Arrow kernels and
+    byte tests: the same output at about a third of DuckDB's CPU (the query's string work — trims,
+    the date cast, the metadata object — and its planning per batch were the reader thread's
+    costliest step: docs/scaling.md). A row is plain when no rule of the query can fire on it and
+    its values need no rewriting: no connector error; a user and a source that trimming leaves as
+    they are (printable non-space ASCII at both ends; a null source takes the default); a text that
+    is set, not oversized, and starts with a byte RE2's \S matches; a timestamp that is null, 9–11
+    ASCII digits (epoch seconds: exact microseconds) or one the query's own date expression reads
+    (asked of DuckDB for those values only); metadata values without a byte to_json escapes. Every
+    other row goes through the stage query itself, and the two are put back in source order.
+    tests/catalog/test_stage_metadata.py compares both paths on rows of every kind."""
+
+    def __init__(self, pairs: Sequence[tuple[str, str]], raw_keys: Sequence[str], default_source: str,
+                 max_bytes: int):
+        self.pairs, self.raw_keys = list(pairs), frozenset(raw_keys)
+        self.default_source, self.max_bytes = default_source, int(max_bytes)
+        # the members' '"key":' prefixes, as the query writes them (to_json of the key)
+        con = duckdb.connect()
+        try:
+            self.keys = [con.execute("SELECT to_json(?::VARCHAR)", [k]).fetchall()[0][0] + ":" for k, _ in self.pairs]
+        finally:
+            con.close()
+        self.schema: pa.Schema | None = None   # the stage query's output schema (asked once)
+
+    def __call__(self, con, sql: str, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
+        if self.schema is None:
+            con.register("batch", batch.slice(0, 0))
+            try:
+                self.schema = con.sql(sql).to_arrow_table().schema
+            finally:
+                con.unregister("batch")
+
+        def col(name: str, combine: bool = True):
+            c = batch.column(name)
+            if pa.types.is_null(c.type) or c.null_count == n:
+                return None
+            return c.combine_chunks() if combine else c
+
+        err, user, text, ts, source = col("error"), col("user"), col("text", False), col("ts"), col("source")
+        if user is None or text is None or n == 0:
+            return self._slow(con, sql, batch, None)
+        lengths = pc.binary_length(text)
+        ok = _plain_edges(user) & _not_blank_head(text)
+        ok &= pc.fill_null(pc.less_equal(lengths, self.max_bytes), False).to_numpy(zero_copy_only=False)
+        if err is not None:
+            ok &= err.is_null().to_numpy(zero_copy_only=False)
+        if source is not None:
+            ok &= _plain_edges(source) | source.is_null().to_numpy(zero_copy_only=False)
+        members = []
+        for key, (k, c) in zip(self.keys, self.pairs):
+            v = col(c)
+            if v is None:
+                continue
+            if k not in self.raw_keys:
+                ok &= _json_plain(v)
+                members.append(pc.binary_join_element_wise(key + '"', v, '"', ""))
+            else:  # recipients: JSON array text, written as it is
+                members.append(pc.binary_join_element_wise(key, v, ""))
+        tstype = pa.timestamp("us", tz="UTC")
+        created = pa.nulls(n, tstype)
+        if ts is not None:
+            tl = pc.binary_length(ts)
+            digits = pc.fill_null(pc.and_(pc.ascii_is_decimal(ts), pc.and_(pc.greater_equal(tl, 9),
+                                                                              pc.less_equal(tl, 11))), False)
+            secs = pc.cast(pc.if_else(digits, ts, pa.scalar(None, pa.string())), pa.int64())
+            created = pc.cast(pc.multiply(secs, 1_000_000), tstype)
+            other = pc.and_(pc.is_valid(ts), pc.invert(digits))
+            if pc.any(other).as_py():
+                # other forms (ISO-8601, …): the query's own expression reads them, for these rows only
+                at = pc.indices_nonzero(other)
+                con.register("tsb", pa.table({"ts": pc.take(ts, at)}))
+                try:
+                    got = con.sql(f"SELECT ({_TS_SQL})::TIMESTAMPTZ AS cts FROM tsb").to_arrow_table().column(0)
+                finally:
+                    con.unregister("tsb")
+                full = np.full(n, -1, dtype=np.int64)
+                full[at.to_numpy()] = np.arange(len(at))
+                read = pc.take(got.cast(tstype), pa.array(full, mask=full < 0))
+                created = pc.if_else(other, read, created)
+                ok &= pc.or_(pc.invert(other), pc.is_valid(read)).to_numpy(zero_copy_only=False)
+        if not ok.any():
+            return self._slow(con, sql, batch, None)
+        if members:
+            # concat_ws(',', …): the non-null members, comma-separated (pairwise: Arrow's own
+            # null_handling="skip" drops whole rows when given one array)
+            acc = members[0]
+            for m in members[1:]:
+                acc = pc.coalesce(pc.binary_join_element_wise(acc, m, ","), acc, m)
+            meta = pc.binary_join_element_wise("{", pc.coalesce(acc, ""), "}", "")
+        else:
+            meta = pa.array(["{}"] * n, pa.string())
+        src = pa.array([self.default_source] * n, pa.string()) if source is None else \
+            pc.coalesce(source, pa.scalar(self.default_source, pa.string()))
+        cols = {"seq": batch.column("seq"), "line": batch.column("line"), "byte_offset": batch.column("offset"),
+                "locator": batch.column("locator"), "user_id": user,
+                "reason": pa.nulls(n, pa.string()), "record_id": pa.nulls(n, pa.string()),
+                "raw": pa.nulls(n, pa.binary()), "source": src, "created_at": created, "metadata": meta,
+                "chars": pc.utf8_length(text), "candidate": pa.array(np.zeros(n, dtype=bool))}
+        fast = pa.table([cols[f.name] for f in self.schema], names=self.schema.names).cast(self.schema)
+        if ok.all():
+            return fast
+        return self._slow(con, sql, batch, ok, fast)
+
+    # Past this many rows for the stage query, the whole batch goes to it (the merge below is a
+    # slice per row; a source of mostly odd rows is read as before, at the query's cost).
+    _MAX_SLOW = 64
+
+    def _slow(self, con, sql: str, batch: pa.Table, ok: np.ndarray | None, fast: pa.Table | None = None) -> pa.Table:
+        """The stage query on the rows not `ok` (all rows: None), put in `fast`'s place for those rows."""
+        bad = None if ok is None else np.flatnonzero(~ok)
+        if bad is not None and len(bad) > self._MAX_SLOW:
+            bad = None
+        sub = batch if bad is None else batch.filter(pa.array(~ok))   # (a take would join the text chunks)
+        con.register("batch", sub)
+        try:
+            out = con.sql(sql).to_arrow_table()
+        finally:
+            con.unregister("batch")
+        if bad is None:
+            return out
+        out = out.cast(fast.schema)
+        # fast's rows with the query's in their places: zero-copy slices, in source order
+        parts, at = [], 0
+        for j, i in enumerate(bad.tolist()):
+            if i > at:
+                parts.append(fast.slice(at, i - at))
+            parts.append(out.slice(j, 1))
+            at = i + 1
+        if at < fast.num_rows:
+            parts.append(fast.slice(at))
+        return pa.concat_tables(parts)
 
 
 _SPANS = pa.schema([("seq", pa.int64()), ("record_id", pa.string()), ("secret_id", pa.string()),
@@ -205,6 +439,30 @@ def _spans_table(spans, seqs: pa.Array, rids: pa.Array) -> pa.Table:
     })
 
 
+_MALLOC_TUNED = False
+
+
+def _tune_malloc() -> None:
+    """Let glibc's malloc keep the ingest's large blocks (the 16 MiB reads, their carries, the UTF-8
+    and newline scans' temporaries) in its heap instead of mapping fresh pages for each and unmapping
+    them when freed: each fresh page is a fault the kernel zeroes. Measured on 1M records: the parse
+    thread's page faults 118k → 36k, the ingest's system CPU 2.5 → 1.5 s (docs/scaling.md). Once per
+    process; a no-op off glibc. The freed blocks stay in the heap (up to the trim threshold), which
+    the next batch reuses: peak memory is what the pipeline holds at once, as before."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 64 << 20)    # M_MMAP_THRESHOLD: blocks under 64 MiB come from the heap
+    mallopt(-1, 256 << 20)   # M_TRIM_THRESHOLD: give memory back past 256 MiB free at the top
+
+
 def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_field: str = "user",
                   text_field: str = "text", id_field: str | None = None, time_field: str | None = None,
                   metadata_fields: Sequence[str] = (), rules: Sequence[dict] | str | Path | None = None,
@@ -218,6 +476,7 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     `shards`: worker processes for the per-record work of a JSONL file (catalog/shards.py); the
     snapshot is the same as with one."""
     t0 = time.perf_counter()
+    _tune_malloc()
     source = Path(source)
     if fmt not in FORMATS:
         raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -272,6 +531,10 @@ def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, 
                      user_field if has_meta_cols else "user", text_field if has_meta_cols else "text",
                      max_record_bytes, with_source_id=bool(id_field) and has_meta_cols,
                      with_path=bool(path_field) and has_meta_cols)
+    fast = None
+    if has_meta_cols:
+        fast = _FastStage(_meta_pairs(fields.metadata, bool(id_field), bool(path_field)),
+                          [m for m in fields.metadata if m in RECIPIENT_FIELDS], conn.default_source, max_record_bytes)
     ingest_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     started = datetime.now(timezone.utc)
 
@@ -290,12 +553,12 @@ def _ingest(source: Path, fmt: str, fields: FieldMap, max_record_bytes: int, *, 
         conn = source_reader()
     try:
         report = _run(settings, conn, sql, tagger, progress=progress, exact=keep_duplicates, ingest_id=ingest_id,
-                      source=source, fmt=fmt, options=options, started=started)
+                      source=source, fmt=fmt, options=options, started=started, fast=fast)
     except _PrefixCollision:
         # Two different records share a 64-bit id prefix (odds ~n²/2⁶⁵): redo with exact dedup.
         conn = source_reader()
         report = _run(settings, conn, sql, tagger, progress=progress, exact=True, ingest_id=ingest_id,
-                      source=source, fmt=fmt, options=options, started=started)
+                      source=source, fmt=fmt, options=options, started=started, fast=fast)
     if report.accepted:
         try:
             _report_likely_duplicates(report, settings, rules, source)
@@ -368,7 +631,7 @@ def _already_ingested(con, conn, tagger: Tagger, latest: tuple[str, str], *, ing
 
 
 def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, exact: bool, ingest_id: str,
-         source: Path, fmt: str, options: dict, started: datetime) -> IngestReport:
+         source: Path, fmt: str, options: dict, started: datetime, fast: _FastStage | None = None) -> IngestReport:
     """One pass over the source. Online (default): new records stream straight into the new snapshot.
     Exact: they are staged in a temporary Parquet file and picked by the merge's exact dedup."""
     tmp_dir = settings.cache_dir / "ingest-tmp"
@@ -417,7 +680,7 @@ def _run(settings: Settings, conn, sql: str, tagger: Tagger, *, progress: bool, 
                 # longest at 5.4 s (docs/catalog.md, Memory and speed).
                 for batch, out in (() if sharded else _prefetch(
                         _prefetch(conn.batches(), depth=1, name="veil-ingest-parse"),
-                        transform=_Normalizer(sql, tagger))):
+                        transform=_Normalizer(sql, tagger, fast))):
                     read += batch.num_rows
                     if batch.num_rows:
                         _stage_batch(con, batch, out, tagger, stage, staged, dedup, builder)
@@ -688,9 +951,10 @@ class _Normalizer:
     """Validates and hashes a batch with the stage query, on a private in-memory DuckDB owned by the
     reader thread (the query reads only the batch), so that work overlaps the main thread's."""
 
-    def __init__(self, sql: str, tagger: Tagger):
+    def __init__(self, sql: str, tagger: Tagger, fast: _FastStage | None = None):
         self.sql = sql
         self.tagger = tagger
+        self.fast = fast          # the query's plain rows in Arrow kernels (_FastStage), or None
         self.con: duckdb.DuckDBPyConnection | None = None
         self.ids: _RecordIds | None = None
         self.persons: dict = {}   # _person_ids' memo, across the batches of this ingest
@@ -738,6 +1002,8 @@ class _Normalizer:
         return batch, out
 
     def _stage(self, batch: pa.Table) -> pa.Table:
+        if self.fast is not None:
+            return self.fast(self.con, self.sql, batch)
         self.con.register("batch", batch)
         try:
             return self.con.sql(self.sql).to_arrow_table()

@@ -65,6 +65,33 @@ def test_numbers_are_checked_by_their_libraries():
                    "phone:+442079460958"}
 
 
+def test_the_nanp_shortcut_answers_as_libphonenumber():
+    """The +1 shortcut of the phone check (no library parse) gives the library's answer: generated
+    numbers in every spelling it takes, and near misses it must leave to the library."""
+    import random
+
+    from catalog.detectors import _nanp_possible, _nanp_shortcut_holds, _phone_possible, _phone_possible_lib
+
+    assert _nanp_shortcut_holds()
+    rng = random.Random(7)
+    seps = ["-", ".", " ", ""]
+    taken = 0
+    for _ in range(150):
+        area = str(rng.randint(0, 999)).zfill(3)
+        a, b = str(rng.randint(0, 999)).zfill(3), str(rng.randint(0, 9999)).zfill(4)
+        s1, s2, s3 = (rng.choice(seps) for _ in range(3))
+        head = f"({area})" if rng.random() < 0.3 else area
+        value = f"+1{s1}{head}{s2}{a}{s3}{b}" + ("" if rng.random() < 0.9 else rng.choice(["5", "-12"]))
+        fast = _nanp_possible(value)
+        if fast is not None:
+            taken += 1
+            assert fast == _phone_possible_lib(value), value
+        assert _phone_possible(value) == _phone_possible_lib(value), value
+    assert taken > 50
+    for miss in ("+1-155-010-1234", "+1-055-010-1234", "+1-555-010-12345", "+44-555-010-1234", "+1-(555-010-1234"):
+        assert _nanp_possible(miss) is None, miss
+
+
 def test_every_detect_secrets_plugin_runs_on_re2():
     import importlib
     import inspect
