@@ -442,8 +442,10 @@ def _spans_table(spans, seqs: pa.Array, rids: pa.Array) -> pa.Table:
 _MALLOC_TUNED = False
 
 
-def _tune_malloc() -> None:
-    """Let glibc's malloc keep the ingest's large blocks (the 16 MiB reads, their carries, the UTF-8
+def tune_malloc() -> None:
+    """For a process whose life is an ingest (`veil ingest`, a shard worker, the bench) — never called
+    by `ingest_source` itself, since it changes the whole process' allocator: a flow process that
+    ingests and then trains keeps glibc's dynamic thresholds. Let glibc's malloc keep the ingest's large blocks (the 16 MiB reads, their carries, the UTF-8
     and newline scans' temporaries) in its heap instead of mapping fresh pages for each and unmapping
     them when freed: each fresh page is a fault the kernel zeroes. Measured on 1M records: the parse
     thread's page faults 118k → 36k, the ingest's system CPU 2.5 → 1.5 s (docs/scaling.md). Once per
@@ -476,7 +478,6 @@ def ingest_source(source: Path | str, fmt: str, *, settings: Settings, user_fiel
     `shards`: worker processes for the per-record work of a JSONL file (catalog/shards.py); the
     snapshot is the same as with one."""
     t0 = time.perf_counter()
-    _tune_malloc()
     source = Path(source)
     if fmt not in FORMATS:
         raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -1118,6 +1119,7 @@ def _shard_work(path: str, start: int, end: int, first: bool, fields: dict, max_
     """One part of a sharded ingest (catalog/shards.py), in a worker process: the per-record work of
     an ingest — the same steps as `_run`'s pipeline — written to `part` (rows, shards.PART) and
     `spans_part` (_SPANS). Line numbers count from the part's first line."""
+    tune_malloc()   # a worker process lives for its parts only
     conn = JsonlSource(Path(path), FieldMap(**{**fields, "metadata": tuple(fields["metadata"])}),
                        max_line_bytes=max(4 * max_record_bytes, 1 << 16), start=start, end=end, check_mapping=first)
     # A worker runs several parts: the tagger (compiled rules), the normalizer's DuckDB and DataFusion
