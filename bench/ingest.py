@@ -166,7 +166,8 @@ def _measure(kind: str, path: Path, home: Path, shards: int = 1) -> dict:
             from catalog.ingest import ingest_source
             from components.core.settings import load_settings
 
-            getattr(ci, "tune_malloc", lambda: None)()   # as `veil ingest` does (a build before it has none)
+            # as `veil ingest` does (a build before it has neither: nothing)
+            getattr(ci, "tune_process", getattr(ci, "tune_malloc", lambda: None))()
             extra = {"shards": shards} if shards > 1 else {}  # (a build before --shards has no such argument)
             rep = ingest_source(path, "jsonl", settings=load_settings(home).ensure(), time_field="ts",
                                 metadata_fields=("team",), rules=RULES, **extra)

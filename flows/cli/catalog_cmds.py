@@ -31,14 +31,14 @@ def ingest(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Ingest a source into the catalog: users, secrets, quarantine, and a new immutable snapshot."""
-    from catalog.ingest import FORMATS, ingest_source, tune_malloc  # startup
+    from catalog.ingest import FORMATS, ingest_source, tune_process  # startup
 
     if fmt not in FORMATS:
         raise VeilError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if policy is not None and not policy.is_file():
         raise VeilError(f"--policy: {policy}: no such file")
     s = _settings()
-    tune_malloc()   # this process lives for the ingest alone
+    tune_process()   # this process lives for the ingest alone
     rep = ingest_source(source, fmt, settings=s, user_field=user_field, text_field=text_field, id_field=id_field,
                         time_field=time_field, metadata_fields=tuple(meta), source_field=source_field,
                         rules=str(policy) if policy else None, progress=not json_out,
