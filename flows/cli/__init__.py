@@ -5,7 +5,7 @@ User errors (`VeilError`) print one line to stderr and exit 2, never a traceback
 A command pays only for its own module (issue 23: `veil --help` ≤ 0.5 s). `COMMANDS` below names each
 command, the module that registers it and the first paragraph of its help; the top-level group imports a
 module when one of its commands is looked up (to run it, or to print its own --help), and `veil --help`
-is drawn from the table (flows.cli.top_help) without importing any. tests/flows/test_cli_lazy.py checks
+is drawn from the table (flows.cli.top_help) without importing any. tests/core/test_cli_startup.py checks
 the table against what the modules register, and the drawing against typer's.
 """
 from __future__ import annotations
@@ -14,8 +14,11 @@ import functools
 import importlib
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import typer
+import typer.core
+from typer._coercion import RuntimeParam, TypeDescriptor, build_runtime_param
 from typer.core import TyperGroup
 from typer.main import get_command_from_info, get_command_name, get_group_from_info
 
@@ -27,6 +30,30 @@ from flows.prefect_boundary import original_error
 
 # Before any command imports Prefect, transformers or MLflow: some of their switches are read once, at import.
 quiet_environment()
+
+
+@dataclass(frozen=True)
+class _AsGiven(RuntimeParam):
+    """A `str` or `bool` parameter's conversion when the value already is one (what the shell gives a
+    str argument, and a flag its bool): that value, unchanged, which is what typer's own conversion
+    returns for it. typer (0.29) converts every value through a pydantic TypeAdapter, built on the
+    parameter's first use — `--help`'s included: importing pydantic and building them is ~0.2 CPU s,
+    a tenth of `veil verify`. Any other value (a default of another type) goes to typer's conversion.
+    tests/core/test_cli_startup.py checks the two agree, and that typer still converts this way."""
+
+    def _coerce_value(self, value, param, ctx):
+        if type(value) is self.annotation:
+            return value
+        return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
+
+
+def _runtime_param(d: TypeDescriptor) -> RuntimeParam:
+    if d.annotation in (str, bool) and d.file_annotation is None and d.parameter_info.parser is None:
+        return _AsGiven(parameter_info=d.parameter_info, annotation=d.annotation)
+    return build_runtime_param(d)
+
+
+typer.core.build_runtime_param = _runtime_param   # where typer's parameters look it up (typer.core's module top)
 
 # (command, module in flows/cli that registers it, first paragraph of its help), in `veil --help`'s order:
 # a module's commands in the order it registers them, the groups (sub-typers) last, as typer lists them.

@@ -6,7 +6,7 @@ top-level listing needs none of them: this module draws the same screen as `rich
 (same console, theme, highlighters, paddings, panels and tables, same environment switches) from
 rich's console, text, table and panel alone, and takes each command's help from `flows.cli.COMMANDS`.
 
-tests/flows/test_cli_lazy.py compares this drawing with typer's own on the eagerly built group, plain
+tests/core/test_cli_startup.py compares this drawing with typer's own on the eagerly built group, plain
 and in colour; a group option this module does not draw (an argument, a required or defaulted option,
 an environment variable, a number range) is handed to typer's drawing instead, so the screen stays
 typer's whatever is added to the group.
