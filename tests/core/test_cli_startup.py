@@ -42,7 +42,8 @@ def test_the_table_names_each_command_its_module_and_help():
     assert set(table) == set(real), (f"missing from COMMANDS: {sorted(set(real) - set(table))}; "
                                      f"not registered: {sorted(set(table) - set(real))}")
     for name, (module, cmd) in real.items():
-        assert table[name] == (module, _first_paragraph(cmd)), f"COMMANDS' row for `{name}` is out of date"
+        row = (module, _first_paragraph(cmd))
+        assert table[name] == row, f"COMMANDS' row for `{name}` is out of date; it is now {(name, *row)!r}"
 
 
 @pytest.mark.parametrize("width,colour", [(80, False), (137, True)])
