@@ -21,7 +21,8 @@ What each command pays for now: `--help` the CLI alone (typer, rich's console, t
 command table in flows/cli/__init__.py; no command module, none of typer's rich_utils — rich's Markdown,
 pygments, tracebacks — no pydantic, policy, mechanism, registry or accountant); `policy check` adds its
 own command module, pydantic, YAML and the mechanism registry — without numpy or pyarrow, which a
-mechanism loads only in the hooks that compute; `verify` its own command module, the local SQLite
+mechanism loads only in the hooks that compute; `verify --json` its own command module (no rich: the
+consoles and tables are made when something is drawn), the local SQLite
 registry and its file artifacts without MLflow (components.registry.local_store; MLflow's client for any
 other store), cryptography for the seal, and dp-accounting to recompute ε: dp-accounting's PLD imports
 scipy.stats and scipy.signal at its top (which load scipy.optimize, linalg, sparse, special, fft and
