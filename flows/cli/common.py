@@ -7,7 +7,6 @@ from components.core.device import resolve_device
 from components.core.settings import Settings, load_settings
 
 
-
 class _Console:
     """rich's Console, made on first use: a command's `--json` path prints one JSON document and
     needn't import rich (~0.05 CPU s of every command; bench/startup.py)."""
