@@ -17,12 +17,18 @@ Targets (issue 23): `veil --help` ≤ 0.5 s, `veil policy check` ≤ 1 s, `veil 
 the baseline. Compare CPU seconds on a shared machine (wall time also counts waiting for a core); the
 load average before and after the timed runs is printed beside them.
 
-What each command pays for now: `--help` the CLI alone (typer, rich, the command modules; no policy,
-mechanism, registry or accountant); `policy check` adds pydantic, YAML and the mechanism registry —
-without numpy or pyarrow, which a mechanism loads only in the hooks that compute; `verify` reads the
-local SQLite registry and its file artifacts without MLflow (components.registry.local_store; MLflow's
-client for any other store) and loads dp-accounting (with the parts of scipy it imports at its top) to
-recompute ε, and cryptography for the seal: that import is most of what it still costs.
+What each command pays for now: `--help` the CLI alone (typer, rich's console, table and panel, and the
+command table in flows/cli/__init__.py; no command module, none of typer's rich_utils — rich's Markdown,
+pygments, tracebacks — no pydantic, policy, mechanism, registry or accountant); `policy check` adds its
+own command module, pydantic, YAML and the mechanism registry — without numpy or pyarrow, which a
+mechanism loads only in the hooks that compute; `verify --json` its own command module (no rich: the
+consoles and tables are made when something is drawn), the local SQLite
+registry and its file artifacts without MLflow (components.registry.local_store; MLflow's client for any
+other store), cryptography for the seal, and dp-accounting to recompute ε: dp-accounting's PLD imports
+scipy.stats and scipy.signal at its top (which load scipy.optimize, linalg, sparse, special, fft and
+numpy's testing and f2py modules), about three quarters of what verify still costs. Importing only
+dp_accounting.pld, without the package's __init__ (mechanism_calibration, scipy.optimize), saves
+nothing measurable: scipy.stats imports scipy.optimize itself.
 """
 from __future__ import annotations
 

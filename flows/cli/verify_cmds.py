@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from components.core.errors import VeilError
 from components.publication import publish
@@ -31,6 +30,8 @@ def verify(model_uri: str = typer.Argument(..., help="models:/NAME/VERSION or mo
     if json_out:
         print_json(publish("cli.verify", doc, subject=model_uri))
     else:
+        from rich.table import Table  # not on the --json path (bench/startup.py)
+
         t = Table(title=f"verify {model_uri}")
         t.add_column("check")
         t.add_column("result")
