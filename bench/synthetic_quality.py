@@ -294,6 +294,10 @@ def train_control(settings, plan: dict, base_dir: str, out_dir: Path, *, repeats
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     t0, c0, steps = time.time(), time.process_time(), 0
+    threads = torch.get_num_threads()
+    # one thread for the 0.9M-parameter base: its per-step work is too small to share, and a second thread
+    # on a loaded 2-core machine mostly waits for the first (generate.py makes the same choice)
+    torch.set_num_threads(1)
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(seqs), generator=g).tolist()
@@ -310,6 +314,7 @@ def train_control(settings, plan: dict, base_dir: str, out_dir: Path, *, repeats
             loss.backward()
             opt.step()
             steps += 1
+    torch.set_num_threads(threads)
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
