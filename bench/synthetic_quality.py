@@ -40,6 +40,13 @@ positive control: it saw the trained canaries without noise) and of the public b
 it never saw any). Needs a plan with echo canaries (`audit.canaries.prefixes`: policies/debian-echo.yaml).
 Only public sections are printed (verdicts, count buckets, values on the audit's grids).
 
+**The positive control** (`--control-repeats R`): instead of the engine's non-private reference, `train_control`
+fully fine-tunes the base on the plan's training records with each trained canary's records repeated R times —
+a model that memorises, so the echo audit is shown able to fail (docs/results.md §11).
+
+**PMixED** (`--pmixed POLICY`): build an ensemble on the same home and draw a corpus through it (`veil synthesize
+--pmixed`, as many records as its token budget holds): a row of MAUVE, downstream and echo.
+
 **One study run** (`--prepare POLICY --source DIR --base-model BASE`): in a fresh VEIL_HOME, ingest DIR as
 Debian changelogs, plan, train, certify and register the DP model (no model audit, no evaluation), then train
 the non-private reference on the same plan (`stages.train(release=False, adjust=nonprivate_adjust)`, with
