@@ -40,6 +40,13 @@ positive control: it saw the trained canaries without noise) and of the public b
 it never saw any). Needs a plan with echo canaries (`audit.canaries.prefixes`: policies/debian-echo.yaml).
 Only public sections are printed (verdicts, count buckets, values on the audit's grids).
 
+**The positive control** (`--control-repeats R`): instead of the engine's non-private reference, `train_control`
+fully fine-tunes the base on the plan's training records with each trained canary's records repeated R times —
+a model that memorises, so the echo audit is shown able to fail (docs/results.md §11).
+
+**PMixED** (`--pmixed POLICY`): build an ensemble on the same home and draw a corpus through it (`veil synthesize
+--pmixed`, as many records as its token budget holds): a row of MAUVE, downstream and echo.
+
 **One study run** (`--prepare POLICY --source DIR --base-model BASE`): in a fresh VEIL_HOME, ingest DIR as
 Debian changelogs, plan, train, certify and register the DP model (no model audit, no evaluation), then train
 the non-private reference on the same plan (`stages.train(release=False, adjust=nonprivate_adjust)`, with
@@ -143,7 +150,7 @@ def _package_base(loaded) -> str:
 
 
 DOWNSTREAM = {"dp_synthetic": "DP synthetic (veil synthesize)", "nonprivate_synthetic": "non-private model's synthetic",
-              "base_synthetic": "public base's synthetic"}
+              "base_synthetic": "public base's synthetic", "pmixed_synthetic": "PMixED synthetic (--pmixed)"}
 
 
 def fine_tune(base_dir: str, texts: list[str], out_dir: Path, *, plan: dict, epochs: int, seed: int) -> dict:
@@ -220,7 +227,8 @@ def downstream(settings, loaded, base_dir: str, corpora: dict[str, list[str]], w
             "eval_records": len(texts), "counted_people": rel.counted}
 
 
-def prepare(settings, policy: Path, source: Path, base_dir: Path, nonprivate_steps: int | None) -> dict:
+def prepare(settings, policy: Path, source: Path, base_dir: Path, nonprivate_steps: int | None, *,
+            reference: bool = True) -> dict:
     """ingest → plan → train → certify → register the DP model; train the non-private reference beside it.
     Returns {"model": URI, "nonprivate_adapter": DIR, "times": …, "plan": public facts}."""
     from dataclasses import replace
@@ -241,6 +249,11 @@ def prepare(settings, policy: Path, source: Path, base_dir: Path, nonprivate_ste
     cert = stages.certify(settings, planned["plan_path"], tr)
     reg = stages.register(settings, name="debian-echo", certificate=cert, plan_path=planned["plan_path"],
                           base_dir=base_dir, adapter_dir=tr.get("adapter_dir") or tr.get("model_dir"))
+    plan = planned["plan"]
+    facts = {"sha256": plan["sha256"], "steps": plan["steps"], "epsilon": cert["epsilon"], "delta": cert["delta"],
+             "noise_multiplier": plan["noise_multiplier"], "canaries": (plan.get("audit") or {}).get("canaries")}
+    if not reference:      # the memorising control (--control-repeats) stands in for the engine's reference
+        return {"model": reg["model_uri"], "nonprivate_adapter": None, "times": times, "plan": facts}
     t = time.time()
     out_dir = Path(settings.private_dir) / "bench-synthetic" / "nonprivate"
 
@@ -251,12 +264,95 @@ def prepare(settings, policy: Path, source: Path, base_dir: Path, nonprivate_ste
     np_tr = stages.train(settings, planned["plan_path"], base_dir, progress=False, release=False, out_dir=out_dir,
                          adjust=adjust)
     times["train_nonprivate_s"] = round(time.time() - t, 1)
-    plan = planned["plan"]
     return {"model": reg["model_uri"], "nonprivate_adapter": Path(np_tr["adapter_dir"]), "times": times,
-            "plan": {"sha256": plan["sha256"], "steps": plan["steps"], "epsilon": cert["epsilon"],
-                     "delta": cert["delta"], "noise_multiplier": plan["noise_multiplier"],
-                     "nonprivate_steps": nonprivate_steps or plan["steps"],
-                     "canaries": (plan.get("audit") or {}).get("canaries")}}
+            "plan": {**facts, "nonprivate_steps": nonprivate_steps or plan["steps"]}}
+
+
+def train_control(settings, plan: dict, base_dir: str, out_dir: Path, *, repeats: int, epochs: int, lr: float,
+                  seed: int) -> dict:
+    """The echo audit's positive control: a model built to memorise the trained canaries, so that an audit
+    which finds nothing in the DP corpus is shown able to find something.
+
+    The public base fully fine-tuned (every weight, not LoRA: the 0.9M-parameter base's rank-8 adapters did not
+    memorise a 6-word suffix in 32 passes, measured) non-privately on the plan's training records — the same
+    records the DP model's plan draws from, the trained canaries' k records included, held-out canaries absent —
+    with each trained canary's records repeated `repeats` times (the paper's n_rep) for `epochs` shuffled
+    epochs, AdamW at `lr`, batch 16, the plan's seq_len, a fixed seed. Never certified or registered: it lives
+    under the private area. Returns its facts (records, canary records, steps, seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.audit.canaries import is_canary
+    from flows.stages import training_data
+
+    data = training_data(settings, plan)
+    texts, users = data.column("text").to_pylist(), data.column("user_id").to_pylist()
+    train = [t for t, u in zip(texts, users) for _ in range(repeats if is_canary(str(u)) else 1)]
+    tok = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True)
+    seq_len = int(plan["training"]["seq_len"])
+    bos = [] if tok.bos_token_id is None else [int(tok.bos_token_id)]
+    eos = [] if tok.eos_token_id is None else [int(tok.eos_token_id)]
+    # records start after the document boundary, as in training and as the sampler starts them
+    seqs = [(bos + list(ids) + eos)[:seq_len] for ids in tok(train, add_special_tokens=False)["input_ids"]]
+    seqs = [q for q in seqs if len(q) >= 2]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    t0, c0, steps = time.time(), time.process_time(), 0
+    threads = torch.get_num_threads()
+    # one thread for the 0.9M-parameter base: its per-step work is too small to share, and a second thread
+    # on a loaded 2-core machine mostly waits for the first (generate.py makes the same choice)
+    torch.set_num_threads(1)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(seqs), generator=g).tolist()
+        for b in range(0, len(order), 16):
+            batch = [seqs[i] for i in order[b:b + 16]]
+            w = max(len(q) for q in batch)
+            ids = torch.full((len(batch), w), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), w), dtype=torch.long)
+            for r, q in enumerate(batch):
+                ids[r, :len(q)] = torch.tensor(q)
+                mask[r, :len(q)] = 1
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            steps += 1
+    torch.set_num_threads(threads)
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tok.save_pretrained(str(out_dir))
+    n_can = sum(1 for u in users if is_canary(str(u)))
+    return {"records": len(texts), "canary_records": n_can, "repeats": repeats, "epochs": epochs, "steps": steps,
+            "learning_rate": lr, "passes_per_canary_record": repeats * epochs,
+            "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)}
+
+
+def build_pmixed(settings, policy: Path, base_dir: str, records: int, max_new_tokens: int,
+                 prompts: Path | None) -> dict:
+    """A PMixED ensemble on the same home's snapshot (`veil pmixed build`: charged in the ledger), then
+    `veil synthesize ENSEMBLE --pmixed` of as many records as its token budget holds at `max_new_tokens`."""
+    from components.registry import load_synthetic
+    from flows import pmixed as pmx
+    from flows.synthetic import synthesize_pmixed
+
+    t = time.time()
+    built = pmx.build(settings, policy, base_dir=base_dir, use_prefect=False)
+    build_s = round(time.time() - t, 1)
+    budget = int(built["certificate"]["token_budget"])
+    t = time.time()
+    # the corpus the budget holds at its longest (synthesize_pmixed refuses more up front)
+    n = max(1, min(records, budget // max_new_tokens))
+    res = synthesize_pmixed(settings, built["model_uri"], records=n, prompts_path=prompts,
+                            max_new_tokens=max_new_tokens, progress=False)
+    corpus = load_synthetic(res["public"]["uri"], settings)
+    return {"model_uri": built["model_uri"], "texts": corpus.texts, "public": res["public"],
+            "certificate_tokens": corpus.certificate.get("tokens"), "inherits": corpus.certificate.get("inherits"),
+            "build_s": build_s, "synthesize_s": round(time.time() - t, 1)}
 
 
 def echo_audits(settings, corpus_dir: str, model_cert: dict, plan: dict, others: dict[str, list[str]],
@@ -289,12 +385,13 @@ def plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = {"DP synthetic (veil synthesize)": "DP synthetic", "public base, same sampler": "public-base synthetic",
-             "non-private reference, same sampler (not certified)": "non-private synthetic"}
+             "non-private reference, same sampler (not certified)": "non-private synthetic",
+             "PMixED synthetic (veil synthesize --pmixed)": "PMixED synthetic"}
     mv = [(names[r["corpus"]], r["mean"], r["sd"]) for r in out["mauve"] if r["corpus"] in names]
     fig, axes = plt.subplots(1, 2 if out.get("downstream") else 1, figsize=(11 if out.get("downstream") else 5.5, 3.8))
     axes = list(axes) if out.get("downstream") else [axes]
     ax = axes[0]
-    ax.bar([m[0] for m in mv], [m[1] for m in mv], yerr=[m[2] for m in mv], color=["C0", "C2", "C1"][:len(mv)])
+    ax.bar([m[0] for m in mv], [m[1] for m in mv], yerr=[m[2] for m in mv], color=["C0", "C2", "C1", "C4"][:len(mv)])
     ax.set_ylabel("MAUVE vs real (evaluation people)")
     ax.set_title(f"MAUVE (real vs real: {next(r['mean'] for r in out['mauve'] if r['corpus'].startswith('real')):.3f})",
                  fontsize=10)
@@ -306,7 +403,8 @@ def plot(out: dict, path: Path) -> None:
         bars += [(lbl, m[f"eval_{k}_perplexity"], c) for k, lbl, c in
                  (("dp_synthetic", "fine-tuned on\nDP synthetic", "C0"),
                   ("nonprivate_synthetic", "fine-tuned on\nnon-private synthetic", "C1"),
-                  ("base_synthetic", "fine-tuned on\npublic-base synthetic", "C2")) if f"eval_{k}_perplexity" in m]
+                  ("base_synthetic", "fine-tuned on\npublic-base synthetic", "C2"),
+                  ("pmixed_synthetic", "fine-tuned on\nPMixED synthetic", "C4")) if f"eval_{k}_perplexity" in m]
         ax = axes[1]
         ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
         ax.set_ylabel("perplexity on evaluation people (DP release)")
@@ -330,6 +428,16 @@ def main() -> None:
     ap.add_argument("--base-model", type=Path, default=None, help="--prepare: the public base (bench/public_base.py)")
     ap.add_argument("--nonprivate-steps", type=int, default=None,
                     help="--prepare: steps of the non-private reference (default: the plan's)")
+    ap.add_argument("--control-repeats", type=int, default=None, metavar="R",
+                    help="the non-private reference is the echo audit's positive control instead: the public base "
+                         "fully fine-tuned on the plan's training records with each trained canary's records "
+                         "repeated R times (train_control); replaces --nonprivate-adapter / --nonprivate-steps")
+    ap.add_argument("--control-epochs", type=int, default=2)
+    ap.add_argument("--control-lr", type=float, default=3e-3)
+    ap.add_argument("--pmixed", type=Path, default=None, metavar="POLICY",
+                    help="also build a PMixED ensemble under this PredictionPolicy on the same home (charged in the "
+                         "ledger) and draw a corpus through it (`veil synthesize --pmixed`, as many records as its "
+                         "token budget holds): a row of MAUVE, downstream and echo")
     ap.add_argument("--echo", action="store_true", help="the canary echo audit of the DP, non-private and base "
                                                         "corpora (a plan with audit.canaries.prefixes)")
     ap.add_argument("--records", type=int, default=500)
@@ -362,6 +470,11 @@ def main() -> None:
         sys.exit("error: give --model models:/NAME/VERSION or --prepare POLICY (not both)")
     if args.prepare is not None and (args.source is None or args.base_model is None):
         sys.exit("error: --prepare needs --source DIR and --base-model DIR")
+    if args.control_repeats is not None and (args.control_repeats < 1 or args.control_epochs < 1
+                                             or not args.control_lr > 0):
+        sys.exit("error: --control-repeats and --control-epochs must be at least 1, --control-lr positive")
+    if args.control_repeats is not None and args.nonprivate_adapter is not None:
+        sys.exit("error: --control-repeats trains the non-private reference; drop --nonprivate-adapter")
     if args.nonprivate_steps is not None and args.nonprivate_steps < 1:
         sys.exit(f"error: --nonprivate-steps {args.nonprivate_steps}: must be at least 1")
     os.environ["VEIL_HOME"] = str(args.home)
@@ -377,7 +490,8 @@ def main() -> None:
     t_start = time.time()
     prepared = None
     if args.prepare is not None:
-        prepared = prepare(s, args.prepare, args.source, args.base_model, args.nonprivate_steps)
+        prepared = prepare(s, args.prepare, args.source, args.base_model, args.nonprivate_steps,
+                           reference=args.control_repeats is None)
         args.model, args.nonprivate_adapter = prepared["model"], prepared["nonprivate_adapter"]
         times.update(prepared["times"])
     t = time.time()
@@ -394,8 +508,24 @@ def main() -> None:
     times["base_sampling_s"] = round(time.time() - t, 1)
     np_recs = None
     base_dir = None
-    if args.nonprivate_adapter is not None or args.downstream:
+    if args.nonprivate_adapter is not None or args.downstream or args.control_repeats or args.pmixed:
         base_dir = getattr(loaded, "extra", {}).get("base_dir") or _package_base(loaded)
+    control = None
+    if args.control_repeats is not None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cdir = Path(s.private_dir) / "bench-synthetic" / "control"
+        control = train_control(s, dict(loaded.plan), str(base_dir), cdir, repeats=args.control_repeats,
+                                epochs=args.control_epochs, lr=args.control_lr, seed=args.seed)
+        times["train_control_s"] = control["seconds"]
+        c_model = AutoModelForCausalLM.from_pretrained(str(cdir), local_files_only=True).eval()
+        c_tok = AutoTokenizer.from_pretrained(str(cdir), local_files_only=True)
+        np_recs = generate_records(c_model, c_tok, Sampling(records=args.records, seed=args.seed,
+                                                           max_new_tokens=args.max_new_tokens), prompts)
+    pmixed = None
+    if args.pmixed is not None:
+        pmixed = build_pmixed(s, args.pmixed, str(base_dir), args.records, args.max_new_tokens, args.prompts)
+        times["pmixed_build_s"], times["pmixed_synthesize_s"] = pmixed["build_s"], pmixed["synthesize_s"]
     if args.nonprivate_adapter is not None:
         from components.modeling import load_finetuned
 
@@ -410,6 +540,7 @@ def main() -> None:
     e_syn = embed(corpus.texts, enc)
     e_base = embed([r["text"] for r in base_recs], enc)
     e_np = None if np_recs is None else embed([r["text"] for r in np_recs], enc)
+    e_pmx = None if pmixed is None else embed(pmixed["texts"], enc)
     times["embedding_s"] = round(time.time() - t, 1)
     seeds = list(range(1, args.seeds + 1))
     t = time.time()
@@ -419,6 +550,8 @@ def main() -> None:
         {"corpus": "public base, same sampler", **mauve_score(e_base, e_real[half:half * 2], seeds)},
         *([] if e_np is None else [{"corpus": "non-private reference, same sampler (not certified)",
                                     **mauve_score(e_np, e_real[half:half * 2], seeds)}]),
+        *([] if e_pmx is None else [{"corpus": "PMixED synthetic (veil synthesize --pmixed)",
+                                     **mauve_score(e_pmx, e_real[half:half * 2], seeds)}]),
         {"corpus": "real vs real (disjoint halves)", **mauve_score(e_real[:half], e_real[half:half * 2], seeds)},
     ]
     times["mauve_s"] = round(time.time() - t, 1)
@@ -436,7 +569,8 @@ def main() -> None:
 
         corpora = {"dp_synthetic": corpus.texts, **({} if np_recs is None else
                                                     {"nonprivate_synthetic": [r["text"] for r in np_recs]}),
-                   "base_synthetic": [r["text"] for r in base_recs]}
+                   "base_synthetic": [r["text"] for r in base_recs],
+                   **({} if pmixed is None else {"pmixed_synthetic": pmixed["texts"]})}
         t = time.time()
         with tempfile.TemporaryDirectory(dir=Path(s.private_dir)) as work:
             out["downstream"] = downstream(s, loaded, str(base_dir), corpora, Path(work), epochs=args.epochs,
@@ -444,10 +578,20 @@ def main() -> None:
         times["downstream_s"] = round(time.time() - t, 1)
     if prepared is not None:
         out["prepared"] = {"model": prepared["model"], "plan": prepared["plan"]}
+    if control is not None:
+        out["control"] = control
+    if pmixed is not None:
+        pub = pmixed["public"]
+        out["pmixed"] = {"model_uri": pmixed["model_uri"], "records_kept": pub["records_kept"],
+                         "tokens_charged": pub["tokens_charged"], "stopped_by_budget": pub["stopped_by_budget"],
+                         "inherits": pub["inherits"], "corpus_sha256": pub["corpus_sha256"], "scan": pub["scan"],
+                         "ledger_release_id": pub["ledger_release_id"], "tokens": pmixed["certificate_tokens"],
+                         "mean_chars": sum(map(len, pmixed["texts"])) / max(1, len(pmixed["texts"]))}
     if args.echo:
         t = time.time()
         others = {**({} if np_recs is None else {"nonprivate_synthetic": [r["text"] for r in np_recs]}),
-                  "base_synthetic": [r["text"] for r in base_recs]}
+                  "base_synthetic": [r["text"] for r in base_recs],
+                  **({} if pmixed is None else {"pmixed_synthetic": pmixed["texts"]})}
         out["echo"] = echo_audits(s, res["public"]["corpus_dir"], loaded.certificate, dict(loaded.plan), others)
         times["echo_s"] = round(time.time() - t, 1)
     times["total_s"] = round(time.time() - t_start, 1)

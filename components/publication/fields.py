@@ -778,3 +778,12 @@ declare(
 declare(Field("cli.ledger", "order_weights_rule", P, _CONST + " (the name of the rule a weighted ledger's order "
               "weights follow, fixed at its creation: components.renyi.rdp.WEIGHT_RULES; null under another "
               "conversion)"))
+# --- s13-echo: the PMixED-sourced corpus' row of bench/synthetic_quality.py --downstream (issue 25) ----------------
+declare(
+    *(Field("registry.metric", f"eval_pmixed_synthetic_{w}", DP, f"{w.replace('_', ' ')} on the evaluation people of "
+            "the public base fine-tuned non-privately on the PMixED-sourced corpus (bench/synthetic_quality.py "
+            "--pmixed --downstream): a post-processing (ratio over the DP count, clamp, exp) of the release",
+            mechanism=_EVAL_MECH, sensitivity=_EVAL_SENS, counts=_EVAL_COUNTS, charge=_EVAL_CHARGE)
+      for w in ("perplexity", "next_token_accuracy")),
+)
+# --- end of s13-echo ---
