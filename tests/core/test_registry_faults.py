@@ -97,14 +97,32 @@ def test_store_is_created_aside_and_moved_into_place_whole(settings, monkeypatch
         dbu.InitialBase.metadata.create_all(engine)     # part of the schema, then the process dies
         raise KeyboardInterrupt
 
+    import components.registry.mlflow_registry as reg
+
+    monkeypatch.setattr(reg, "_EMPTY_STORE", None)        # migrate, not copy this process' first store
     monkeypatch.setattr(dbu, "_initialize_tables", killed)
     with pytest.raises(KeyboardInterrupt):
         check_store(settings)
     assert not path.exists()                            # no half-made store where MLflow looks
+    assert reg._EMPTY_STORE is None                     # and nothing half-made kept to copy later
     monkeypatch.undo()
+    monkeypatch.setattr(reg, "_EMPTY_STORE", None)
     check_store(settings)
     assert path.exists() and list_models(settings) == []
     assert not list(settings.home.glob(".mlflow.db.*"))
+    # a second store in this process is a copy of the migrated bytes: the same file, and a working registry
+    other = settings.home / "second" / "mlflow.db"
+    reg.create_store_aside(other)
+    assert other.read_bytes() == reg._EMPTY_STORE
+    reg._check_complete_schema(other)
+    import sqlalchemy
+    from mlflow.store.db.utils import _all_tables_exist
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{other}")
+    try:
+        assert _all_tables_exist(engine)
+    finally:
+        engine.dispose()
 
 
 def test_alias_gate_rules():
