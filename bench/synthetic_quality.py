@@ -283,6 +283,7 @@ def train_control(settings, plan: dict, base_dir: str, out_dir: Path, *, repeats
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from components.audit.canaries import is_canary
+    from components.modeling.scoring import pad_right
     from flows.stages import training_data
 
     data = training_data(settings, plan)
@@ -310,12 +311,7 @@ def train_control(settings, plan: dict, base_dir: str, out_dir: Path, *, repeats
         order = torch.randperm(len(seqs), generator=g).tolist()
         for b in range(0, len(order), 16):
             batch = [seqs[i] for i in order[b:b + 16]]
-            w = max(len(q) for q in batch)
-            ids = torch.full((len(batch), w), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), w), dtype=torch.long)
-            for r, q in enumerate(batch):
-                ids[r, :len(q)] = torch.tensor(q)
-                mask[r, :len(q)] = 1
+            ids, mask = pad_right(batch, pad)
             loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()

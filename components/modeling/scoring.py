@@ -36,6 +36,21 @@ def _sums_and_counts(model, tokenizer, texts, seq_len: int, batch_size: int) -> 
 MAX_BATCH_TOKENS = 4096
 
 
+def pad_right(seqs: Sequence[Sequence[int]], pad: int):
+    """Token-id sequences as one right-padded batch: (ids, attention mask), both long tensors of shape
+    (len(seqs), longest). Causal models read a position only from those before it, so the padding
+    changes no real position's logits."""
+    import torch
+
+    w = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), w), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), w), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, :len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[r, :len(s)] = 1
+    return ids, mask
+
+
 def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
     """Consecutive runs of `order` (sorted by length) with at most `batch_size` texts and at most
     `max_tokens` padded tokens each (a single longer text still gets its own batch)."""
@@ -83,11 +98,7 @@ def token_statistics(model, tokenizer, texts: Sequence[str], seq_len: int,
                 tick(len(idx))
                 if width < 2:
                     continue  # nothing to score in this batch
-                ids = torch.full((len(idx), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for r, i in enumerate(idx):
-                    ids[r, :len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
-                    mask[r, :len(seqs[i])] = 1
+                ids, mask = pad_right([seqs[i] for i in idx], pad)
                 ids, mask = ids.to(dev), mask.to(dev)
                 logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
                 lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -22,6 +22,7 @@ import numpy as np
 
 from components.core.errors import VeilError
 from components.modeling import attach_lora, load_base, lora_config
+from components.modeling.scoring import pad_right
 from components.prediction import mixing
 from components.prediction.batched_lora import BatchedLoRAModel
 
@@ -83,12 +84,7 @@ def train_shard(base_dir: str | Path, texts: Sequence[str], cfg: ShardTraining, 
             order = torch.randperm(len(seqs), generator=g).tolist()
             for b in range(0, len(order), cfg.batch_size):
                 batch = [seqs[i] for i in order[b:b + cfg.batch_size]]
-                w = max(len(s) for s in batch)
-                ids = torch.full((len(batch), w), pad, dtype=torch.long)
-                mask = torch.zeros((len(batch), w), dtype=torch.long)
-                for r, s in enumerate(batch):
-                    ids[r, :len(s)] = torch.tensor(s)
-                    mask[r, :len(s)] = 1
+                ids, mask = pad_right(batch, pad)
                 labels = ids.masked_fill(mask == 0, -100)
                 ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss

@@ -25,7 +25,8 @@ import pyarrow as pa
 from components.audit import public as pub
 from components.audit import run as audit_run
 from components.audit.user_inference import user_inference_report
-from components.audit.verdict import hm_variance, z_value
+from components.audit.verdict import z_value
+from _published import newcombe_ends
 
 EPS, DELTA = 8.0, 1e-5
 EV = {"verdict": None, "classes": {}, "candidates_needed": None, "secrets_needed": None}
@@ -163,33 +164,17 @@ def test_people_needed_is_a_function_of_published_values():
     assert None not in bases, "people needed must say what it is computed from"
 
 
-def _ends(a_hat, n_in, n_out, z):
-    """Newcombe's interval, vectorised over Â (bisection on the Hanley–McNeil variance, independent of
-    verdict.auroc_interval)."""
-    out = []
-    for edge in (0.0, 1.0):
-        inside, outside = a_hat.copy(), np.full_like(a_hat, edge)
-        f = lambda a: (a - a_hat) ** 2 - z * z * hm_variance(a, n_in, n_out)  # noqa: E731
-        at_edge = f(outside) <= 0
-        for _ in range(50):
-            mid = (inside + outside) / 2
-            ok = f(mid) <= 0
-            inside, outside = np.where(ok, mid, inside), np.where(ok, outside, mid)
-        out.append(np.where(at_edge, edge, inside))
-    return out
-
-
 def test_interval_spread_holds_at_the_model_audits_z():
     """The m sweep makes the interval simultaneous over up to 6 estimates (z larger than the echo audit's):
     one person still moves an end by at most INTERVAL_SPREAD·Δ, unequal groups included."""
     a = np.linspace(0.0, 1.0, 1501)
     z = z_value(0.95, 6)
     for n_in, n_out in ((21, 21), (21, 40), (41, 30)):
-        lo0, hi0 = _ends(a, n_in, n_out, z)
+        lo0, hi0 = newcombe_ends(a, n_in, n_out, z)
         worst = 0.0
         for d_in, d_out in ((1, 0), (-1, 0), (0, 1), (0, -1), (0, 0)):
             step = 1 / min(n_in + d_in, n_out + d_out)
             for sign in (-1, 1):
-                lo1, hi1 = _ends(np.clip(a + sign * step, 0, 1), n_in + d_in, n_out + d_out, z)
+                lo1, hi1 = newcombe_ends(np.clip(a + sign * step, 0, 1), n_in + d_in, n_out + d_out, z)
                 worst = max(worst, float(np.max(np.abs(lo1 - lo0))), float(np.max(np.abs(hi1 - hi0))))
         assert worst * (min(n_in, n_out) - 1) <= pub.INTERVAL_SPREAD, (n_in, n_out, worst)

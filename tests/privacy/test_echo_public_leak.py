@@ -25,7 +25,8 @@ import pytest
 from components.audit import public as pub
 from components.audit.canaries import VOCAB
 from components.audit.echo import INTERVAL_SPREAD, EchoCanary, echo_audit, echo_scores, public_section
-from components.audit.verdict import auroc_interval, hm_variance, z_value
+from components.audit.verdict import auroc_interval, z_value
+from _published import newcombe_ends, published_numbers
 
 CERT = {"privacy_unit": "user", "epsilon": 2.0, "delta": 1e-5}
 META = {"corpus": {"certificate_sha256": "c" * 64, "records": 200}, "model": {"name": "m", "version": "1"}}
@@ -161,35 +162,20 @@ def test_one_record_more_in_the_corpus():
         assert abs(_index(sec["auroc"], sec["auroc_grid"]) - _index(sec2["auroc"], sec["auroc_grid"])) <= 1
 
 
-def _ends(a_hat, n_in, n_out, z):
-    """Newcombe's interval, vectorised over Â (an independent bisection on the same variance)."""
-    out = []
-    for edge in (0.0, 1.0):
-        inside, outside = a_hat.copy(), np.full_like(a_hat, edge)
-        f = lambda a: (a - a_hat) ** 2 - z * z * hm_variance(a, n_in, n_out)  # noqa: E731
-        at_edge = f(outside) <= 0
-        for _ in range(60):
-            mid = (inside + outside) / 2
-            ok = f(mid) <= 0
-            inside, outside = np.where(ok, mid, inside), np.where(ok, outside, mid)
-        out.append(np.where(at_edge, edge, inside))
-    return out
-
-
 def test_the_interval_ends_move_at_most_interval_spread_deltas():
     z = z_value(0.95, 2)
     a = np.linspace(0.0, 1.0, 4001)
     for probe in (0.0, 0.37, 0.93, 1.0):              # the vectorised ends are the audit's
         lo, hi = auroc_interval(probe, 21, 30, z)
-        vlo, vhi = _ends(np.array([probe]), 21, 30, z)
+        vlo, vhi = newcombe_ends(np.array([probe]), 21, 30, z)
         assert vlo[0] == pytest.approx(lo, abs=1e-9) and vhi[0] == pytest.approx(hi, abs=1e-9)
     for m in (20, 21, 41, 101, 201):
-        lo0, hi0 = _ends(a, m, m, z)
+        lo0, hi0 = newcombe_ends(a, m, m, z)
         worst = 0.0
         for dn_in, dn_out in ((1, 0), (-1, 0), (0, 1), (0, -1), (0, 0)):
             step = 1 / min(m + dn_in, m + dn_out)      # how far one canary moves Â at these sizes
             for sign in (-1, 1):
-                lo1, hi1 = _ends(np.clip(a + sign * step, 0, 1), m + dn_in, m + dn_out, z)
+                lo1, hi1 = newcombe_ends(np.clip(a + sign * step, 0, 1), m + dn_in, m + dn_out, z)
                 worst = max(worst, float(np.max(np.abs(lo1 - lo0))), float(np.max(np.abs(hi1 - hi0))))
         assert worst * (m - 1) <= INTERVAL_SPREAD, (m, worst * (m - 1))
 
@@ -231,20 +217,6 @@ def test_people_needed_is_a_function_of_published_values():
     assert all(len({p for p, _ in v}) == 1 for v in seen.values())
 
 
-def _numbers(x, out):
-    if isinstance(x, bool) or x is None or isinstance(x, str):
-        return out
-    if isinstance(x, (int, float)):
-        out.append(float(x))
-    elif isinstance(x, dict):
-        for v in x.values():
-            _numbers(v, out)
-    else:
-        for v in x:
-            _numbers(v, out)
-    return out
-
-
 def test_no_id_suffix_or_exact_private_value_is_published():
     rng = np.random.default_rng(11)
     texts, canaries = _world(rng, 45, 45)
@@ -258,7 +230,7 @@ def test_no_id_suffix_or_exact_private_value_is_published():
     private += [v for g in rep["means"].values() for v in g.values() if v is not None]
     private += [rep["auroc"]["bigram"], rep["auroc"]["echo"], *rep["report"]["auroc_interval"],
                 rep["report"]["epsilon_lower_bound"], rep["users_in"], rep["users_out"]]
-    published = _numbers(sec, [])
+    published = published_numbers(sec)
     for v in private:
         v = float(v)
         if abs(v / 0.05 - round(v / 0.05)) < 1e-9 or (v == int(v) and int(v) % 10 == 0):

@@ -17,26 +17,13 @@ import json
 import numpy as np
 
 import _audit_stub as stub
+from _published import published_numbers
 from components.audit.run import run_audit
 from components.audit.exposure import SecretProbe, secret_exposure
 
 BLOCK = [f"+1-555-013-{i:04d}" for i in range(4000, 5000)]    # the org's 10^3-number phone block
 PLANTED = BLOCK[377]
 N_CANDIDATES = 100
-
-
-def _numbers(x, out):
-    if isinstance(x, bool) or x is None or isinstance(x, str):
-        return out
-    if isinstance(x, (int, float)):
-        out.append(float(x))
-    elif isinstance(x, dict):
-        for v in x.values():
-            _numbers(v, out)
-    else:
-        for v in x:
-            _numbers(v, out)
-    return out
 
 
 def _audit(monkeypatch, settings, planted, bonus):
@@ -53,7 +40,7 @@ def test_published_section_does_not_locate_the_planted_secret(monkeypatch, setti
     assert 3 <= rank_model_only <= 500, rank_model_only     # the model alone narrows it down, no more
 
     res = _audit(monkeypatch, settings, PLANTED, bonus)
-    published = _numbers(res.summary(), [])
+    published = published_numbers(res.summary())
     seed = 0   # the plan's training seed: public
 
     # the attacker: every candidate's own audit row, under the released model
